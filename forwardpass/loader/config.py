@@ -1,0 +1,64 @@
+"""config.json → ``ModelConfig``: the raw Hugging Face fields plus the derived ones every consumer needs.
+
+The engine, the analyzer and the server all read a model through this one function, so a field that
+HF leaves implicit (``head_dim``, ``num_key_value_heads``) is derived in exactly one place.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from forwardpass.errors import MissingFileError, ModelLoadError, ModelNotFoundError
+
+
+class ModelConfig(dict):
+    """A config.json as a dict with attribute access (``cfg.hidden_size``) and derived defaults."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"config has no field {name!r}") from None
+
+    @property
+    def architecture(self) -> str:
+        archs = self.get("architectures") or []
+        return archs[0] if archs else ""
+
+
+def _derive(cfg: ModelConfig) -> ModelConfig:
+    if "hidden_size" in cfg and "num_attention_heads" in cfg:
+        cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+        if cfg.get("head_dim") is None:
+            cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
+    cfg.setdefault("tie_word_embeddings", False)
+    cfg.setdefault("rms_norm_eps", 1e-6)
+    cfg.setdefault("rope_theta", 10000.0)
+    cfg.setdefault("rope_scaling", None)
+    return cfg
+
+
+def load_model_config(path: str | Path) -> ModelConfig:
+    """Read ``path/config.json`` (or ``path`` itself if it is a JSON file) with clear errors."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelNotFoundError(f"model path {str(path)!r} does not exist; pass a directory written by save_pretrained")
+    cfg_path = path if path.is_file() else path / "config.json"
+    if not cfg_path.is_file():
+        raise MissingFileError(
+            f"{cfg_path} is missing: a model directory needs config.json (as written by save_pretrained)"
+        )
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{cfg_path} is not valid JSON ({exc}); re-save the model with save_pretrained") from exc
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{cfg_path} must hold a JSON object")
+    # Some composite configs (e.g. multimodal) nest the language model under text_config.
+    if "text_config" in raw and "hidden_size" not in raw:
+        merged = dict(raw["text_config"])
+        merged.setdefault("architectures", raw.get("architectures"))
+        raw = merged
+    return _derive(ModelConfig(raw))
