@@ -1,0 +1,32 @@
+"""forwardpass: an inference engine for generative models, built to be read.
+
+Public API (imported lazily so ``import forwardpass`` stays cheap)::
+
+    from forwardpass import LLM, SamplingParams
+    llm = LLM(model="path/to/hf-dir")
+    outs = llm.generate(["Once upon a time"], SamplingParams(temperature=0.8, max_tokens=64))
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "LLM": "forwardpass.llm",
+    "SamplingParams": "forwardpass.sampling.params",
+    "LoRARequest": "forwardpass.lora.request",
+    "EngineConfig": "forwardpass.config",
+    "ImagePipeline": "forwardpass.diffusion.pipeline",
+    "analyze": "forwardpass.analysis.roofline",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'forwardpass' has no attribute {name!r}")
