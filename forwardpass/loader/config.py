@@ -35,6 +35,13 @@ def _derive(cfg: ModelConfig) -> ModelConfig:
             cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
     cfg.setdefault("tie_word_embeddings", False)
     cfg.setdefault("rms_norm_eps", 1e-6)
+    # transformers >= 5 writes rope settings as one `rope_parameters` dict; older versions wrote
+    # `rope_theta` plus an optional `rope_scaling`. Normalize to the older pair, used everywhere here.
+    rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict):
+        cfg.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+        if rope.get("rope_type", "default") != "default" and not cfg.get("rope_scaling"):
+            cfg["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     cfg.setdefault("rope_theta", 10000.0)
     cfg.setdefault("rope_scaling", None)
     return cfg

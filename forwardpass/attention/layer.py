@@ -1,0 +1,61 @@
+"""The attention step of a decoder layer: store this step's K/V in the paged cache, then attend.
+
+Models call ``CachedAttention(q, k, v, ctx)`` with the flattened batch (``[T, H, D]``); the context
+says which rows belong to which sequence. With ``ctx=None`` the whole input is one causal sequence and
+nothing is cached (used for parity tests and scoring).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from forwardpass.attention import attention
+from forwardpass.attention.context import AttentionContext
+from forwardpass.attention.paged import paged_decode_attention, paged_prefill_attention, write_kv
+
+
+class CachedAttention(nn.Module):
+    def __init__(self, layer_idx: int, scale: float, sliding_window: int | None = None):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.scale = scale
+        self.sliding_window = sliding_window
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext | None
+    ) -> torch.Tensor:
+        if ctx is None:
+            out = attention(
+                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                causal=True, scale=self.scale, sliding_window=self.sliding_window,
+            )
+            return out[0].transpose(0, 1)
+        kv_cache = ctx.kv_caches[self.layer_idx]
+        write_kv(kv_cache, k, v, ctx.slot_mapping)
+        nd = ctx.num_decode
+        if nd and not ctx.prefills:  # pure decode step: no copy of the output needed
+            return paged_decode_attention(
+                q, kv_cache, ctx.decode_block_tables, ctx.decode_seq_lens, ctx.decode_max_len,
+                scale=self.scale, sliding_window=self.sliding_window, backend=ctx.backend,
+            )
+        out = torch.empty_like(q)
+        if nd:
+            out[:nd] = paged_decode_attention(
+                q[:nd], kv_cache, ctx.decode_block_tables, ctx.decode_seq_lens, ctx.decode_max_len,
+                scale=self.scale, sliding_window=self.sliding_window, backend=ctx.backend,
+            )
+        for span in ctx.prefills:
+            rows = slice(span.q_start, span.q_start + span.q_len)
+            if span.context_len == span.q_len:
+                # Nothing cached before this chunk: attend over the fresh K/V directly, no gather.
+                out[rows] = attention(
+                    q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None],
+                    causal=True, scale=self.scale, sliding_window=self.sliding_window, backend=ctx.backend,
+                )[0].transpose(0, 1)
+            else:
+                out[rows] = paged_prefill_attention(
+                    q[rows], kv_cache, span.block_table, span.context_len,
+                    scale=self.scale, sliding_window=self.sliding_window, backend=ctx.backend,
+                )
+        return out

@@ -1,0 +1,99 @@
+"""Turns a scheduled batch into tensors, runs one forward pass, and samples the next tokens.
+
+Layout of the flattened batch (see ``attention/context.py``): the one-token (decode) sequences first,
+then each prefill chunk. Logits are computed only for rows that end a sequence's known tokens: a
+prefill chunk that stops short of the prompt's end samples nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from forwardpass.attention.context import AttentionContext, PrefillSpan
+from forwardpass.engine.scheduler import ScheduledBatch
+from forwardpass.engine.sequence import Sequence
+from forwardpass.loader.config import ModelConfig
+from forwardpass.sampling.sampler import Sampler, SamplerOutput, SamplingRow
+
+
+def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg["num_hidden_layers"] * block_size * cfg["num_key_value_heads"] * cfg["head_dim"] * elem
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, cfg: ModelConfig, num_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: str = "cpu", attention_backend: str = "sdpa"):
+        self.model, self.cfg = model, cfg
+        self.block_size, self.device, self.dtype = block_size, device, dtype
+        self.attention_backend = attention_backend
+        shape = (2, num_blocks, block_size, cfg["num_key_value_heads"], cfg["head_dim"])
+        # Zeroed, not empty: padded rows of a gathered decode batch are masked out, but 0 · NaN
+        # garbage would still poison the weighted sum.
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg["num_hidden_layers"])]
+        self.sampler = Sampler()
+        self.eos_token_ids: list[int] = []
+        self.last_forward_hook = None  # callable(model_ctx) for observers (e.g. MoE routing stats)
+
+    # ----- batch construction --------------------------------------------------------------------
+    def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionContext, list[int]]:
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[torch.Tensor] = []
+        sample_rows: list[int] = []
+        num_decode = 0
+        decode_tables, decode_lens, prefills = [], [], []
+        row = 0
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            start = seq.num_computed_tokens
+            end = start + n
+            ids.extend(seq.token_ids[start:end])
+            table = torch.tensor(seq.block_table, dtype=torch.long)
+            p = torch.arange(start, end, dtype=torch.long)
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            if n == 1:
+                num_decode += 1
+                decode_tables.append(table)
+                decode_lens.append(end)
+            else:
+                prefills.append(PrefillSpan(q_start=row, q_len=n, context_len=end, block_table=table))
+            if end == seq.num_tokens:
+                sample_rows.append(row + n - 1)
+            row += n
+        ctx = AttentionContext(
+            kv_caches=self.kv_caches,
+            slot_mapping=torch.cat(slots).to(self.device),
+            num_decode=num_decode,
+            prefills=prefills,
+            backend=self.attention_backend,
+        )
+        if num_decode:
+            ctx.decode_block_tables = torch.nn.utils.rnn.pad_sequence(decode_tables, batch_first=True).to(self.device)
+            ctx.decode_seq_lens = torch.tensor(decode_lens, dtype=torch.long, device=self.device)
+            ctx.decode_max_len = max(decode_lens)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        positions = torch.cat(pos).to(self.device)
+        return input_ids, positions, ctx, sample_rows
+
+    # ----- one step ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput | None]:
+        """Run the batch; return the sequences that got a new token and the sampler's output for them.
+
+        Advances ``num_computed_tokens`` of every scheduled sequence (the caller appends tokens)."""
+        input_ids, positions, ctx, sample_rows = self._prepare(batch)
+        hidden = self.model(input_ids, positions, ctx)
+        if self.last_forward_hook is not None:
+            self.last_forward_hook(ctx)
+        sampled: list[Sequence] = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens == seq.num_tokens:
+                sampled.append(seq)
+        if not sampled:
+            return [], None
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=hidden.device)])
+        rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator) for s in sampled]
+        return sampled, self.sampler(logits, rows, eos_token_ids=self.eos_token_ids)

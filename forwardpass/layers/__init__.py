@@ -1,0 +1,1 @@
+"""Shared building blocks: every model file is assembled from these."""

@@ -1,0 +1,63 @@
+"""Linear layers and the matmul path they take.
+
+On this kind of CPU (AMD, AVX2, no AVX-512) ``F.linear`` goes through MKL's generic path, which reads
+weights at ~18–29 GB/s; oneDNN's ``_linear_pointwise`` reads the same fp32 weights 2–4× faster (see
+../shared/PERFORMANCE-NOTES.md and ``benchmarks/decode.py``). We use oneDNN for fp32 CPU tensors
+and fall back to ``F.linear`` everywhere else (CUDA, other dtypes, autograd).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` through the fastest path available for these tensors."""
+    if (
+        _ONEDNN
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and not torch.is_grad_enabled()
+    ):
+        shape = x.shape
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), weight, bias, "none", [], "")
+        return out.view(*shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Module):
+    """A plain linear layer whose weights are filled by the loader (no init work at construction)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
+    """Several projections that read the same input, stored as one weight so they cost one matmul.
+
+    Used for q/k/v and for gate/up. ``output_sizes`` records where each original projection lives in
+    the merged output, so the loader (and LoRA) can address ``q_proj`` etc. by name.
+    """
+
+    def __init__(self, in_features: int, output_sizes: dict[str, int], bias: bool = False):
+        super().__init__(in_features, sum(output_sizes.values()), bias=bias)
+        self.output_sizes = dict(output_sizes)
+        self.offsets: dict[str, tuple[int, int]] = {}
+        start = 0
+        for name, size in output_sizes.items():
+            self.offsets[name] = (start, start + size)
+            start += size
+
+    def split(self, out: torch.Tensor) -> list[torch.Tensor]:
+        return list(out.split(list(self.output_sizes.values()), dim=-1))

@@ -1,0 +1,141 @@
+"""The offline Python API, mirroring vLLM: ``LLM(model).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from forwardpass.config import EngineConfig
+from forwardpass.engine.llm_engine import LLMEngine
+from forwardpass.engine.outputs import RequestOutput
+from forwardpass.errors import ChatTemplateError, ValidationError
+from forwardpass.sampling.params import SamplingParams
+
+PromptType = str | list[int] | dict
+
+
+class LLM:
+    """Load a Hugging Face model directory and generate with continuous batching.
+
+    ``model=None`` uses the embedded default model shipped in ``forwardpass/assets``.
+    Engine options (``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, ``num_kv_blocks``,
+    ``kv_cache_memory``, ``max_model_len``, ``enable_prefix_caching``, ``attention_backend``,
+    ``seed``) are passed through to :class:`forwardpass.config.EngineConfig`.
+    """
+
+    def __init__(self, model: str | Path | None = None, dtype: str = "auto", **engine_kwargs: Any):
+        if model is None:
+            from forwardpass.assets import default_llm_path
+
+            model = default_llm_path()
+        lora_kwargs = {k: engine_kwargs.pop(k) for k in ("enable_lora", "max_loras", "max_lora_rank")
+                       if k in engine_kwargs}
+        config = EngineConfig(dtype=dtype, **engine_kwargs)
+        if lora_kwargs.get("enable_lora"):
+            from forwardpass.lora.engine import LoRALLMEngine
+
+            self.engine: LLMEngine = LoRALLMEngine(model, config, **lora_kwargs)
+        else:
+            self.engine = LLMEngine(model, config)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    # ----- generate ------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: PromptType | Seq[PromptType],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        lora_request: Any = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in the order of the prompts.
+
+        A prompt is a string, a list of token ids, or ``{"prompt": str}`` / ``{"prompt_token_ids": [...]}``.
+        """
+        prompts = self._normalize_prompts(prompts)
+        params = self._per_prompt(sampling_params, len(prompts), "sampling_params")
+        loras = self._per_prompt(lora_request, len(prompts), "lora_request")
+        ids = []
+        try:
+            for prompt, p, lora in zip(prompts, params, loras):
+                rid = str(next(self._ids))
+                self.engine.add_request(rid, prompt, p or self.engine.default_sampling_params(), lora_request=lora)
+                ids.append(rid)
+            return self._run(ids, use_tqdm)
+        except BaseException:
+            self.engine.abort(ids)  # never leave half a batch in the engine
+            raise
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+        use_tqdm: bool = True,
+        lora_request: Any = None,
+    ) -> list[RequestOutput]:
+        tok = self.engine.tokenizer
+        if tok is None:
+            raise ChatTemplateError("this model has no tokenizer, so it has no chat template")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = []
+        for conv in conversations:
+            text = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
+                                           **(chat_template_kwargs or {}))
+            # The template already wrote any BOS token it wants; don't let the tokenizer add another.
+            prompts.append(tok.encode(text, add_special_tokens=False))
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
+
+    # ----- helpers -------------------------------------------------------------------------------
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        pending = set(ids)
+        results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm or len(ids) < 2)
+        with bar:
+            while pending:
+                for out in self.engine.step():
+                    if out.finished and out.request_id in pending:
+                        results[out.request_id] = out
+                        pending.discard(out.request_id)
+                        bar.update(1)
+        return [results[i] for i in ids]
+
+    @staticmethod
+    def _normalize_prompts(prompts) -> list[str | list[int]]:
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        out: list[str | list[int]] = []
+        for p in prompts:
+            if isinstance(p, dict):
+                if "prompt_token_ids" in p:
+                    p = list(p["prompt_token_ids"])
+                elif "prompt" in p:
+                    p = p["prompt"]
+                else:
+                    raise ValidationError("a prompt dict needs 'prompt' or 'prompt_token_ids'", param="prompts")
+            if not isinstance(p, (str, list)):
+                raise ValidationError(f"a prompt must be a string or a list of token ids, got {type(p).__name__}",
+                                      param="prompts")
+            out.append(p)
+        if not out:
+            raise ValidationError("no prompts given", param="prompts")
+        return out
+
+    @staticmethod
+    def _per_prompt(value, n: int, name: str) -> list:
+        if isinstance(value, (list, tuple)):
+            if len(value) != n:
+                raise ValidationError(f"{name} has {len(value)} entries for {n} prompts", param=name)
+            return list(value)
+        return [value] * n

@@ -1,0 +1,70 @@
+"""Build a model from a directory: config → class from the registry → weights, tensor by tensor.
+
+Parameters are allocated empty and each checkpoint tensor is read from the memory-mapped safetensors
+file straight into its parameter (or its slice of a merged parameter), so the process never holds a
+second full copy of the weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from forwardpass.errors import MissingFileError
+from forwardpass.loader.config import ModelConfig, load_model_config
+from forwardpass.loader.weights import WeightSource, find_weight_files, load_into
+from forwardpass.models.registry import resolve_model_class
+
+
+def _checkpoint_names(model: nn.Module, name: str) -> list[tuple[str, tuple[int, int] | None]]:
+    """Checkpoint tensor names feeding our parameter ``name``; merged params get one per slice."""
+    packed = getattr(model, "packed_modules", {})
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in packed:
+            module = model.get_submodule(".".join(parts[: i + 1]))
+            out = []
+            for sub in packed[part]:
+                sub_name = ".".join(parts[:i] + [sub] + parts[i + 1 :])
+                out.append((sub_name, module.offsets[sub]))
+            return out
+    return [(name, None)]
+
+
+def load_weights(model: nn.Module, source: WeightSource) -> None:
+    custom = getattr(model, "load_weights", None)
+    if custom is not None:  # architectures with special layouts (e.g. stacked experts) load themselves
+        custom(source)
+        return
+    for name, param in model.named_parameters():
+        for ckpt_name, span in _checkpoint_names(model, name):
+            target = param if span is None else param[span[0] : span[1]]
+            load_into(target, source, ckpt_name)
+
+
+def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: str = "cpu") -> nn.Module:
+    cls = resolve_model_class(cfg.architecture)
+    with torch.device(device):
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = cls(cfg)
+        finally:
+            torch.set_default_dtype(prev)
+    return model.eval().requires_grad_(False)
+
+
+def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """Return ``(model, config)`` for a Hugging Face model directory."""
+    cfg = load_model_config(model_dir)
+    if not cfg.architecture:
+        raise MissingFileError(f"{Path(model_dir) / 'config.json'} has no 'architectures' entry naming the model class")
+    resolve_model_class(cfg.architecture)  # fail on an unknown architecture before touching weights
+    find_weight_files(model_dir)
+    source = WeightSource.from_dir(model_dir)
+    model = build_model(cfg, dtype, device)
+    with torch.no_grad():
+        load_weights(model, source)
+    return model, cfg
