@@ -1,0 +1,161 @@
+"""``SamplingParams``: what a request asks of the sampler and the stop checker, validated like vLLM.
+
+Validation happens once, in ``__post_init__`` (and again on ``replace``), so the sampler and the
+engine can trust every field. Each error names the field, the value and the allowed range; the server
+turns it into an OpenAI 400 with ``param`` set to the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+from forwardpass.errors import SamplingParamsError
+
+#: Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``).
+SAMPLING_EPS = 1e-5
+#: Largest ``logprobs`` a request may ask for (vLLM's default ``max_logprobs``; OpenAI's limit).
+MAX_LOGPROBS = 20
+_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+
+
+@dataclass
+class SamplingParams:
+    """Sampling and stopping options of one request (vLLM semantics, OpenAI ranges)."""
+
+    n: int = 1
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0 = disabled; stored as -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0  # on generated tokens only
+    frequency_penalty: float = 0.0  # on generated tokens only
+    repetition_penalty: float = 1.0  # HF/CTRL style, on prompt + generated tokens
+    seed: int | None = None
+    stop: str | list[str] | None = None  # normalized to list[str]
+    stop_token_ids: list[int] | None = None  # normalized to list[int]
+    max_tokens: int | None = 16  # None = until the context window is full
+    min_tokens: int = 0  # EOS / stop tokens are masked until this many were generated
+    ignore_eos: bool = False
+    logprobs: int | None = None  # k >= 0: chosen token's logprob + the k most likely
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        self.n = _int("n", self.n, lo=1)
+        self.temperature = _float("temperature", self.temperature, lo=0.0)
+        self.top_p = _float("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True)
+        self.top_k = _int("top_k", self.top_k, lo=-1, hint="-1 or 0 (disabled), or >= 1")
+        if self.top_k == 0:
+            self.top_k = -1  # one spelling of "disabled", so equal requests compare equal
+        self.min_p = _float("min_p", self.min_p, lo=0.0, hi=1.0)
+        self.presence_penalty = _float("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
+        self.frequency_penalty = _float("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
+        self.repetition_penalty = _float(
+            "repetition_penalty", self.repetition_penalty, lo=0.0, lo_open=True
+        )
+        if self.seed is not None:
+            self.seed = _int("seed", self.seed, lo=_SEED_MIN, hi=_SEED_MAX)
+        self.stop = _stop_strings(self.stop)
+        self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
+        if self.max_tokens is not None:
+            self.max_tokens = _int("max_tokens", self.max_tokens, lo=1, hint=">= 1, or None for no limit")
+        self.min_tokens = _int("min_tokens", self.min_tokens, lo=0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise SamplingParamsError(
+                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}",
+                param="min_tokens",
+            )
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            _bool(name, getattr(self, name))
+        if self.logprobs is not None:
+            self.logprobs = _int(
+                "logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS, hint=f"None, or 0..{MAX_LOGPROBS}"
+            )
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0 (or close enough that sampling would be argmax anyway)."""
+        return self.temperature < SAMPLING_EPS
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        """A validated copy with ``changes`` applied (e.g. ``params.replace(n=1, seed=s + i)``)."""
+        return dataclasses.replace(self.clone(), **changes)
+
+    def clone(self) -> SamplingParams:
+        """A deep copy: the lists are not shared with the original."""
+        return copy.deepcopy(self)
+
+
+# ----- validators: each returns the normalized value or raises naming field, value and range ------
+def _fail(name: str, value: Any, allowed: str) -> SamplingParamsError:
+    return SamplingParamsError(f"{name} must be {allowed}, got {value!r}", param=name)
+
+
+def _int(name: str, value: Any, *, lo: int | None = None, hi: int | None = None, hint: str = "") -> int:
+    allowed = hint or _range_text(lo, hi, "an integer")
+    # bool is an int subclass; True as "n" is a bug in the caller, not a request for one sample.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise _fail(name, value, allowed)
+    value = int(value)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise _fail(name, value, allowed)
+    return value
+
+
+def _float(
+    name: str, value: Any, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False
+) -> float:
+    allowed = _range_text(lo, hi, "a finite number", lo_open=lo_open)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _fail(name, value, allowed)
+    value = float(value)
+    if not math.isfinite(value):
+        raise _fail(name, value, allowed)
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        raise _fail(name, value, allowed)
+    if hi is not None and value > hi:
+        raise _fail(name, value, allowed)
+    return value
+
+
+def _bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise _fail(name, value, "True or False")
+
+
+def _range_text(lo: float | None, hi: float | None, kind: str, *, lo_open: bool = False) -> str:
+    if lo is not None and hi is not None:
+        return f"{kind} in {'(' if lo_open else '['}{lo}, {hi}]"
+    if lo is not None:
+        return f"{kind} {'>' if lo_open else '>='} {lo}"
+    if hi is not None:
+        return f"{kind} <= {hi}"
+    return kind
+
+
+def _stop_strings(stop: Any) -> list[str]:
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+        raise _fail("stop", stop, "a string, a list of strings, or None")
+    if any(s == "" for s in items):
+        raise _fail("stop", stop, "non-empty strings (an empty stop string would end every request at once)")
+    return list(items)
+
+
+def _token_ids(name: str, ids: Any) -> list[int]:
+    if ids is None:
+        return []
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise _fail(name, ids, "a list of token ids >= 0, or None")
+    out = list(ids)
+    for t in out:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+            raise _fail(name, ids, "a list of token ids >= 0, or None")
+    return [int(t) for t in out]

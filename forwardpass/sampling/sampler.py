@@ -1,0 +1,325 @@
+"""The sampler: one token per row from a [B, V] batch of logits, in vLLM v1's order.
+
+    min_tokens mask -> repetition penalty -> presence/frequency penalties -> (greedy: argmax)
+    -> temperature -> min_p -> top_k -> top_p -> draw
+
+Cost is what matters here (it runs every decode step over B x 152k logits), so:
+
+* every stage is skipped when no row uses it; an all-greedy batch without penalties is one argmax;
+* penalties touch only the (row, token) entries involved (see ``penalties.py``);
+* min_p, top_k and top_p all keep a *prefix* of the tokens sorted by logit, so filtered rows work on
+  ``topk(candidates)`` and fall back to a full sort only when the nucleus is larger than that;
+* the draw is inverse-CDF with one uniform per row: a row's token depends only on its logits and its
+  own generator, so a seeded row gives the same token whatever else is in the batch. (The exponential
+  race, vLLM's choice on GPU, needs V random numbers per row: ~200 ms for 64 x 152k on two CPU cores.)
+  Unfiltered rows use a two-level CDF (block sums, then one block) in float64, so neither a float32
+  cumsum's rounding over 152k terms nor an O(V) float64 buffer is needed;
+* large temporaries live in a workspace that is reused across steps: a fresh 40 MB tensor costs
+  tens of ms in page faults on CPU, more than the arithmetic on it.
+
+Logprobs are of the model's raw distribution (log_softmax of the unprocessed logits), vLLM's default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from forwardpass.sampling.params import SamplingParams
+from forwardpass.sampling.penalties import (
+    TokenIds,
+    apply_presence_frequency,
+    apply_repetition_penalty,
+    as_ids,
+    flat_keys,
+    mask_tokens,
+)
+
+_MASK64 = 2**64 - 1
+
+
+@dataclass
+class SamplingRow:
+    """One sequence of the batch as the sampler sees it."""
+
+    params: SamplingParams
+    prompt_token_ids: TokenIds
+    output_token_ids: TokenIds
+    generator: torch.Generator | None = None  # from make_generator when params.seed is set
+
+
+@dataclass
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    rank: int  # 1 = most likely under the raw distribution
+    top: list[tuple[int, float]]  # the params.logprobs most likely (token_id, logprob), descending
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+def make_generator(seed: int | None, sample_index: int = 0) -> torch.Generator | None:
+    """The per-sequence generator of a seeded request; sample ``i`` of ``n`` gets its own stream.
+
+    Sample 0 uses the seed itself, so ``n=1`` with seed s reproduces sample 0 of ``n=4`` with seed s;
+    the others get a splitmix64 mix of (seed, index) so no two samples of one request coincide.
+    """
+    if seed is None:
+        return None
+    state = seed & _MASK64
+    if sample_index:
+        z = (state + sample_index * 0x9E3779B97F4A7C15) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        state = z ^ (z >> 31)
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(state)
+    return gen
+
+
+class _Workspace:
+    """Named scratch buffers reused across calls (grown on demand, never shrunk)."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        numel = math.prod(shape)
+        buf = self._bufs.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            self._bufs[name] = buf
+        return buf[:numel].view(shape)
+
+
+class Sampler:
+    """Picks one token per row. ``candidates``: rows with top_k / top_p look at this many tokens first."""
+
+    def __init__(self, candidates: int = 256, block: int = 1024):
+        self.candidates = candidates
+        self.block = block
+        self._ws = _Workspace()
+
+    def __call__(
+        self, logits: torch.Tensor, rows: list[SamplingRow], eos_token_ids: Sequence[int] | int = ()
+    ) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ValueError(f"logits must be [len(rows)={len(rows)}, vocab], got {tuple(logits.shape)}")
+        eos = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids)
+        x = self._process(logits, rows, eos)
+        tokens = self._choose(x, rows)
+        return SamplerOutput(tokens.tolist(), self._logprobs(logits, tokens, rows))
+
+    # ----- stage 1: logit processors (the only stages that write logits) ------------------------
+    def _process(self, logits: torch.Tensor, rows: list[SamplingRow], eos: list[int]) -> torch.Tensor:
+        """Masks and penalties applied to a copy; returns ``logits`` itself when no row needs any."""
+        B, V = logits.shape
+        dev = logits.device
+        ps = [r.params for r in rows]
+        min_tok = [i for i, r in enumerate(rows) if len(r.output_token_ids) < ps[i].min_tokens]
+        rep = [i for i, p in enumerate(ps) if p.repetition_penalty != 1.0]
+        pres_freq = [i for i, p in enumerate(ps) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
+        if not (min_tok or rep or pres_freq):
+            return logits if logits.dtype == torch.float32 else logits.float()
+
+        x = self._ws.get("x", (B, V), torch.float32, dev)
+        x.copy_(logits)
+        if min_tok:
+            # vLLM: stop_token_ids always, EOS unless ignore_eos; ids past the vocab can never be drawn.
+            ids = [
+                [t for t in ps[i].stop_token_ids + ([] if ps[i].ignore_eos else eos) if t < V] for i in min_tok
+            ]
+            mask_tokens(x, flat_keys(min_tok, [as_ids(t) for t in ids], V, dev))
+        if rep:
+            seen = [torch.cat([as_ids(rows[i].prompt_token_ids), as_ids(rows[i].output_token_ids)]) for i in rep]
+            penalty = torch.tensor([p.repetition_penalty for p in ps], dtype=torch.float32, device=dev)
+            apply_repetition_penalty(x, flat_keys(rep, seen, V, dev), penalty)
+        if pres_freq:
+            out = [as_ids(rows[i].output_token_ids) for i in pres_freq]
+            presence = torch.tensor([p.presence_penalty for p in ps], dtype=torch.float32, device=dev)
+            frequency = torch.tensor([p.frequency_penalty for p in ps], dtype=torch.float32, device=dev)
+            apply_presence_frequency(x, flat_keys(pres_freq, out, V, dev), presence, frequency)
+        return x
+
+    # ----- stage 2: greedy rows take the argmax, the others are sampled --------------------------
+    def _choose(self, x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        B, V = x.shape
+        dev = x.device
+        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+        if len(greedy) == B:
+            return x.argmax(-1)
+        tokens = torch.empty(B, dtype=torch.long, device=dev)
+        if greedy:
+            g = torch.tensor(greedy, device=dev)
+            tokens[g] = self._take(x, g, "g").argmax(-1)
+        sampled = [i for i in range(B) if not rows[i].params.greedy]
+        s = torch.tensor(sampled, device=dev)
+        tokens[s] = self._sample(x, s, [rows[i] for i in sampled])
+        return tokens
+
+    def _take(self, x: torch.Tensor, idx: torch.Tensor, name: str) -> torch.Tensor:
+        """``x[idx]`` into a workspace buffer (no fresh allocation); ``x`` itself when idx is everything."""
+        if idx.numel() == x.shape[0] and bool((idx == torch.arange(x.shape[0], device=x.device)).all()):
+            return x
+        out = self._ws.get(name, (idx.numel(), x.shape[1]), x.dtype, x.device)
+        return torch.index_select(x, 0, idx, out=out)
+
+    # ----- stage 3: temperature, min_p, top_k, top_p and the draw --------------------------------
+    def _sample(self, x: torch.Tensor, idx: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        V = x.shape[1]
+        dev = x.device
+        ps = [r.params for r in rows]
+        n = len(rows)
+        K = min(self.candidates, V)
+        temp = torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev)
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else 0 for p in ps], dtype=torch.long, device=dev)
+        top_p = torch.tensor([p.top_p for p in ps], dtype=torch.float64, device=dev)
+        min_p = torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev)
+        u = self._uniforms(rows, dev)
+        out = torch.empty(n, dtype=torch.long, device=dev)
+
+        full = [j for j, p in enumerate(ps) if p.top_k <= 0]  # may still use min_p / top_p
+        cand = [j for j, p in enumerate(ps) if 0 < p.top_k <= K]
+        by_sort = [j for j, p in enumerate(ps) if p.top_k > K]
+
+        if full:
+            # Unfiltered rows need the whole distribution anyway; top_p rows need its mass Z to know
+            # whether the nucleus fits in the candidates.
+            f = torch.tensor(full, device=dev)
+            e = self._ws.get("e", (len(full), V), torch.float32, dev)
+            torch.index_select(x, 0, idx[f], out=e)
+            e.sub_(e.amax(-1, keepdim=True)).div_(temp[f, None]).exp_()  # p / p_max, so min_p is e < min_p
+            if any(ps[j].min_p > 0 for j in full):
+                e.masked_fill_(e < min_p[f, None], 0.0)
+            block_cum = _block_cumsum(e, self.block)
+            plain = [k for k, j in enumerate(full) if ps[j].top_p >= 1.0]
+            if plain:
+                pl = torch.tensor(plain, device=dev)
+                out[f[pl]] = _draw_two_level(e[pl] if len(plain) < len(full) else e, block_cum[pl], u[f[pl]],
+                                             self.block)
+            nucleus = [k for k, j in enumerate(full) if ps[j].top_p < 1.0]
+            if nucleus:
+                nu = torch.tensor(nucleus, device=dev)
+                rows_nu = f[nu]
+                vals, ids = x.index_select(0, idx[rows_nu]).topk(K, dim=-1)
+                tok, ok = _draw_prefix(vals, ids, temp[rows_nu], top_k[rows_nu], top_p[rows_nu], min_p[rows_nu],
+                                       u[rows_nu], mass=block_cum[nu, -1])
+                out[rows_nu] = tok
+                if K < V:
+                    by_sort += [full[nucleus[k]] for k in (~ok).nonzero().flatten().tolist()]
+        if cand:
+            c = torch.tensor(cand, device=dev)
+            vals, ids = x.index_select(0, idx[c]).topk(K, dim=-1)
+            out[c], _ = _draw_prefix(vals, ids, temp[c], top_k[c], top_p[c], min_p[c], u[c])
+        if by_sort:
+            # The nucleus (or top_k) reaches past the candidates: sort these rows in full. Stable, so
+            # ties break by token id and the result never depends on the batch.
+            b = torch.tensor(sorted(by_sort), device=dev)
+            vals, ids = x.index_select(0, idx[b]).sort(dim=-1, descending=True, stable=True)
+            out[b], _ = _draw_prefix(vals, ids, temp[b], top_k[b], top_p[b], min_p[b], u[b])
+        return out
+
+    @staticmethod
+    def _uniforms(rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
+        """One U[0, 1) per row: seeded rows from their own generator, the rest from the default one."""
+        u = torch.rand(len(rows), dtype=torch.float64)
+        for j, r in enumerate(rows):
+            if r.generator is not None:
+                u[j] = torch.rand((), dtype=torch.float64, generator=r.generator, device=r.generator.device).item()
+        return u.to(device)
+
+    # ----- logprobs of the raw distribution ------------------------------------------------------
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> list[TokenLogprobs | None]:
+        want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        result: list[TokenLogprobs | None] = [None] * len(rows)
+        if not want:
+            return result
+        w = torch.tensor(want, device=logits.device)
+        raw = logits.index_select(0, w).float()
+        lse = torch.logsumexp(raw, dim=-1)  # log_softmax(raw)[t] = raw[t] - lse, without a [n, V] output
+        chosen = raw.gather(1, tokens[w, None]).squeeze(1)
+        rank = (raw > chosen[:, None]).sum(-1) + 1
+        k_max = max(rows[i].params.logprobs or 0 for i in want)
+        top_vals, top_ids = raw.topk(k_max, dim=-1) if k_max else (raw[:, :0], raw[:, :0].long())
+        top_vals = (top_vals - lse[:, None]).tolist()
+        top_ids = top_ids.tolist()
+        for j, (i, lp, rk) in enumerate(zip(want, (chosen - lse).tolist(), rank.tolist())):
+            k = rows[i].params.logprobs or 0
+            top = list(zip(top_ids[j][:k], top_vals[j][:k]))
+            result[i] = TokenLogprobs(token_id=int(tokens[i]), logprob=lp, rank=rk, top=top)
+        return result
+
+
+# ----- draws: inverse CDF, one uniform per row ----------------------------------------------------
+def _block_cumsum(e: torch.Tensor, block: int) -> torch.Tensor:
+    """Cumulative float64 sums of ``block``-wide slices of each row (the last one may be shorter)."""
+    n, V = e.shape
+    nb = V // block
+    parts = []
+    if nb:
+        parts.append(e[:, : nb * block].reshape(n, nb, block).sum(-1, dtype=torch.float64))
+    if V % block:
+        parts.append(e[:, nb * block :].sum(-1, keepdim=True, dtype=torch.float64))
+    sums = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return sums.cumsum(-1)
+
+
+def _draw_two_level(e: torch.Tensor, block_cum: torch.Tensor, u: torch.Tensor, block: int) -> torch.Tensor:
+    """Token ~ e / e.sum() per row: pick a block by its cumulative mass, then a token inside it."""
+    n, V = e.shape
+    t = u * block_cum[:, -1]
+    j = torch.searchsorted(block_cum, t[:, None], right=True).clamp_(max=block_cum.shape[1] - 1)
+    before = torch.where(j > 0, block_cum.gather(1, (j - 1).clamp(min=0)), torch.zeros_like(t[:, None]))
+    t = t[:, None] - before  # >= 0: position inside block j
+    pos = j * block + torch.arange(block, device=e.device)
+    inner = e.gather(1, pos.clamp(max=V - 1)) * (pos < V)  # the last block may be short
+    inner_cum = inner.cumsum(-1, dtype=torch.float64)
+    # The block total came from a different summation order; keep t strictly inside this block.
+    t = torch.minimum(t, torch.nextafter(inner_cum[:, -1:], torch.zeros_like(t)))
+    k = torch.searchsorted(inner_cum, t, right=True).clamp_(max=block - 1)
+    return (j * block + k).squeeze(1)
+
+
+def _draw_prefix(
+    vals: torch.Tensor,
+    ids: torch.Tensor,
+    temp: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    u: torch.Tensor,
+    mass: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw from the leading ``C`` tokens of each row, given sorted descending (``vals``, ``ids``).
+
+    min_p, top_k and top_p each keep a prefix of the sorted tokens, so the kept set is the shortest of
+    the three prefixes (top_p measured after the other two, as vLLM). ``mass`` is each row's total
+    probability mass (relative to p_max, after min_p) when the prefix may be shorter than the kept
+    set; without it the prefix is taken to hold the whole kept set. Returns the tokens and whether the
+    nucleus ended inside the prefix (when it did not, the row must be redone on a longer prefix).
+    """
+    n, C = vals.shape
+    e = ((vals - vals[:, :1]) / temp[:, None]).exp_()  # p / p_max, non-increasing along the row
+    keep = e >= min_p[:, None]
+    pos = torch.arange(C, device=vals.device)
+    keep &= pos < torch.where(top_k > 0, top_k, C)[:, None]
+    e = e * keep
+    cum = e.cumsum(-1, dtype=torch.float64)
+    kept = keep.sum(-1)  # >= 1: the top token has e = 1 >= min_p, and top_k >= 1
+    if mass is None:
+        mass = cum.gather(1, (kept - 1)[:, None]).squeeze(1)
+    # Keep token i while the mass strictly before it is < top_p: the smallest set reaching top_p.
+    keep &= (cum - e) < (top_p * mass)[:, None]
+    kept = keep.sum(-1).clamp_(min=1)
+    total = cum.gather(1, (kept - 1)[:, None])
+    j = torch.searchsorted(cum, u[:, None] * total, right=True)
+    j = torch.minimum(j, (kept - 1)[:, None])
+    return ids.gather(1, j).squeeze(1), kept < C
