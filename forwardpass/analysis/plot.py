@@ -1,0 +1,118 @@
+"""Roofline plots (matplotlib, Agg canvas: works headless and never touches the pyplot backend)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from forwardpass.analysis.hardware import Hardware
+from forwardpass.analysis.ops import OpCost
+
+STAGE_COLOURS = {"prefill": "tab:blue", "decode": "tab:orange", "denoise": "tab:green", "attention": "tab:purple"}
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+
+@dataclass
+class Point:
+    label: str
+    intensity: float  # FLOP/byte
+    flops_per_s: float  # attained (predicted) FLOP/s
+    stage: str  # colour group
+    series: str = ""  # marker group within a stage (e.g. "decode b=8")
+    annotate: bool = True
+
+
+def points_from_ops(ops: Iterable[OpCost], *, annotate_batches: set[int] | None = None) -> list[Point]:
+    """One point per op with finite, positive intensity (fused softmax moves no bytes: no point)."""
+    out = []
+    for op in ops:
+        ai = op.intensity
+        if op.flops <= 0 or not math.isfinite(ai) or op.time_s <= 0:
+            continue
+        series = op.stage if op.stage != "decode" else f"decode b={op.batch}"
+        ann = op.stage != "decode" or annotate_batches is None or op.batch in annotate_batches
+        out.append(Point(op.name, ai, op.flops / op.time_s, op.stage, series, ann))
+    return out
+
+
+def plot_roofline(
+    hw: Hardware,
+    points: list[Point],
+    path: str | Path | None = None,
+    *,
+    dtype: str = "bf16",
+    title: str | None = None,
+) -> Any:
+    """Draw both roofs (matrix peak in ``dtype`` and the FP32 vector rate), the memory roof, the ridge and
+    the points; write a PNG to ``path`` when given. Returns the matplotlib ``Figure`` (Agg canvas)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    peak, bw = hw.peak(dtype), hw.bandwidth
+    ridge = peak / bw
+    xs = [p.intensity for p in points] + [ridge, hw.vector_ridge]
+    x_lo = 10 ** math.floor(math.log10(max(min(xs), 1e-3)) - 0.5)
+    x_hi = 10 ** math.ceil(math.log10(max(xs)) + 0.5)
+
+    fig = Figure(figsize=(9, 6), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+
+    def roof(top: float, n: int = 200) -> tuple[list[float], list[float]]:
+        x = [x_lo * (x_hi / x_lo) ** (i / (n - 1)) for i in range(n)]
+        return x, [min(top, bw * v) for v in x]
+
+    x, y = roof(peak)
+    ax.plot(x, y, color="black", lw=2, label=f"roof: {peak / 1e12:.4g} TFLOP/s {hw.compute_dtype(dtype)}, "
+            f"{bw / 1e9:.4g} GB/s")  # fmt: skip
+    if hw.vector_flops and abs(hw.vector_flops - peak) / peak > 1e-6:
+        x, y = roof(hw.vector_flops)
+        ax.plot(x, y, color="grey", lw=1.2, ls="--", label=f"vector roof: {hw.vector_flops / 1e12:.4g} TFLOP/s fp32")
+    ax.axvline(ridge, color="tab:red", ls=":", lw=1.2, label=f"ridge {ridge:.3g} FLOP/byte")
+
+    series_markers: dict[str, str] = {}
+    for p in points:
+        if p.series not in series_markers:
+            series_markers[p.series] = MARKERS[len(series_markers) % len(MARKERS)]
+    seen: set[str] = set()
+    for p in points:
+        colour = STAGE_COLOURS.get(p.stage, "tab:gray")
+        label = p.series if p.series not in seen else None
+        seen.add(p.series)
+        ax.scatter(
+            [p.intensity], [p.flops_per_s], color=colour, marker=series_markers[p.series], s=28, zorder=3,
+            label=label, edgecolors="white", linewidths=0.4,
+        )  # fmt: skip
+        if p.annotate:
+            ax.annotate(p.label, (p.intensity, p.flops_per_s), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points", color=colour)  # fmt: skip
+
+    ys = [p.flops_per_s for p in points] + [bw * x_lo, peak]
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(10 ** math.floor(math.log10(max(min(ys), 1.0))), peak * 3)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("attainable FLOP/s")
+    ax.set_title(title or f"Roofline: {hw.label}")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(str(path), format="png")
+    return fig
+
+
+def plot_report(report: Any, path: str | Path | None = None) -> Any:
+    """Roofline of a :class:`~forwardpass.analysis.roofline.RooflineReport`: prefill ops and each decode
+    batch's ops (labels on the smallest batch only)."""
+    first = min(d.batch for d in report.decode)
+    pts = points_from_ops(report.ops, annotate_batches={first})
+    title = (
+        f"{report.model} on {report.hardware.label} — weights {report.weight_dtype}, act {report.act_dtype}, "
+        f"prefill {report.prefill.tokens}, context {report.decode[0].context}"
+    )
+    return plot_roofline(report.hardware, pts, path, dtype=report.act_dtype, title=title)

@@ -1,0 +1,666 @@
+"""Per-operation FLOPs and bytes of a decoder-only LLM, from its config alone, against a device's roofline.
+
+``analyze(config_or_path, hardware="h100", ...)`` returns a :class:`RooflineReport` with every operation
+of one prefill (``prefill_tokens`` tokens, one sequence) and of one decode step at context ``context`` for
+each batch size, their totals (TTFT, TPOT, tokens/s), the KV-cache size per token, the largest batch
+that fits memory and the batch at which decode turns compute-bound.
+
+Accounting assumptions (also listed in ``RooflineReport.assumptions``):
+
+* **Weights** are read from memory once per forward pass, whatever the batch: a decode step at batch B
+  reads every (active) weight once for all B sequences — that is why batching helps decode.
+* **Activations round-trip memory between operations**: every op reads its inputs from and writes its
+  outputs to memory (no cross-op fusion), except (a) RoPE and the KV-cache write are fused into the
+  k/v projections, whose outputs go straight into the cache in the KV dtype, and (b) residual adds
+  are fused into the following norm. Logits are written in fp32.
+* **Attention** is fused (FlashAttention-style) by default: Q, K and V are read once, O written once,
+  scores and probabilities never reach memory; causal prefill skips masked tiles (≈ P²/2 pairs).
+  ``attention="naive"`` instead materialises S and P (written and read back, full P×P) and reads
+  K/V once per query head.
+* **KV traffic** uses ``num_key_value_heads``: a decode step at batch B and context L reads
+  ``B·L·2·layers·kv_heads·head_dim·kv_bytes`` and writes one position per sequence; prefill writes
+  P positions and reads them back once. Sliding-window models read at most ``sliding_window`` positions.
+* **MoE**: routing is assumed uniform, so T tokens touch ``E·(1 − (1 − k/E)^T)`` distinct experts
+  (k at T = 1); only those experts' weights are read and only k experts' FLOPs are spent per token.
+* The **LM head** (2·hidden·vocab FLOPs per token) runs for the last position of each sequence only
+  (as serving engines do), in prefill as in decode.
+* **Not counted**: biases, RoPE arithmetic, quantization scales, sampling, kernel-launch and framework
+  overhead, the memory needed for activations when sizing the largest batch.
+* Each op takes ``max(flops / peak, bytes / bandwidth)``; ops run back to back, never overlapped.
+  Matmuls use the dense matrix peak in the activation dtype, elementwise ops the FP32 vector rate.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forwardpass.analysis.dtypes import DTYPE_BYTES, normalize_dtype
+from forwardpass.analysis.hardware import Hardware, get_hardware
+from forwardpass.analysis.ops import MATMUL, OpCost, StageTotals, elementwise, json_number, linear, totals
+from forwardpass.analysis.presets import PRESETS
+from forwardpass.errors import ConfigError, ModelNotFoundError
+
+WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+ACT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+
+ATTENTION_OPS = ("attn_scores", "softmax", "attn_values")
+NORM_FLOPS = 4.0  # per element: square, accumulate, scale by rsqrt, scale by weight
+SOFTMAX_FLOPS = 5.0  # per score: max, subtract, exp, accumulate, divide
+ACT_FLOPS = 5.0  # per element of SiLU(gate) * up: negate, exp, add, divide, multiply
+LOGIT_BYTES = 4.0  # logits are written in fp32
+
+ASSUMPTIONS = [
+    "weights are read once per forward pass for the whole batch",
+    "activations round-trip memory between ops (no cross-op fusion); RoPE and the KV-cache write are "
+    "fused into k/v_proj; residual adds into the norms",
+    "attention '{attention}': "
+    "{attention_note}",
+    "KV read per decode step = batch x context x 2 x layers x kv_heads x head_dim x kv_bytes",
+    "MoE routing uniform: T tokens touch E(1-(1-k/E)^T) experts; only k experts' FLOPs per token",
+    "LM head (2 x hidden x vocab FLOPs) for the last position of each sequence only; logits in fp32",
+    "not counted: biases, RoPE math, quantization scales, sampling, launch/framework overhead",
+    "op time = max(flops/peak, bytes/bandwidth); ops back to back; matmul peak in the activation dtype, "
+    "elementwise ops at the fp32 vector rate",
+    "largest batch: (memory budget - weights) / (KV bytes per sequence); activation memory ignored",
+]
+_ATTENTION_NOTES = {
+    "fused": "Q, K, V read once, O written once, S and P stay on chip; causal prefill counts P(P+1)/2 pairs",
+    "naive": "S and P (full P x P) written and read back; K and V read once per query head",
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Model shape
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers the accounting needs, derived once from a config."""
+
+    name: str
+    architecture: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    moe_layers: int = 0
+    num_experts: int = 0
+    experts_per_tok: int = 0
+    expert_intermediate: int = 0
+    shared_expert_intermediate: int = 0
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe_layers > 0
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], name: str = "") -> ModelShape:
+        def need(key: str) -> Any:
+            value = cfg.get(key)
+            if value is None:
+                raise ConfigError(
+                    f"config {name or ''} has no {key!r}; the analyzer needs hidden_size, num_hidden_layers, "
+                    "num_attention_heads, intermediate_size (or moe_intermediate_size) and vocab_size",
+                    param=key,
+                )
+            return value
+
+        hidden = int(need("hidden_size"))
+        layers = int(need("num_hidden_layers"))
+        heads = int(need("num_attention_heads"))
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        vocab = int(need("vocab_size"))
+        model_type = str(cfg.get("model_type") or "")
+        archs = cfg.get("architectures") or [""]
+        arch = str(archs[0])
+
+        # Mixture of experts: Qwen2/3-MoE name them num_experts (+ moe_intermediate_size), Mixtral
+        # num_local_experts (experts of intermediate_size).
+        num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        moe_layers = 0
+        expert_inter = 0
+        shared_inter = 0
+        k = 0
+        if num_experts > 0:
+            k = int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or 0)
+            if k <= 0 or k > num_experts:
+                raise ConfigError(f"MoE config needs 1 <= num_experts_per_tok <= {num_experts}, got {k}")
+            expert_inter = int(cfg.get("moe_intermediate_size") or need("intermediate_size"))
+            shared_inter = int(cfg.get("shared_expert_intermediate_size") or 0)
+            step = int(cfg.get("decoder_sparse_step") or 1)
+            mlp_only = set(cfg.get("mlp_only_layers") or [])
+            moe_layers = sum(1 for i in range(layers) if i not in mlp_only and (i + 1) % step == 0)
+        intermediate = int(cfg.get("intermediate_size") or 0)
+        if moe_layers < layers and intermediate <= 0:
+            raise ConfigError(f"config {name} has dense layers but no 'intermediate_size'", param="intermediate_size")
+
+        window = cfg.get("sliding_window")
+        if not window or cfg.get("use_sliding_window") is False:
+            window = None
+        return cls(
+            name=name or str(cfg.get("_name_or_path") or arch or "model"),
+            architecture=arch,
+            hidden=hidden,
+            layers=layers,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate=intermediate,
+            vocab=vocab,
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+            qk_norm=model_type.startswith("qwen3") or arch.startswith("Qwen3"),
+            sliding_window=int(window) if window else None,
+            moe_layers=moe_layers,
+            num_experts=num_experts,
+            experts_per_tok=k,
+            expert_intermediate=expert_inter,
+            shared_expert_intermediate=shared_inter,
+        )
+
+    # ---- parameter counts ----------------------------------------------------------------------
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def attention_params(self) -> int:
+        """q, k, v, o projections of one layer."""
+        return 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
+
+    @property
+    def norm_params(self) -> int:
+        """The two RMSNorms of one layer (and Qwen3's per-head q/k norms)."""
+        return 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+
+    @property
+    def expert_params(self) -> int:
+        return 3 * self.hidden * self.expert_intermediate
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden * self.num_experts + (self.hidden if self.shared_expert_intermediate else 0)
+
+    @property
+    def shared_expert_params(self) -> int:
+        return 3 * self.hidden * self.shared_expert_intermediate
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def lm_head_params(self) -> int:
+        """Extra LM-head parameters (0 when tied to the embedding, which it then reads)."""
+        return 0 if self.tied else self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        """Total parameters (every expert)."""
+        per_layer = self.attention_params + self.norm_params
+        moe = self.num_experts * self.expert_params + self.router_params + self.shared_expert_params
+        return (
+            self.layers * per_layer
+            + self.dense_layers * 3 * self.hidden * self.intermediate
+            + self.moe_layers * moe
+            + self.embedding_params
+            + self.lm_head_params
+            + self.hidden
+        )
+
+    @property
+    def active_params(self) -> int:
+        """Parameters used per token: only ``experts_per_tok`` experts of each MoE layer."""
+        inactive = (self.num_experts - self.experts_per_tok) * self.expert_params * self.moe_layers
+        return self.params - inactive
+
+    def kv_positions(self, context: int) -> int:
+        """Positions attended (and kept in the cache) at context ``context``."""
+        return min(context, self.sliding_window) if self.sliding_window else context
+
+    def kv_bytes_per_token(self, kv_bytes: float) -> float:
+        return 2 * self.layers * self.kv_dim * kv_bytes
+
+    def unique_experts(self, tokens: float) -> float:
+        """Expected distinct experts touched by ``tokens`` tokens under uniform routing."""
+        if not self.num_experts:
+            return 0.0
+        e, k = self.num_experts, self.experts_per_tok
+        return e * (1.0 - (1.0 - k / e) ** tokens)
+
+
+def causal_pairs(p: int, window: int | None = None) -> int:
+    """(query, key) pairs of causal attention over ``p`` positions, with an optional sliding window."""
+    if not window or p <= window:
+        return p * (p + 1) // 2
+    return window * (window + 1) // 2 + (p - window) * window
+
+
+# --------------------------------------------------------------------------------------------------
+# One forward pass
+# --------------------------------------------------------------------------------------------------
+def forward_ops(
+    shape: ModelShape,
+    stage: str,
+    *,
+    batch: int,
+    new_tokens: int,
+    kv_len: int,
+    pairs_per_seq: float,
+    wb: float,
+    ab: float,
+    kvb: float,
+    attention: str = "fused",
+) -> list[OpCost]:
+    """Every operation of one forward pass over ``batch`` sequences of ``new_tokens`` new tokens each.
+
+    ``kv_len`` positions of K and V are read per sequence and ``pairs_per_seq`` (query, key) pairs
+    scored. Each returned op is already summed over the layers it occurs in (``count``).
+    """
+    H, nh, nkv, hd = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim
+    qd, kvd = shape.q_dim, shape.kv_dim
+    T = batch * new_tokens
+    L = shape.layers
+    naive = attention == "naive"
+
+    layer: list[OpCost] = []
+    layer.append(elementwise(stage, "input_norm", T * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb))
+    layer.append(linear(stage, "q_proj", T, H, qd, wb=wb, ab=ab))
+    layer.append(linear(stage, "k_proj", T, H, kvd, wb=wb, ab=ab, out_kv_bytes=kvb))
+    layer.append(linear(stage, "v_proj", T, H, kvd, wb=wb, ab=ab, out_kv_bytes=kvb))
+    if shape.qk_norm:
+        layer.append(
+            elementwise(
+                stage, "qk_norm", T * (qd + kvd), flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=2 * hd * wb
+            )
+        )
+
+    # attention: QK^T, softmax, PV
+    if naive:
+        pairs = batch * new_tokens * kv_len  # the full matrix is computed, then masked
+        kv_reads = nh  # K and V re-read per query head (repeat_kv)
+        s_bytes = batch * nh * new_tokens * kv_len * ab  # one materialised S (or P)
+    else:
+        pairs = batch * pairs_per_seq
+        kv_reads = nkv
+        s_bytes = 0.0
+    k_read = batch * kv_len * kv_reads * hd * kvb
+    scores = OpCost(stage, "attn_scores", MATMUL, 2.0 * nh * hd * pairs, 0.0, T * qd * ab + s_bytes, k_read)
+    softmax = elementwise(stage, "softmax", nh * pairs, flops_per_element=SOFTMAX_FLOPS, ab=ab, reads=0, writes=0)
+    softmax.act_bytes = 2 * s_bytes  # read S, write P (naive only)
+    values = OpCost(stage, "attn_values", MATMUL, 2.0 * nh * hd * pairs, 0.0, T * qd * ab + s_bytes, k_read)
+    layer += [scores, softmax, values]
+
+    layer.append(linear(stage, "o_proj", T, qd, H, wb=wb, ab=ab))
+    layer.append(
+        elementwise(stage, "post_attention_norm", T * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb)
+    )
+    ops = [op.times(L, count=L) for op in layer]
+
+    # feed-forward: dense layers
+    if shape.dense_layers:
+        I = shape.intermediate
+        mlp = [
+            linear(stage, "gate_proj", T, H, I, wb=wb, ab=ab),
+            linear(stage, "up_proj", T, H, I, wb=wb, ab=ab),
+            elementwise(stage, "act", T * I, flops_per_element=ACT_FLOPS, ab=ab, reads=2, writes=1),
+            linear(stage, "down_proj", T, I, H, wb=wb, ab=ab),
+        ]
+        ops += [op.times(shape.dense_layers, count=shape.dense_layers) for op in mlp]
+
+    # feed-forward: MoE layers — router, then only the active experts
+    if shape.moe_layers:
+        E, k, Im = shape.num_experts, shape.experts_per_tok, shape.expert_intermediate
+        touched = shape.unique_experts(T)
+        Tk = T * k  # token-expert assignments
+        router_out = E + (1 if shape.shared_expert_intermediate else 0)
+        moe = [
+            linear(stage, "router", T, H, router_out, wb=wb, ab=ab, out_bytes=LOGIT_BYTES),
+            linear(stage, "experts.gate_proj", Tk, H, Im, wb=wb, ab=ab, weight_params=touched * H * Im),
+            linear(stage, "experts.up_proj", Tk, H, Im, wb=wb, ab=ab, weight_params=touched * H * Im),
+            elementwise(stage, "experts.act", Tk * Im, flops_per_element=ACT_FLOPS, ab=ab, reads=2, writes=1),
+            linear(stage, "experts.down_proj", Tk, Im, H, wb=wb, ab=ab, weight_params=touched * H * Im),
+        ]
+        if shape.shared_expert_intermediate:
+            Is = shape.shared_expert_intermediate
+            moe += [
+                linear(stage, "shared_expert.gate_proj", T, H, Is, wb=wb, ab=ab),
+                linear(stage, "shared_expert.up_proj", T, H, Is, wb=wb, ab=ab),
+                elementwise(stage, "shared_expert.act", T * Is, flops_per_element=ACT_FLOPS, ab=ab, reads=2),
+                linear(stage, "shared_expert.down_proj", T, Is, H, wb=wb, ab=ab),
+            ]
+        ops += [op.times(shape.moe_layers, count=shape.moe_layers) for op in moe]
+
+    # once per pass: embedding gather (first), final norm and LM head (last position of each sequence)
+    embed = OpCost(stage, "embed", "vector", 0.0, min(T, shape.vocab) * H * wb, T * H * ab)
+    ops.insert(0, embed)
+    ops.append(elementwise(stage, "final_norm", batch * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb))
+    ops.append(linear(stage, "lm_head", batch, H, shape.vocab, wb=wb, ab=ab, out_bytes=LOGIT_BYTES))
+    for op in ops:
+        op.batch = batch
+    return ops
+
+
+# --------------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class StageReport:
+    """One prefill, or one decode step at one batch size."""
+
+    stage: str
+    batch: int
+    tokens: int  # new tokens processed (prefill: prompt length × batch; decode: batch)
+    context: int
+    ops: list[OpCost]
+    total: StageTotals
+
+    @property
+    def time_s(self) -> float:
+        return self.total.time_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.time_s if self.time_s else math.inf
+
+    @property
+    def bound(self) -> str:
+        return self.total.bound
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.total
+        d: dict[str, Any] = {
+            "batch": self.batch,
+            "tokens": self.tokens,
+            "context": self.context,
+            "flops": t.flops,
+            "bytes": t.bytes,
+            "weight_bytes": t.weight_bytes,
+            "act_bytes": t.act_bytes,
+            "kv_read_bytes": t.kv_read_bytes,
+            "kv_write_bytes": t.kv_write_bytes,
+            "intensity": json_number(t.intensity),
+            "compute_time_s": t.compute_time_s,
+            "memory_time_s": t.memory_time_s,
+            "time_s": t.time_s,
+            "tokens_per_s": json_number(self.tokens_per_s),
+            "bound": self.bound,
+        }
+        if self.stage == "prefill":
+            d["ttft_s"] = t.time_s
+        else:
+            d["tpot_s"] = t.time_s
+        return d
+
+
+@dataclass
+class RooflineReport:
+    model: str
+    shape: ModelShape
+    hardware: Hardware
+    weight_dtype: str
+    act_dtype: str
+    kv_dtype: str
+    attention: str
+    prefill: StageReport
+    decode: list[StageReport]
+    kv_bytes_per_token: float
+    memory_budget: float
+    max_batch: int
+    crossover_batch: int | None
+    crossover_estimate: float
+    step_crossover_batch: int | None
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def params(self) -> int:
+        return self.shape.params
+
+    @property
+    def active_params(self) -> int:
+        return self.shape.active_params
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of all weights in the weight dtype (what must fit in memory)."""
+        return self.shape.params * DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def ops(self) -> list[OpCost]:
+        return [*self.prefill.ops, *(op for d in self.decode for op in d.ops)]
+
+    @property
+    def ridge(self) -> float:
+        return self.hardware.ridge(self.act_dtype)
+
+    def decode_at(self, batch: int) -> StageReport:
+        for d in self.decode:
+            if d.batch == batch:
+                return d
+        raise KeyError(f"no decode step for batch {batch}; have {[d.batch for d in self.decode]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.shape
+        return {
+            "model": self.model,
+            "architecture": s.architecture,
+            "hardware": self.hardware.to_dict(self.act_dtype),
+            "dtypes": {"weight": self.weight_dtype, "activation": self.act_dtype, "kv": self.kv_dtype},
+            "attention": self.attention,
+            "params": s.params,
+            "active_params": s.active_params,
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "memory_budget": self.memory_budget,
+            "max_batch": self.max_batch,
+            "crossover_batch": self.crossover_batch,
+            "crossover_estimate": self.crossover_estimate,
+            "step_crossover_batch": self.step_crossover_batch,
+            "prefill": self.prefill.to_dict(),
+            "decode": [d.to_dict() for d in self.decode],
+            "ops": [_op_dict(o) for o in self.ops],
+            "assumptions": self.assumptions,
+        }
+
+
+def _op_dict(op: OpCost) -> dict[str, Any]:
+    d = op.to_dict()
+    keep = (
+        "stage", "name", "kind", "count", "batch", "context", "flops", "bytes", "weight_bytes", "act_bytes",
+        "kv_read_bytes", "kv_write_bytes", "intensity", "peak", "compute_time_s", "memory_time_s", "time_s",
+        "bound",
+    )  # fmt: skip
+    return {k: d[k] for k in keep}
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------------
+def resolve_config(config_or_path: Any) -> tuple[Mapping[str, Any], str]:
+    """A config mapping and a display name, from a mapping, a preset name, a model dir or a config.json."""
+    from forwardpass.loader.config import ModelConfig, _derive, load_model_config
+
+    if isinstance(config_or_path, Mapping):
+        cfg = _derive(ModelConfig(dict(config_or_path)))
+        return cfg, str(cfg.get("_name_or_path") or cfg.architecture or "config")
+    text = str(config_or_path)
+    if text.lower() in PRESETS:
+        return _derive(ModelConfig(dict(PRESETS[text.lower()]))), text.lower()
+    path = Path(os.path.expanduser(text))
+    try:
+        cfg = load_model_config(path)
+    except ModelNotFoundError as exc:
+        raise ModelNotFoundError(
+            f"{exc.message}; or use a built-in shape: {', '.join(PRESETS)}", param="model"
+        ) from exc
+    name = path.parent.name if path.is_file() else path.name
+    return cfg, name or str(path)
+
+
+def _positive(name: str, value: int) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}", param=name) from None
+    if v <= 0 or v != value:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}", param=name)
+    return v
+
+
+def resolve_dtypes(
+    hw: Hardware, weight_dtype: str | None, act_dtype: str | None, kv_dtype: str | None
+) -> tuple[str, str, str]:
+    """Defaults: weights bf16 (fp32 on this machine); activations follow float weights, else bf16/fp32;
+    KV cache follows the activations."""
+    base = hw.default_dtype
+    w = normalize_dtype(weight_dtype or base, what="weight dtype", allowed=WEIGHT_DTYPES)
+    if act_dtype:
+        a = normalize_dtype(act_dtype, what="activation dtype", allowed=ACT_DTYPES)
+    else:
+        a = w if w in ("fp32", "bf16", "fp16") else base
+    kv = normalize_dtype(kv_dtype or a, what="kv dtype", allowed=KV_DTYPES)
+    return w, a, kv
+
+
+def analyze(
+    config_or_path: Any,
+    hardware: str | Hardware = "h100",
+    prefill_tokens: int = 2048,
+    context: int = 4096,
+    batches: Iterable[int] = (1, 8, 64),
+    weight_dtype: str | None = None,
+    act_dtype: str | None = None,
+    kv_dtype: str | None = None,
+    *,
+    attention: str = "fused",
+    memory_budget: float | None = None,
+    prefill_batch: int = 1,
+    remeasure: bool = False,
+) -> RooflineReport:
+    """Roofline analysis of a model (config mapping, preset name, model dir or config.json) on a device.
+
+    ``weight_dtype`` defaults to bf16 (fp32 on ``this-machine``); ``act_dtype`` to the weight dtype for
+    float weights, else bf16 (fp32 on this machine); ``kv_dtype`` to ``act_dtype``. ``memory_budget``
+    (bytes) defaults to 90% of the device's memory. ``context`` is the number of positions each
+    sequence attends to during the decode step; ``prefill_batch`` sequences of ``prefill_tokens`` are
+    prefilled together (one forward pass).
+    """
+    hw = get_hardware(hardware, remeasure=remeasure)
+    cfg, name = resolve_config(config_or_path)
+    shape = ModelShape.from_config(cfg, name)
+    w, a, kv = resolve_dtypes(hw, weight_dtype, act_dtype, kv_dtype)
+    if attention not in _ATTENTION_NOTES:
+        raise ConfigError(f"unknown attention {attention!r}; choose fused or naive", param="attention")
+    prefill_tokens = _positive("prefill tokens", prefill_tokens)
+    prefill_batch = _positive("prefill batch", prefill_batch)
+    context = _positive("context", context)
+    batches = [_positive("batch", b) for b in batches]
+    if not batches:
+        raise ConfigError("give at least one batch size", param="batch")
+    wb, ab, kvb = DTYPE_BYTES[w], DTYPE_BYTES[a], DTYPE_BYTES[kv]
+    common = dict(wb=wb, ab=ab, kvb=kvb, attention=attention)
+
+    def evaluated(ops: list[OpCost], ctx: int) -> list[OpCost]:
+        for op in ops:
+            op.context = ctx
+            op.evaluate(hw, a)
+        return ops
+
+    # prefill: prefill_batch sequences of P tokens, each attending causally to itself
+    pf_ops = evaluated(
+        forward_ops(
+            shape,
+            "prefill",
+            batch=prefill_batch,
+            new_tokens=prefill_tokens,
+            kv_len=prefill_tokens,
+            pairs_per_seq=causal_pairs(prefill_tokens, shape.sliding_window),
+            **common,
+        ),
+        prefill_tokens,
+    )
+    prefill = StageReport(
+        "prefill", prefill_batch, prefill_batch * prefill_tokens, prefill_tokens, pf_ops, totals(pf_ops)
+    )
+
+    L = shape.kv_positions(context)
+
+    def decode_ops(b: int) -> list[OpCost]:
+        ops = forward_ops(shape, "decode", batch=b, new_tokens=1, kv_len=L, pairs_per_seq=L, **common)
+        return evaluated(ops, context)
+
+    decode = []
+    for b in batches:
+        ops = decode_ops(b)
+        decode.append(StageReport("decode", b, b, context, ops, totals(ops)))
+
+    def linear_compute_bound(b: int) -> bool:
+        t = totals([o for o in decode_ops(b) if o.kind == MATMUL and o.name not in ATTENTION_OPS])
+        return t.compute_time_s >= t.memory_time_s
+
+    def step_compute_bound(b: int) -> bool:
+        t = totals(decode_ops(b))
+        return t.compute_time_s >= t.memory_time_s
+
+    kv_per_token = shape.kv_bytes_per_token(kvb)
+    budget = float(memory_budget) if memory_budget is not None else 0.9 * hw.capacity
+    free = budget - shape.params * wb
+    max_batch = max(0, int(free // (kv_per_token * L))) if free > 0 else 0
+
+    notes = [s.format(attention=attention, attention_note=_ATTENTION_NOTES[attention]) for s in ASSUMPTIONS]
+    if hw.compute_dtype(a) != a:
+        notes.append(f"{hw.name} has no {a} matrix peak: matmuls counted at its {hw.compute_dtype(a)} peak")
+    return RooflineReport(
+        model=name,
+        shape=shape,
+        hardware=hw,
+        weight_dtype=w,
+        act_dtype=a,
+        kv_dtype=kv,
+        attention=attention,
+        prefill=prefill,
+        decode=decode,
+        kv_bytes_per_token=kv_per_token,
+        memory_budget=budget,
+        max_batch=max_batch,
+        crossover_batch=first_true(linear_compute_bound),
+        crossover_estimate=hw.ridge(a) * wb / 2,
+        step_crossover_batch=first_true(step_compute_bound),
+        assumptions=notes,
+    )
+
+
+def first_true(pred, limit: int = 1 << 20) -> int | None:
+    """Smallest ``b`` in [1, limit] with ``pred(b)`` true, assuming ``pred`` is monotone; None if none."""
+    hi = 1
+    while not pred(hi):
+        hi *= 2
+        if hi > limit:
+            return None
+    lo = hi // 2  # pred(lo) is false (or lo == 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if pred(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
