@@ -244,6 +244,14 @@ def _ram_bytes() -> float:
         return 0.0
 
 
+def _load_average() -> float | None:
+    """1-minute load average while measuring: above the core count, the figures are understated."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):  # pragma: no cover
+        return None
+
+
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -266,7 +274,10 @@ def hardware_from_measurement(data: dict[str, Any]) -> Hardware:
         vector_flops=f,
         bandwidth=float(data["read_bandwidth"]),
         capacity=float(data.get("capacity") or _ram_bytes()),
-        source=f"measured {data.get('measured_at', '?')}: {data.get('method', 'microbenchmark')}",
+        source=(
+            f"measured {data.get('measured_at', '?')}: {data.get('method', 'microbenchmark')}"
+            + (f", load average {data['load_average']}" if data.get("load_average") is not None else "")
+        ),
         measured_at=data.get("measured_at"),
         extra=dict(data),
     )
@@ -322,6 +333,7 @@ def measure_this_machine(*, read_mib: int = 512, matmul_n: int = 2048, repeats: 
         "cpu": _cpu_name(),
         "torch": torch.__version__,
         "measured_at": _dt.datetime.now().isoformat(timespec="seconds"),
+        "load_average": _load_average(),
         "method": (
             f"read {read_mib} MiB fp32 with {cores} threads (torch.sum / numpy), "
             f"fp32 matmul {matmul_n}^3, best of {repeats}"
@@ -341,6 +353,12 @@ def this_machine(*, remeasure: bool = False, path: Path | None = None) -> Hardwa
             log.warning("ignoring unreadable hardware cache %s: %s", path, exc)
     log.info("measuring this machine (read bandwidth, fp32 matmul); cached in %s", path)
     data = measure_this_machine()
+    load = data.get("load_average")
+    if load is not None and load > data["cores"]:
+        log.warning(
+            "load average %.1f exceeds %d cores while measuring: figures are likely low; "
+            "re-run with --remeasure when the machine is idle", load, data["cores"]
+        )
     save_measurement(data, path)
     return hardware_from_measurement(data)
 

@@ -127,9 +127,12 @@ def render_roofline(report: Any, *, show_ops: bool = True, out: Any = None) -> N
         f"{report.decode[0].context} in {fmt_bytes(report.memory_budget)}: [bold]{report.max_batch}[/bold]"
     )
     c.print(
-        f"Decode turns compute-bound (linear layers) at batch [bold]{cross if cross else 'never'}[/bold] "
-        f"(ridge × bytes/weight / 2 = {report.crossover_estimate:.0f}); whole step at this context: "
-        f"{step_cross if step_cross else 'never (KV reads grow with the batch)'}"
+        f"Decode turns compute-bound at batch [bold]{cross if cross else 'never'}[/bold] in the linear layers "
+        f"(estimate ridge × bytes/weight / 2 = {report.crossover_estimate:.0f})"
+    )
+    c.print(
+        f"  whole decode step at context {report.decode[0].context}: "
+        + (f"compute-bound from batch {step_cross}" if step_cross else "never compute-bound (KV reads grow with batch)")
     )
     if show_ops:
         c.print()

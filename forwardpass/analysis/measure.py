@@ -1,0 +1,167 @@
+"""Predicted against measured: run the engine on this machine and compare with the roofline.
+
+For each batch size B, with ``B`` distinct random prompts of ``prompt_tokens`` tokens (prefix caching off):
+
+* ``t1``: median wall time of ``generate(prompts, max_tokens=1)`` — one prefill (plus one LM head);
+* ``tN``: median wall time of ``generate(prompts, max_tokens=N)`` — the same prefill plus N − 1 decode steps;
+* measured prefill tokens/s = ``B·P / t1``; measured decode tokens/s = ``B·(N − 1) / (tN − t1)``.
+
+The prediction is :func:`~forwardpass.analysis.roofline.analyze` on ``this-machine`` for the same model,
+batch, dtype and the mean decode context ``P + N/2``. The ratio measured / predicted is the fraction of
+the roofline the engine reaches (≤ 1 unless the model's assumptions are pessimistic).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forwardpass.analysis.roofline import RooflineReport, analyze, resolve_dtypes
+from forwardpass.errors import ConfigError, ForwardpassError, ModelNotFoundError
+
+_ENGINE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class EngineUnavailableError(ForwardpassError):
+    """``--measure`` needs the engine (``forwardpass.llm``), which this installation lacks."""
+
+    error_type = "engine_unavailable"
+    status_code = 501
+
+
+@dataclass
+class MeasureResult:
+    model: str
+    rows: list[dict[str, Any]]  # {batch, metric, predicted, measured, ratio}
+    reports: dict[int, RooflineReport] = field(default_factory=dict)
+    timings: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "rows": self.rows, "timings": self.timings}
+
+
+def _engine_factory() -> Callable[..., Any]:
+    if importlib.util.find_spec("forwardpass.llm") is None:
+        raise EngineUnavailableError(
+            "--measure runs the engine, but forwardpass.llm is not available in this installation; "
+            "drop --measure to get the prediction alone"
+        )
+    from forwardpass.llm import LLM
+
+    return LLM
+
+
+def _sampling_params(max_tokens: int) -> Any:
+    from forwardpass.sampling.params import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0)
+
+
+def _generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> float:
+    params = _sampling_params(max_tokens)
+    t0 = time.perf_counter()
+    try:
+        llm.generate(prompts, params, use_tqdm=False)
+    except TypeError:  # an LLM without the use_tqdm keyword
+        llm.generate(prompts, params)
+    return time.perf_counter() - t0
+
+
+def measure(
+    model: str | Path,
+    *,
+    batches: Iterable[int] = (1,),
+    prompt_tokens: int = 128,
+    new_tokens: int = 32,
+    runs: int = 3,
+    weight_dtype: str | None = None,
+    hardware: Any = "this-machine",
+    remeasure: bool = False,
+    llm_factory: Callable[..., Any] | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
+) -> MeasureResult:
+    """Time the engine on ``model`` (a model directory with weights) and compare with the roofline."""
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise ModelNotFoundError(
+            f"--measure needs a model directory with weights, got {str(model)!r} "
+            "(presets and bare config.json files have no weights to run)",
+            param="model",
+        )
+    if new_tokens < 2:
+        raise ConfigError("--measure needs at least 2 new tokens to time decode", param="new_tokens")
+    if runs < 1 or prompt_tokens < 1:
+        raise ConfigError("--measure needs runs >= 1 and a prompt of at least one token", param="runs")
+    batches = sorted({int(b) for b in batches})
+
+    from forwardpass.analysis.hardware import get_hardware
+
+    hw = get_hardware(hardware, remeasure=remeasure)
+    w, _, _ = resolve_dtypes(hw, weight_dtype, None, None)
+    if w not in _ENGINE_DTYPES:
+        raise ConfigError(
+            f"--measure runs the engine, which loads weights as fp32, bf16 or fp16, not {w}", param="weight_dtype"
+        )
+    factory = llm_factory or _engine_factory()
+
+    from forwardpass.loader.config import load_model_config
+
+    cfg = load_model_config(path)
+    kv_per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
+    tokens_needed = max(batches) * (prompt_tokens + new_tokens + 16)
+    kwargs = {
+        "dtype": _ENGINE_DTYPES[w],
+        "enable_prefix_caching": False,
+        "max_num_seqs": max(batches),
+        "max_num_batched_tokens": max(2048, max(batches) * prompt_tokens),
+        "kv_cache_memory": max(1 << 28, int(1.25 * kv_per_token * tokens_needed)),
+        "max_model_len": prompt_tokens + new_tokens + 16,
+    }
+    kwargs.update(engine_kwargs or {})
+    llm = factory(model=str(path), **kwargs)
+
+    vocab = int(cfg["vocab_size"])
+    rng = random.Random(0)
+
+    def prompts(b: int) -> list[list[int]]:  # fresh, distinct prompts each call: nothing to reuse
+        return [[rng.randrange(3, vocab) for _ in range(prompt_tokens)] for _ in range(b)]
+
+    result = MeasureResult(model=path.name, rows=[])
+    for b in batches:
+        _generate(llm, prompts(b), 2)  # warm-up
+        t1 = statistics.median(_generate(llm, prompts(b), 1) for _ in range(runs))
+        tn = statistics.median(_generate(llm, prompts(b), new_tokens) for _ in range(runs))
+        decode_s = max(tn - t1, 1e-9)
+        rep = analyze(
+            dict(cfg),
+            hw,
+            prefill_tokens=prompt_tokens,
+            prefill_batch=b,
+            context=prompt_tokens + new_tokens // 2,
+            batches=(b,),
+            weight_dtype=w,
+        )
+        result.reports[b] = rep
+        result.timings[b] = {"prefill_s": t1, "generate_s": tn, "decode_s": decode_s, "new_tokens": new_tokens}
+        measured = {
+            "prefill tok/s": b * prompt_tokens / t1,
+            "decode tok/s": b * (new_tokens - 1) / decode_s,
+            "TPOT ms": 1e3 * decode_s / (new_tokens - 1),
+        }
+        predicted = {
+            "prefill tok/s": rep.prefill.tokens_per_s,
+            "decode tok/s": rep.decode[0].tokens_per_s,
+            "TPOT ms": 1e3 * rep.decode[0].time_s,
+        }
+        for metric, m in measured.items():
+            p = predicted[metric]
+            result.rows.append(
+                {"batch": b, "metric": metric, "predicted": p, "measured": m, "ratio": m / p if p else None}
+            )
+    return result
