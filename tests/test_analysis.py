@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import ClassVar
 
 import pytest
 
@@ -266,7 +267,9 @@ def test_report_json_has_the_documented_fields(llama):
     assert {"name", "peak_flops", "bandwidth", "ridge"} <= set(doc["hardware"])
     assert {"tokens", "flops", "bytes", "time_s", "bound"} <= set(doc["prefill"])
     for d in doc["decode"]:
-        assert {"batch", "context", "flops", "bytes", "intensity", "time_s", "tokens_per_s", "bound"} <= set(d)
+        assert {"batch", "context", "flops", "bytes", "intensity", "time_s", "tokens_per_s", "bound"} <= set(
+            d
+        )
     for o in doc["ops"]:
         assert {"stage", "name", "flops", "bytes", "intensity", "bound", "time_s"} <= set(o)
     assert {o["stage"] for o in doc["ops"]} == {"prefill", "decode"}
@@ -297,7 +300,8 @@ def test_bad_model_paths_raise_forwardpass_errors(tmp_path):
 
 # ----- diffusion ----------------------------------------------------------------------------------
 def test_dit_cfg_doubles_the_passes_and_steps_multiply():
-    kw = dict(latent_channels=4, patch_size=2, hidden=256, depth=6, heads=4, text_len=16, mlp_ratio=4.0, steps=30)
+    kw = {"latent_channels": 4, "patch_size": 2, "hidden": 256, "depth": 6, "heads": 4, "text_len": 16,
+          "mlp_ratio": 4.0, "steps": 30}  # fmt: skip
     with_cfg = dit_cost(8, 8, cfg=True, **kw)
     without = dit_cost(8, 8, cfg=False, **kw)
     assert with_cfg.tokens == 16
@@ -393,9 +397,9 @@ def test_cli_bad_input_is_a_clear_error(capsys, tmp_path):
 
 # ----- --measure ----------------------------------------------------------------------------------
 class FakeLLM:
-    """Stands in for forwardpass.LLM: prefill costs 10 ms per prompt token, decode 50 ms per step."""
+    """Stands in for forwardpass.LLM: prefill costs 0.5 ms per prompt token, decode 2 ms per step."""
 
-    instances: list = []
+    instances: ClassVar[list] = []
 
     def __init__(self, model, **kwargs):
         self.kwargs = kwargs
@@ -434,7 +438,9 @@ def test_measure_without_engine_says_so(tmp_path, fake_cache, monkeypatch):
     from forwardpass.analysis import measure as measure_mod
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "forwardpass.llm" else real(n, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "forwardpass.llm" else real(n, *a)
+    )
     (tmp_path / "config.json").write_text(json.dumps(PRESETS["qwen3-0.6b"]))
     with pytest.raises(ForwardpassError, match="forwardpass.llm"):
         measure_mod.measure(tmp_path)

@@ -113,10 +113,15 @@ class DiTReport:
 
 
 def dit_params(
-    latent_channels: int, patch_size: int, hidden: int, depth: int, mlp_ratio: float, cross_attention: bool = True
+    latent_channels: int,
+    patch_size: int,
+    hidden: int,
+    depth: int,
+    mlp_ratio: float,
+    cross_attention: bool = True,
 ) -> int:
     """Weights of the DiT described in the module docstring (biases not counted)."""
-    H, F = hidden, int(round(mlp_ratio * hidden))
+    H, F = hidden, round(mlp_ratio * hidden)
     io = latent_channels * patch_size**2
     cross = 4 * H * H if cross_attention else 0
     block = 6 * H * H + 4 * H * H + cross + 2 * H * F  # adaLN, self-attn, cross-attn, MLP
@@ -166,7 +171,7 @@ def dit_cost(
     )
     wb, ab = DTYPE_BYTES[w], DTYPE_BYTES[a]
 
-    H, F = hidden, int(round(mlp_ratio * hidden))
+    H, F = hidden, round(mlp_ratio * hidden)
     N = (latent_h // patch_size) * (latent_w // patch_size)
     io = latent_channels * patch_size**2
     S = batch * (2 if cfg else 1)  # samples per step
@@ -191,7 +196,9 @@ def dit_cost(
         ln("norm1"),
         lin("qkv", tok, H, 3 * H),
         OpCost(st, "self_attn", MATMUL, 4.0 * S * N * N * H, 0.0, 4.0 * tok * H * ab),
-        elementwise(st, "self_softmax", S * heads * N * N, flops_per_element=SOFTMAX_FLOPS, ab=ab, reads=0, writes=0),
+        elementwise(
+            st, "self_softmax", S * heads * N * N, flops_per_element=SOFTMAX_FLOPS, ab=ab, reads=0, writes=0
+        ),
         lin("attn_out", tok, H, H),
     ]
     if text_len:

@@ -172,7 +172,13 @@ SPECS: dict[str, Hardware] = {
     "mi300x": Hardware(
         name="mi300x",
         label="AMD Instinct MI300X",
-        flops={"bf16": 1307.4 * T, "fp16": 1307.4 * T, "fp8": 2614.9 * T, "int8": 2614.9 * T, "fp32": 163.4 * T},
+        flops={
+            "bf16": 1307.4 * T,
+            "fp16": 1307.4 * T,
+            "fp8": 2614.9 * T,
+            "int8": 2614.9 * T,
+            "fp32": 163.4 * T,
+        },
         vector_flops=163.4 * T,
         bandwidth=5300 * GB,
         capacity=192 * GB,
@@ -216,9 +222,7 @@ def get_hardware(name: str | Hardware, *, remeasure: bool = False) -> Hardware:
         return SPECS[key]
     if key == THIS_MACHINE:
         return this_machine(remeasure=remeasure)
-    raise ConfigError(
-        f"unknown hardware {name!r}; known: {', '.join(known_hardware())}", param="hardware"
-    )
+    raise ConfigError(f"unknown hardware {name!r}; known: {', '.join(known_hardware())}", param="hardware")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -283,6 +287,33 @@ def hardware_from_measurement(data: dict[str, Any]) -> Hardware:
     )
 
 
+def _best(fn: Any, n: int) -> float:
+    """Shortest of ``n`` timed calls of ``fn``."""
+    best = float("inf")
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _read_bandwidth(read_mib: int, cores: int, repeats: int) -> tuple[float, float]:
+    """Bytes/s reading a ``read_mib`` MiB fp32 buffer: torch.sum (all threads), NumPy max per core slice."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    import torch
+
+    x = torch.ones(read_mib * 1024 * 1024 // 4, dtype=torch.float32)
+    nbytes = x.numel() * 4
+    x.sum()  # fault the pages in
+    bw_torch = nbytes / _best(x.sum, repeats)
+    chunks = np.array_split(x.numpy(), cores)
+    with ThreadPoolExecutor(cores) as pool:
+        bw_numpy = nbytes / _best(lambda: list(pool.map(np.max, chunks)), repeats)
+    return bw_torch, bw_numpy
+
+
 def measure_this_machine(*, read_mib: int = 512, matmul_n: int = 2048, repeats: int = 8) -> dict[str, Any]:
     """Microbenchmark this machine (about 3–10 s): best-of-N read bandwidth and fp32 matmul FLOP/s.
 
@@ -290,37 +321,17 @@ def measure_this_machine(*, read_mib: int = 512, matmul_n: int = 2048, repeats: 
     every core, and NumPy ``max`` over per-core slices in a thread pool; the best pass of either counts.
     Compute: ``torch.matmul`` of two ``matmul_n``² fp32 matrices, best of N.
     """
-    import numpy as np
     import torch
 
     cores = _cores()
     old_threads = torch.get_num_threads()
     torch.set_num_threads(cores)
     try:
-        x = torch.ones(read_mib * 1024 * 1024 // 4, dtype=torch.float32)
-        nbytes = x.numel() * 4
-        x.sum()  # fault the pages in
-
-        def best(fn, n: int) -> float:
-            b = float("inf")
-            for _ in range(n):
-                t0 = time.perf_counter()
-                fn()
-                b = min(b, time.perf_counter() - t0)
-            return b
-
-        bw_torch = nbytes / best(lambda: x.sum(), repeats)
-        from concurrent.futures import ThreadPoolExecutor
-
-        chunks = np.array_split(x.numpy(), cores)
-        with ThreadPoolExecutor(cores) as pool:
-            bw_numpy = nbytes / best(lambda: list(pool.map(np.max, chunks)), repeats)
-        del x, chunks
-
+        bw_torch, bw_numpy = _read_bandwidth(read_mib, cores, repeats)
         a = torch.randn(matmul_n, matmul_n)
         b = torch.randn(matmul_n, matmul_n)
         a @ b  # warm up
-        flops = 2 * matmul_n**3 / best(lambda: a @ b, max(3, repeats // 2))
+        flops = 2 * matmul_n**3 / _best(lambda: a @ b, max(3, repeats // 2))
     finally:
         torch.set_num_threads(old_threads)
     return {
@@ -357,7 +368,9 @@ def this_machine(*, remeasure: bool = False, path: Path | None = None) -> Hardwa
     if load is not None and load > data["cores"]:
         log.warning(
             "load average %.1f exceeds %d cores while measuring: figures are likely low; "
-            "re-run with --remeasure when the machine is idle", load, data["cores"]
+            "re-run with --remeasure when the machine is idle",
+            load,
+            data["cores"],
         )
     save_measurement(data, path)
     return hardware_from_measurement(data)

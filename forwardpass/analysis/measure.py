@@ -106,7 +106,8 @@ def measure(
     w, _, _ = resolve_dtypes(hw, weight_dtype, None, None)
     if w not in _ENGINE_DTYPES:
         raise ConfigError(
-            f"--measure runs the engine, which loads weights as fp32, bf16 or fp16, not {w}", param="weight_dtype"
+            f"--measure runs the engine, which loads weights as fp32, bf16 or fp16, not {w}",
+            param="weight_dtype",
         )
     factory = llm_factory or _engine_factory()
 
@@ -148,7 +149,12 @@ def measure(
             weight_dtype=w,
         )
         result.reports[b] = rep
-        result.timings[b] = {"prefill_s": t1, "generate_s": tn, "decode_s": decode_s, "new_tokens": new_tokens}
+        result.timings[b] = {
+            "prefill_s": t1,
+            "generate_s": tn,
+            "decode_s": decode_s,
+            "new_tokens": new_tokens,
+        }
         measured = {
             "prefill tok/s": b * prompt_tokens / t1,
             "decode tok/s": b * (new_tokens - 1) / decode_s,

@@ -11,7 +11,12 @@ from typing import Any
 from forwardpass.analysis.hardware import Hardware
 from forwardpass.analysis.ops import OpCost
 
-STAGE_COLOURS = {"prefill": "tab:blue", "decode": "tab:orange", "denoise": "tab:green", "attention": "tab:purple"}
+STAGE_COLOURS = {
+    "prefill": "tab:blue",
+    "decode": "tab:orange",
+    "denoise": "tab:green",
+    "attention": "tab:purple",
+}
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 
 
@@ -72,7 +77,14 @@ def plot_roofline(
             f"{bw / 1e9:.4g} GB/s")  # fmt: skip
     if hw.vector_flops and abs(hw.vector_flops - peak) / peak > 1e-6:
         x, y = roof(hw.vector_flops)
-        ax.plot(x, y, color="grey", lw=1.2, ls="--", label=f"vector roof: {hw.vector_flops / 1e12:.4g} TFLOP/s fp32")
+        ax.plot(
+            x,
+            y,
+            color="grey",
+            lw=1.2,
+            ls="--",
+            label=f"vector roof: {hw.vector_flops / 1e12:.4g} TFLOP/s fp32",
+        )
     ax.axvline(ridge, color="tab:red", ls=":", lw=1.2, label=f"ridge {ridge:.3g} FLOP/byte")
 
     series_markers: dict[str, str] = {}

@@ -97,8 +97,7 @@ def render_roofline(report: Any, *, show_ops: bool = True, out: Any = None) -> N
     c.print(
         f"[bold]{hw.label}[/bold]: {hw.peak(report.act_dtype) / 1e12:.4g} TFLOP/s "
         f"{hw.compute_dtype(report.act_dtype)}, {hw.bandwidth / 1e9:.4g} GB/s, {hw.capacity / 1e9:.4g} GB → "
-        f"ridge {report.ridge:.3g} FLOP/byte"
-        + (f"  [dim]({hw.source})[/dim]" if hw.measured_at else "")
+        f"ridge {report.ridge:.3g} FLOP/byte" + (f"  [dim]({hw.source})[/dim]" if hw.measured_at else "")
     )
     c.print(
         f"weights {report.weight_dtype} ({fmt_bytes(report.weight_bytes)}), activations {report.act_dtype}, "
@@ -111,7 +110,9 @@ def render_roofline(report: Any, *, show_ops: bool = True, out: Any = None) -> N
         f"{fmt_bytes(p.total.bytes)}, {fmt_ai(p.total.intensity)} FLOP/B → {_bound(p.bound)}-bound "
         f"({p.tokens_per_s:,.0f} tok/s)"
     )
-    t = Table(title=f"Decode step at context {report.decode[0].context}", title_justify="left", show_edge=False)
+    t = Table(
+        title=f"Decode step at context {report.decode[0].context}", title_justify="left", show_edge=False
+    )
     for name in ("batch", "FLOPs", "bytes", "of which KV", "FLOP/B", "TPOT", "tokens/s", "bound"):
         t.add_column(name, justify="left" if name == "bound" else "right")
     for d in report.decode:
@@ -132,7 +133,11 @@ def render_roofline(report: Any, *, show_ops: bool = True, out: Any = None) -> N
     )
     c.print(
         f"  whole decode step at context {report.decode[0].context}: "
-        + (f"compute-bound from batch {step_cross}" if step_cross else "never compute-bound (KV reads grow with batch)")
+        + (
+            f"compute-bound from batch {step_cross}"
+            if step_cross
+            else "never compute-bound (KV reads grow with batch)"
+        )
     )
     if show_ops:
         c.print()
@@ -202,5 +207,7 @@ def render_measure(rows: list[dict[str, Any]], out: Any = None) -> None:
         t.add_column(name, justify="left" if name == "metric" else "right")
     for r in rows:
         ratio = r["measured"] / r["predicted"] if r["predicted"] else float("nan")
-        t.add_row(str(r["batch"]), r["metric"], f"{r['predicted']:,.2f}", f"{r['measured']:,.2f}", f"{ratio:.2f}")
+        t.add_row(
+            str(r["batch"]), r["metric"], f"{r['predicted']:,.2f}", f"{r['measured']:,.2f}", f"{ratio:.2f}"
+        )
     c.print(t)

@@ -57,16 +57,19 @@ LOGIT_BYTES = 4.0  # logits are written in fp32
 
 ASSUMPTIONS = [
     "weights are read once per forward pass for the whole batch",
-    "activations round-trip memory between ops (no cross-op fusion); RoPE and the KV-cache write are "
-    "fused into k/v_proj; residual adds into the norms",
-    "attention '{attention}': "
-    "{attention_note}",
+    (
+        "activations round-trip memory between ops (no cross-op fusion); RoPE and the KV-cache write are "
+        "fused into k/v_proj; residual adds into the norms"
+    ),
+    "attention '{attention}': {attention_note}",
     "KV read per decode step = batch x context x 2 x layers x kv_heads x head_dim x kv_bytes",
     "MoE routing uniform: T tokens touch E(1-(1-k/E)^T) experts; only k experts' FLOPs per token",
     "LM head (2 x hidden x vocab FLOPs) for the last position of each sequence only; logits in fp32",
     "not counted: biases, RoPE math, quantization scales, sampling, launch/framework overhead",
-    "op time = max(flops/peak, bytes/bandwidth); ops back to back; matmul peak in the activation dtype, "
-    "elementwise ops at the fp32 vector rate",
+    (
+        "op time = max(flops/peak, bytes/bandwidth); ops back to back; matmul peak in the activation dtype, "
+        "elementwise ops at the fp32 vector rate"
+    ),
     "largest batch: (memory budget - weights) / (KV bytes per sequence); activation memory ignored",
 ]
 _ATTENTION_NOTES = {
@@ -148,7 +151,9 @@ class ModelShape:
             moe_layers = sum(1 for i in range(layers) if i not in mlp_only and (i + 1) % step == 0)
         intermediate = int(cfg.get("intermediate_size") or 0)
         if moe_layers < layers and intermediate <= 0:
-            raise ConfigError(f"config {name} has dense layers but no 'intermediate_size'", param="intermediate_size")
+            raise ConfigError(
+                f"config {name} has dense layers but no 'intermediate_size'", param="intermediate_size"
+            )
 
         window = cfg.get("sliding_window")
         if not window or cfg.get("use_sliding_window") is False:
@@ -283,14 +288,21 @@ def forward_ops(
     naive = attention == "naive"
 
     layer: list[OpCost] = []
-    layer.append(elementwise(stage, "input_norm", T * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb))
+    layer.append(
+        elementwise(stage, "input_norm", T * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb)
+    )
     layer.append(linear(stage, "q_proj", T, H, qd, wb=wb, ab=ab))
     layer.append(linear(stage, "k_proj", T, H, kvd, wb=wb, ab=ab, out_kv_bytes=kvb))
     layer.append(linear(stage, "v_proj", T, H, kvd, wb=wb, ab=ab, out_kv_bytes=kvb))
     if shape.qk_norm:
         layer.append(
             elementwise(
-                stage, "qk_norm", T * (qd + kvd), flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=2 * hd * wb
+                stage,
+                "qk_norm",
+                T * (qd + kvd),
+                flops_per_element=NORM_FLOPS,
+                ab=ab,
+                weight_bytes=2 * hd * wb,
             )
         )
 
@@ -305,14 +317,18 @@ def forward_ops(
         s_bytes = 0.0
     k_read = batch * kv_len * kv_reads * hd * kvb
     scores = OpCost(stage, "attn_scores", MATMUL, 2.0 * nh * hd * pairs, 0.0, T * qd * ab + s_bytes, k_read)
-    softmax = elementwise(stage, "softmax", nh * pairs, flops_per_element=SOFTMAX_FLOPS, ab=ab, reads=0, writes=0)
+    softmax = elementwise(
+        stage, "softmax", nh * pairs, flops_per_element=SOFTMAX_FLOPS, ab=ab, reads=0, writes=0
+    )
     softmax.act_bytes = 2 * s_bytes  # read S, write P (naive only)
     values = OpCost(stage, "attn_values", MATMUL, 2.0 * nh * hd * pairs, 0.0, T * qd * ab + s_bytes, k_read)
     layer += [scores, softmax, values]
 
     layer.append(linear(stage, "o_proj", T, qd, H, wb=wb, ab=ab))
     layer.append(
-        elementwise(stage, "post_attention_norm", T * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb)
+        elementwise(
+            stage, "post_attention_norm", T * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb
+        )
     )
     ops = [op.times(L, count=L) for op in layer]
 
@@ -353,7 +369,9 @@ def forward_ops(
     # once per pass: embedding gather (first), final norm and LM head (last position of each sequence)
     embed = OpCost(stage, "embed", "vector", 0.0, min(T, shape.vocab) * H * wb, T * H * ab)
     ops.insert(0, embed)
-    ops.append(elementwise(stage, "final_norm", batch * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb))
+    ops.append(
+        elementwise(stage, "final_norm", batch * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb)
+    )
     ops.append(linear(stage, "lm_head", batch, H, shape.vocab, wb=wb, ab=ab, out_bytes=LOGIT_BYTES))
     for op in ops:
         op.batch = batch
@@ -577,7 +595,7 @@ def analyze(
     if not batches:
         raise ConfigError("give at least one batch size", param="batch")
     wb, ab, kvb = DTYPE_BYTES[w], DTYPE_BYTES[a], DTYPE_BYTES[kv]
-    common = dict(wb=wb, ab=ab, kvb=kvb, attention=attention)
+    common: dict[str, Any] = {"wb": wb, "ab": ab, "kvb": kvb, "attention": attention}
 
     def evaluated(ops: list[OpCost], ctx: int) -> list[OpCost]:
         for op in ops:

@@ -1,10 +1,10 @@
 """``forwardpass roofline``: which resource limits a model on an accelerator, per operation.
 
-    forwardpass roofline MODEL_DIR_OR_CONFIG_OR_PRESET --hardware h100 [--prefill 2048] [--context 4096]
-        [--batch 1,8,64] [--weight-dtype bf16] [--kv-dtype bf16] [--json] [--plot roofline.png] [--measure]
-    forwardpass roofline attention --n 4096 --d 128 [--heads 32 --kv-heads 8] [--dtype fp16]
-    forwardpass roofline dit --latent 64x64 --patch 2 --width 1152 --depth 28 --text-len 120 --steps 20 --cfg
-    forwardpass roofline hardware          # the spec table (add --hardware this-machine to measure)
+forwardpass roofline MODEL_DIR_OR_CONFIG_OR_PRESET --hardware h100 [--prefill 2048] [--context 4096]
+    [--batch 1,8,64] [--weight-dtype bf16] [--kv-dtype bf16] [--json] [--plot roofline.png] [--measure]
+forwardpass roofline attention --n 4096 --d 128 [--heads 32 --kv-heads 8] [--dtype fp16]
+forwardpass roofline dit --latent 64x64 --patch 2 --width 1152 --depth 28 --text-len 120 --steps 20 --cfg
+forwardpass roofline hardware          # the spec table (add --hardware this-machine to measure)
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ def _batches(text: str) -> list[int]:
     try:
         values = [int(x) for x in str(text).replace(" ", "").split(",") if x]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--batch takes comma-separated integers like 1,8,64, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--batch takes comma-separated integers like 1,8,64, got {text!r}"
+        ) from None
     if not values or min(values) <= 0:
         raise argparse.ArgumentTypeError(f"--batch takes positive integers like 1,8,64, got {text!r}")
     return values
@@ -49,14 +51,18 @@ def register(subparsers: Any) -> None:
         help="a model directory, a config.json, a built-in shape (llama-3-8b, qwen3-0.6b, qwen3-30b-a3b, ...), "
         "or one of: attention, dit, hardware",
     )
-    p.add_argument("--hardware", default="h100", help="a100, h100, h200, b200, l4, l40s, mi300x or this-machine")
+    p.add_argument(
+        "--hardware", default="h100", help="a100, h100, h200, b200, l4, l40s, mi300x or this-machine"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--plot", metavar="PNG", default=None, help="write a roofline plot to this file")
     p.add_argument("--remeasure", action="store_true", help="re-run the this-machine microbenchmark")
 
     m = p.add_argument_group("model")
     m.add_argument("--prefill", type=int, default=2048, metavar="P", help="prompt tokens (default 2048)")
-    m.add_argument("--context", type=int, default=4096, metavar="L", help="decode context length (default 4096)")
+    m.add_argument(
+        "--context", type=int, default=4096, metavar="L", help="decode context length (default 4096)"
+    )
     m.add_argument("--batch", type=_batches, default=None, help="decode batch sizes, e.g. 1,8,64 (dit: one)")
     m.add_argument("--weight-dtype", default=None, help="fp32, bf16, fp16, fp8, int8, int4 (default bf16; "
                    "fp32 on this-machine)")  # fmt: skip
@@ -79,7 +85,9 @@ def register(subparsers: Any) -> None:
     a.add_argument("--kv-heads", type=int, default=None, help="KV heads (default: = heads)")
     a.add_argument("--dtype", default="fp16", help="attention element dtype (fp32, bf16, fp16, fp8)")
     a.add_argument("--causal", action="store_true", help="causal mask (fused kernel skips masked tiles)")
-    a.add_argument("--decode-context", type=int, default=None, help="keys for the one-query decode row (default N)")
+    a.add_argument(
+        "--decode-context", type=int, default=None, help="keys for the one-query decode row (default N)"
+    )
 
     d = p.add_argument_group("diffusion (forwardpass roofline dit ...)")
     d.add_argument("--latent", default="64x64", help="latent height x width, e.g. 64x64")
@@ -251,7 +259,16 @@ def _run_hardware(args: argparse.Namespace) -> int:
     from forwardpass.analysis.report import console
 
     t = Table(title="Accelerators (dense peaks)", title_justify="left", show_edge=False)
-    for name in ("name", "device", "bf16 TFLOP/s", "fp8 TFLOP/s", "fp32 TFLOP/s", "GB/s", "GB", "ridge (bf16)"):
+    for name in (
+        "name",
+        "device",
+        "bf16 TFLOP/s",
+        "fp8 TFLOP/s",
+        "fp32 TFLOP/s",
+        "GB/s",
+        "GB",
+        "ridge (bf16)",
+    ):
         t.add_column(name, justify="left" if name in ("name", "device") else "right")
     for h in rows:
         fp8 = h.flops.get("fp8")
