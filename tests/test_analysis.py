@@ -432,6 +432,37 @@ def test_measure_compares_predicted_and_measured(tmp_path, fake_cache):
         measure("qwen3-0.6b", llm_factory=FakeLLM)
 
 
+class FakeStatsLLM:
+    """An LLM with per-step records: one prefill step of 0.1 s, then decode steps of 0.05 s each."""
+
+    def __init__(self, model, **kwargs):
+        from types import SimpleNamespace
+
+        self.engine = SimpleNamespace(stats=[])
+
+    def generate(self, prompts, params, use_tqdm=True):
+        from types import SimpleNamespace
+
+        b, p = len(prompts), len(prompts[0])
+        rec = self.engine.stats
+        rec.append(SimpleNamespace(duration_s=0.1, num_prefill_tokens=b * p, num_decode_tokens=0))
+        for _ in range(params.max_tokens - 1):
+            rec.append(SimpleNamespace(duration_s=0.05, num_prefill_tokens=0, num_decode_tokens=b))
+        return []
+
+
+def test_measure_uses_engine_step_records(tmp_path, fake_cache):
+    from forwardpass.analysis.measure import measure
+
+    (tmp_path / "config.json").write_text(json.dumps(PRESETS["qwen3-0.6b"]))
+    res = measure(tmp_path, batches=[4], prompt_tokens=16, new_tokens=6, runs=2, llm_factory=FakeStatsLLM)
+    rows = {r["metric"]: r for r in res.rows}
+    assert res.timings[4]["method"] == "step-stats"
+    assert rows["prefill tok/s"]["measured"] == pytest.approx(4 * 16 / 0.1)
+    assert rows["decode tok/s"]["measured"] == pytest.approx(4 / 0.05)
+    assert rows["TPOT ms"]["measured"] == pytest.approx(50)
+
+
 def test_measure_without_engine_says_so(tmp_path, fake_cache, monkeypatch):
     import importlib.util
 

@@ -1,10 +1,14 @@
 """Predicted against measured: run the engine on this machine and compare with the roofline.
 
-For each batch size B, with ``B`` distinct random prompts of ``prompt_tokens`` tokens (prefix caching off):
+For each batch size B, with ``B`` distinct random prompts of ``prompt_tokens`` tokens (prefix caching off),
+after one warm-up, ``runs`` times ``generate(prompts, max_tokens=N)``; medians over the runs of:
 
-* ``t1``: median wall time of ``generate(prompts, max_tokens=1)`` — one prefill (plus one LM head);
-* ``tN``: median wall time of ``generate(prompts, max_tokens=N)`` — the same prefill plus N − 1 decode steps;
-* measured prefill tokens/s = ``B·P / t1``; measured decode tokens/s = ``B·(N − 1) / (tN − t1)``.
+* with the engine's per-step records (``llm.engine.stats``: ``duration_s``, ``num_prefill_tokens``,
+  ``num_decode_tokens``): prefill tokens/s = prompt tokens / time of the steps that prefill, decode
+  tokens/s = decode tokens / time of the pure decode steps (method ``"step-stats"``);
+* otherwise, wall time only: ``t1`` of ``generate(max_tokens=1)`` (prefill plus one LM head) and ``tN`` of
+  ``generate(max_tokens=N)``; prefill tokens/s = ``B·P / t1``, decode tokens/s = ``B·(N − 1) / (tN − t1)``
+  (method ``"wall-difference"``).
 
 The prediction is :func:`~forwardpass.analysis.roofline.analyze` on ``this-machine`` for the same model,
 batch, dtype and the mean decode context ``P + N/2``. The ratio measured / predicted is the fraction of
@@ -134,11 +138,29 @@ def measure(
         return [[rng.randrange(3, vocab) for _ in range(prompt_tokens)] for _ in range(b)]
 
     result = MeasureResult(model=path.name, rows=[])
+    stats = getattr(getattr(llm, "engine", None), "stats", None)
     for b in batches:
         _generate(llm, prompts(b), 2)  # warm-up
-        t1 = statistics.median(_generate(llm, prompts(b), 1) for _ in range(runs))
-        tn = statistics.median(_generate(llm, prompts(b), new_tokens) for _ in range(runs))
-        decode_s = max(tn - t1, 1e-9)
+        if stats is not None and hasattr(stats, "clear"):
+            method = "step-stats"
+            pre, dec = [], []
+            for _ in range(runs):
+                stats.clear()
+                _generate(llm, prompts(b), new_tokens)
+                steps = list(stats)
+                pf = [r for r in steps if r.num_prefill_tokens]
+                dc = [r for r in steps if r.num_decode_tokens and not r.num_prefill_tokens]
+                pre.append(sum(r.num_prefill_tokens for r in pf) / sum(r.duration_s for r in pf))
+                dec.append(sum(r.num_decode_tokens for r in dc) / sum(r.duration_s for r in dc))
+            prefill_tps, decode_tps = statistics.median(pre), statistics.median(dec)
+            timing: dict[str, Any] = {"method": method, "prefill_tok_s_runs": pre, "decode_tok_s_runs": dec}
+        else:
+            method = "wall-difference"
+            t1 = statistics.median(_generate(llm, prompts(b), 1) for _ in range(runs))
+            tn = statistics.median(_generate(llm, prompts(b), new_tokens) for _ in range(runs))
+            decode_s = max(tn - t1, 1e-9)
+            prefill_tps, decode_tps = b * prompt_tokens / t1, b * (new_tokens - 1) / decode_s
+            timing = {"method": method, "prefill_s": t1, "generate_s": tn, "decode_s": decode_s}
         rep = analyze(
             dict(cfg),
             hw,
@@ -149,16 +171,11 @@ def measure(
             weight_dtype=w,
         )
         result.reports[b] = rep
-        result.timings[b] = {
-            "prefill_s": t1,
-            "generate_s": tn,
-            "decode_s": decode_s,
-            "new_tokens": new_tokens,
-        }
+        result.timings[b] = {**timing, "new_tokens": new_tokens, "prompt_tokens": prompt_tokens}
         measured = {
-            "prefill tok/s": b * prompt_tokens / t1,
-            "decode tok/s": b * (new_tokens - 1) / decode_s,
-            "TPOT ms": 1e3 * decode_s / (new_tokens - 1),
+            "prefill tok/s": prefill_tps,
+            "decode tok/s": decode_tps,
+            "TPOT ms": 1e3 * b / decode_tps,
         }
         predicted = {
             "prefill tok/s": rep.prefill.tokens_per_s,
