@@ -97,12 +97,34 @@ def plot_roofline(
         label = p.series if p.series not in seen else None
         seen.add(p.series)
         ax.scatter(
-            [p.intensity], [p.flops_per_s], color=colour, marker=series_markers[p.series], s=28, zorder=3,
-            label=label, edgecolors="white", linewidths=0.4,
-        )  # fmt: skip
+            [p.intensity],
+            [p.flops_per_s],
+            color=colour,
+            marker=series_markers[p.series],
+            s=28,
+            zorder=3,
+            label=label,
+            edgecolors="white",
+            linewidths=0.4,
+        )
+    # one label per cluster of coinciding points (same series, within ~12% in intensity)
+    clusters: dict[tuple[str, int], list[Point]] = {}
+    for p in points:
         if p.annotate:
-            ax.annotate(p.label, (p.intensity, p.flops_per_s), fontsize=6, xytext=(3, 3),
-                        textcoords="offset points", color=colour)  # fmt: skip
+            clusters.setdefault((p.series, round(math.log10(p.intensity) * 20)), []).append(p)
+    for i, ((_series, _), group) in enumerate(sorted(clusters.items(), key=lambda kv: kv[1][0].intensity)):
+        names = list(dict.fromkeys(p.label for p in group))
+        text = ", ".join(names[:3]) + (f" +{len(names) - 3}" if len(names) > 3 else "")
+        p = group[0]
+        below = p.stage == "decode"
+        ax.annotate(
+            text,
+            (p.intensity, p.flops_per_s),
+            fontsize=6,
+            xytext=(4, -10 - 8 * (i % 3) if below else 4 + 8 * (i % 3)),
+            textcoords="offset points",
+            color=STAGE_COLOURS.get(p.stage, "tab:gray"),
+        )
 
     ys = [p.flops_per_s for p in points] + [bw * x_lo, peak]
     ax.set_xlim(x_lo, x_hi)
