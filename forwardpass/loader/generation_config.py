@@ -1,0 +1,84 @@
+"""generation_config.json -> the model author's default sampling settings and stop tokens.
+
+A request's own SamplingParams override these; they only fill what the request leaves unset.
+``do_sample`` is deliberately not read (vLLM does the same): a model that ships a temperature wants
+it used, and greedy is requested per call with temperature=0.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forwardpass.errors import ModelLoadError
+from forwardpass.loader.config import ModelConfig, load_model_config
+
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+# field name -> accepted JSON type(s); ints are accepted where floats are expected (temperature: 1).
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "top_k": int,
+    "min_p": (int, float),
+    "repetition_penalty": (int, float),
+    "max_new_tokens": int,
+}
+
+
+@dataclass
+class GenerationDefaults:
+    eos_token_ids: list[int] = field(default_factory=list)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    max_new_tokens: int | None = None
+
+
+def _eos_list(value: object, where: str) -> list[int]:
+    if value is None:
+        return []
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ModelLoadError(f"{where}: eos_token_id must be an int or a list of ints, got {value!r}")
+    return list(values)
+
+
+def load_generation_config(
+    model_dir: str | Path, model_config: ModelConfig | None = None
+) -> GenerationDefaults:
+    """Read ``generation_config.json`` (optional) and merge its stop tokens with config.json's."""
+    model_dir = Path(model_dir)
+    path = model_dir / GENERATION_CONFIG_FILE
+    raw: dict = {}
+    if path.is_file():
+        try:
+            raw = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(
+                f"{path} is not valid JSON ({exc}); fix or delete generation_config.json"
+            ) from exc
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"{path} must hold a JSON object; fix or delete generation_config.json")
+
+    if model_config is None and (model_dir / "config.json").is_file():
+        model_config = load_model_config(model_dir)
+
+    eos = _eos_list(raw.get("eos_token_id"), str(path))
+    if model_config is not None:
+        eos += _eos_list(model_config.get("eos_token_id"), str(model_dir / "config.json"))
+    defaults = GenerationDefaults(eos_token_ids=list(dict.fromkeys(eos)))  # dedupe, keep order
+
+    for name, kind in _FIELDS.items():
+        value = raw.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ModelLoadError(
+                f"{path}: {name} must be a number, got {value!r}; fix generation_config.json"
+            )
+        setattr(defaults, name, float(value) if kind != int else value)
+    return defaults
