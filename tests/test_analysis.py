@@ -397,9 +397,10 @@ def test_cli_bad_input_is_a_clear_error(capsys, tmp_path):
 
 # ----- --measure ----------------------------------------------------------------------------------
 class FakeLLM:
-    """Stands in for forwardpass.LLM: prefill costs 0.5 ms per prompt token, decode 2 ms per step."""
+    """Stands in for forwardpass.LLM on a fake clock: prefill 0.5 ms per prompt token, decode 2 ms per step."""
 
     instances: ClassVar[list] = []
+    clock: ClassVar[list[float]] = [0.0]
 
     def __init__(self, model, **kwargs):
         self.kwargs = kwargs
@@ -408,28 +409,34 @@ class FakeLLM:
 
     def generate(self, prompts, params, use_tqdm=True):
         self.seen.append([tuple(p) for p in prompts])
-        import time
-
-        time.sleep(0.0005 * len(prompts[0]) + 0.002 * (params.max_tokens - 1))
+        FakeLLM.clock[0] += 0.0005 * len(prompts[0]) + 0.002 * (params.max_tokens - 1)
         return []
 
 
-def test_measure_compares_predicted_and_measured(tmp_path, fake_cache):
-    from forwardpass.analysis.measure import measure
+def test_measure_compares_predicted_and_measured(tmp_path, fake_cache, monkeypatch):
+    from types import SimpleNamespace
 
+    from forwardpass.analysis import measure as measure_mod
+
+    monkeypatch.setattr(measure_mod, "time", SimpleNamespace(perf_counter=lambda: FakeLLM.clock[0]))
     (tmp_path / "config.json").write_text(json.dumps(PRESETS["qwen3-0.6b"]))
-    res = measure(tmp_path, batches=[1, 2], prompt_tokens=8, new_tokens=5, runs=1, llm_factory=FakeLLM)
+    res = measure_mod.measure(
+        tmp_path, batches=[1, 2], prompt_tokens=8, new_tokens=5, runs=1, llm_factory=FakeLLM
+    )
     llm = FakeLLM.instances[-1]
     assert llm.kwargs["dtype"] == "float32" and llm.kwargs["enable_prefix_caching"] is False
     prompts = [p for call in llm.seen for p in call]
     assert len(set(prompts)) == len(prompts)  # never the same prompt twice: no cache hits
     rows = {(r["batch"], r["metric"]): r for r in res.rows}
+    assert res.timings[1]["method"] == "wall-difference"
     dec = rows[(1, "decode tok/s")]
-    assert dec["measured"] == pytest.approx(1 / 0.002, rel=0.5)
+    assert dec["measured"] == pytest.approx(1 / 0.002)
+    assert rows[(2, "decode tok/s")]["measured"] == pytest.approx(2 / 0.002)
+    assert rows[(1, "prefill tok/s")]["measured"] == pytest.approx(8 / (0.0005 * 8))
     assert dec["ratio"] == pytest.approx(dec["measured"] / dec["predicted"])
     assert rows[(2, "decode tok/s")]["predicted"] > dec["predicted"]
     with pytest.raises(ModelNotFoundError):
-        measure("qwen3-0.6b", llm_factory=FakeLLM)
+        measure_mod.measure("qwen3-0.6b", llm_factory=FakeLLM)
 
 
 class FakeStatsLLM:
