@@ -171,16 +171,17 @@ def measure(
             weight_dtype=w,
         )
         result.reports[b] = rep
-        result.timings[b] = {**timing, "new_tokens": new_tokens, "prompt_tokens": prompt_tokens}
-        measured = {
-            "prefill tok/s": prefill_tps,
-            "decode tok/s": decode_tps,
-            "TPOT ms": 1e3 * b / decode_tps,
+        result.timings[b] = {
+            **timing,
+            "new_tokens": new_tokens,
+            "prompt_tokens": prompt_tokens,
+            "tpot_s": b / decode_tps,
+            "predicted_tpot_s": rep.decode[0].time_s,
         }
+        measured = {"prefill tok/s": prefill_tps, "decode tok/s": decode_tps}
         predicted = {
             "prefill tok/s": rep.prefill.tokens_per_s,
             "decode tok/s": rep.decode[0].tokens_per_s,
-            "TPOT ms": 1e3 * rep.decode[0].time_s,
         }
         for metric, m in measured.items():
             p = predicted[metric]

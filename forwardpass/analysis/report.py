@@ -202,7 +202,13 @@ def render_measure(rows: list[dict[str, Any]], out: Any = None) -> None:
     from rich.table import Table
 
     c = out or console()
-    t = Table(title="Predicted vs measured (this machine)", title_justify="left", show_edge=False)
+    t = Table(
+        title="Predicted vs measured (this machine)",
+        title_justify="left",
+        show_edge=False,
+        caption="ratio = measured / predicted: the fraction of the roofline the engine reaches",
+        caption_justify="left",
+    )
     for name in ("batch", "metric", "predicted", "measured", "measured / predicted"):
         t.add_column(name, justify="left" if name == "metric" else "right")
     for r in rows:
