@@ -1,0 +1,34 @@
+"""Tensor ↔ image conversions and the grid used by the CLI and the README."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def to_numpy(images: torch.Tensor) -> np.ndarray:
+    """Decoder output in about [-1, 1], ``[B, C, H, W]`` → float32 ``[B, H, W, C]`` in [0, 1] (diffusers' "np")."""
+    return ((images.float().clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1).cpu().numpy()
+
+
+def to_pil(images: np.ndarray) -> list:
+    from PIL import Image
+
+    out = []
+    for img in (images * 255).round().astype(np.uint8):
+        out.append(Image.fromarray(img[..., 0], mode="L") if img.shape[-1] == 1 else Image.fromarray(img))
+    return out
+
+
+def make_image_grid(images: list, rows: int, cols: int, pad: int = 2):
+    """Paste PIL images into a ``rows × cols`` grid with a black gutter of ``pad`` pixels."""
+    from PIL import Image
+
+    if len(images) > rows * cols:
+        raise ValueError(f"{len(images)} images do not fit a {rows}×{cols} grid")
+    w, h = images[0].size
+    grid = Image.new(images[0].mode, (cols * w + (cols + 1) * pad, rows * h + (rows + 1) * pad))
+    for i, img in enumerate(images):
+        r, c = divmod(i, cols)
+        grid.paste(img, (pad + c * (w + pad), pad + r * (h + pad)))
+    return grid
