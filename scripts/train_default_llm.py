@@ -322,11 +322,22 @@ def build_model(seed: int):
     return model
 
 
-def lr_at(step: int, args) -> float:
+def lr_at(step: int, args, decay_start: int | None, total: int) -> float:
+    """Warmup, then constant, then a linear decay to min_lr over the last steps (WSD schedule).
+
+    The machine is shared, so tokens/s varies; the decay starts when the time budget is
+    (1 - decay_frac) spent and is sized from the measured step time. With ``--schedule cosine``
+    the classic cosine over ``--steps`` is used instead.
+    """
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
-    prog = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
-    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * prog))
+    if args.schedule == "cosine":
+        prog = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
+        return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * prog))
+    if decay_start is None or step < decay_start:
+        return args.lr
+    prog = min(1.0, (step - decay_start) / max(1, total - decay_start))
+    return args.lr + (args.min_lr - args.lr) * prog
 
 
 def get_batch(ids: np.ndarray, step: int, args) -> torch.Tensor:
@@ -367,27 +378,38 @@ def cmd_train(args) -> None:
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
     ckpt = work / "ckpt.pt"
     step, elapsed_before = 0, 0.0
+    decay_start, total = None, args.steps
     if ckpt.exists():
         st = torch.load(ckpt, map_location="cpu", weights_only=False)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         step, elapsed_before = st["step"], st["elapsed"]
+        decay_start, total = st.get("decay_start"), st.get("total", args.steps)
         log(f"resumed from step {step} ({elapsed_before / 60:.1f} min trained)")
 
     def save() -> None:
         tmp = work / "ckpt.pt.tmp"
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "elapsed": elapsed_before + time.time() - t0, "args": vars(args) | {"work": str(work)}}, tmp)
+                    "decay_start": decay_start, "total": total, "elapsed": elapsed_before + time.time() - t0, "args": vars(args) | {"work": str(work)}}, tmp)
         os.replace(tmp, ckpt)
 
     model.train()
     t0 = time.time()
     t_log, tok_log, loss_acc, n_acc = time.time(), 0, 0.0, 0
-    while step < args.steps:
-        if elapsed_before + time.time() - t0 > args.max_minutes * 60:
-            log(f"time budget of {args.max_minutes} min reached at step {step}; stopping")
+    step0 = step
+    while step < total:
+        elapsed = elapsed_before + time.time() - t0
+        if elapsed > args.max_minutes * 60 * 1.1:
+            log(f"time budget of {args.max_minutes} min (+10%) exceeded at step {step}; stopping")
             break
-        lr = lr_at(step, args)
+        if (args.schedule == "wsd" and decay_start is None and step > step0
+                and elapsed >= args.max_minutes * 60 * (1 - args.decay_frac)):
+            step_time = (time.time() - t0) / (step - step0)
+            decay_start = step
+            total = min(args.steps, step + max(1, round(args.max_minutes * 60 * args.decay_frac / step_time)))
+            log(f"starting LR decay at step {decay_start}: {total - step} decay steps "
+                f"({step_time:.2f} s/step), {total} steps in all")
+        lr = lr_at(step, args, decay_start, total)
         for grp in opt.param_groups:
             grp["lr"] = lr
         x = get_batch(ids, step, args)
@@ -400,15 +422,15 @@ def cmd_train(args) -> None:
         loss_acc += out.loss.item()
         n_acc += 1
         tok_log += x.numel()
-        if step % args.log_every == 0 or step == args.steps:
+        if step % args.log_every == 0 or step == total:
             dt = time.time() - t_log
-            log(f"step {step}/{args.steps} loss {loss_acc / n_acc:.4f} lr {lr:.2e} gnorm {gnorm:.2f} "
+            log(f"step {step}/{total if decay_start is not None else '?'} loss {loss_acc / n_acc:.4f} lr {lr:.2e} gnorm {gnorm:.2f} "
                 f"{tok_log / dt:.0f} tok/s elapsed {(elapsed_before + time.time() - t0) / 60:.1f} min")
             t_log, tok_log, loss_acc, n_acc = time.time(), 0, 0.0, 0
-        if step % args.eval_every == 0 or step == args.steps:
+        if step % args.eval_every == 0 or step == total:
             hl = eval_loss(model, held, args.seq_len, args.eval_tokens)
             log(f"step {step} held-out loss {hl:.4f} ppl {math.exp(hl):.2f} (first {args.eval_tokens} tokens)")
-        if step % args.ckpt_every == 0 or step == args.steps:
+        if step % args.ckpt_every == 0 or step == total:
             save()
     save()
     log(f"done: step {step}, {(elapsed_before + time.time() - t0) / 60:.1f} min of training in all")
@@ -453,6 +475,7 @@ def cmd_export(args) -> None:
     # keep the shipped files minimal and explicit
     tc = json.loads((out / "tokenizer_config.json").read_text())
     tc["chat_template"] = CHAT_TEMPLATE
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast"  # the class every transformers version knows
     (out / "tokenizer_config.json").write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
     for extra in ("special_tokens_map.json", "chat_template.jinja"):
         if (out / extra).exists():
@@ -480,15 +503,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--chat-samples", type=int, default=2500)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=2100)
+    ap.add_argument("--steps", type=int, default=100_000, help="upper bound on optimizer steps")
+    ap.add_argument("--schedule", choices=["wsd", "cosine"], default="wsd")
+    ap.add_argument("--decay-frac", type=float, default=0.25, help="wsd: share of the time budget spent decaying")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--min-lr", type=float, default=2e-4)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--min-lr", type=float, default=1e-4)
     ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
-    ap.add_argument("--max-minutes", type=float, default=55.0)
+    ap.add_argument("--max-minutes", type=float, default=50.0, help="training time budget (wsd schedule)")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--eval-tokens", type=int, default=16384)
