@@ -223,6 +223,9 @@ def test_moe_counts_only_active_experts():
     # the whole step reads the active weights (minus the unread embedding table), not all 30B
     active_read = (rep.active_params - s.embedding_params) * 2
     assert d1.total.weight_bytes == pytest.approx(active_read, rel=0.01)
+    # each expert sees B·k/E tokens: the crossover moves out by E/k
+    assert rep.crossover_estimate == pytest.approx(295 * 128 / 8, rel=0.01)
+    assert 0.7 * rep.crossover_estimate <= rep.crossover_batch <= 1.3 * rep.crossover_estimate
     # a large batch touches (nearly) every expert
     big = rep.decode_at(4096)
     (gate,) = [o for o in big.ops if o.name == "experts.gate_proj"]

@@ -129,7 +129,8 @@ def render_roofline(report: Any, *, show_ops: bool = True, out: Any = None) -> N
     )
     c.print(
         f"Decode turns compute-bound at batch [bold]{cross if cross else 'never'}[/bold] in the linear layers "
-        f"(estimate ridge × bytes/weight / 2 = {report.crossover_estimate:.0f})"
+        f"(estimate ridge × bytes/weight / 2{' × experts/active' if s.is_moe else ''} = "
+        f"{report.crossover_estimate:.0f})"
     )
     c.print(
         f"  whole decode step at context {report.decode[0].context}: "

@@ -445,7 +445,7 @@ class RooflineReport:
     memory_budget: float
     max_batch: int
     crossover_batch: int | None
-    crossover_estimate: float
+    crossover_estimate: float  # ridge × bytes/weight / 2 (× experts / active experts for MoE)
     step_crossover_batch: int | None
     assumptions: list[str] = field(default_factory=list)
 
@@ -661,7 +661,10 @@ def analyze(
         memory_budget=budget,
         max_batch=max_batch,
         crossover_batch=first_true(linear_compute_bound),
-        crossover_estimate=hw.ridge(a) * wb / 2,
+        crossover_estimate=hw.ridge(a)
+        * wb
+        / 2
+        * (shape.num_experts / shape.experts_per_tok if shape.is_moe else 1),
         step_crossover_batch=first_true(step_compute_bound),
         assumptions=notes,
     )
