@@ -100,7 +100,11 @@ def _load_chat_templates(model_dir: Path, config: dict) -> dict[str, str]:
 
 
 class Tokenizer:
-    """Encode / decode / chat-template for one model, matching ``transformers.AutoTokenizer``."""
+    """Encode / decode / chat-template for one model, matching ``transformers.AutoTokenizer``.
+
+    ``vocab_size`` counts added tokens too (HF's ``len(tokenizer)``, not its ``vocab_size``): it is
+    the range of ids this tokenizer can produce or decode, which the model's embedding must cover.
+    """
 
     def __init__(
         self, backend: tokenizers.Tokenizer, config: dict, chat_templates: dict[str, str], source: Path
@@ -217,7 +221,7 @@ class Tokenizer:
 
     def decode_raw(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Decode without transformers' space cleanup (what the streaming detokenizer builds on)."""
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def clean_up_spaces(self, text: str) -> str:
         return _clean_up_tokenization(text)
