@@ -188,7 +188,13 @@ def stage_student(data, args, work: Path) -> None:
                 pe.lerp_(pm, 1 - d)
         step += 1
         if step % 50 == 0:
-            log.info("student step %d/%d loss %.4f (%.2f s/step)", step, total, loss.item(), (time.time() - t1) / 50)
+            log.info(
+                "student step %d/%d loss %.4f (%.2f s/step)",
+                step,
+                total,
+                loss.item(),
+                (time.time() - t1) / 50,
+            )
             t1 = time.time()
         if step % 250 == 0 or step == total:
             torch.save({"student": student.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
@@ -203,4 +209,3 @@ def stage_assemble(args, work: Path) -> None:
     out = Path(args.out)
     write_model_index(out, with_student=(out / "student_transformer").exists(), guidance=args.guidance)
     log.info("wrote %s", out / "model_index.json")
-

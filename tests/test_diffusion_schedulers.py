@@ -51,7 +51,10 @@ def test_flow_match_matches_diffusers(steps, shift):
 
 def test_flow_match_custom_sigmas():
     sig = [1.0, 0.7, 0.3, 0.1]
-    ours, theirs = FlowMatchEulerDiscreteScheduler(shift=2.0), diffusers.FlowMatchEulerDiscreteScheduler(shift=2.0)
+    ours, theirs = (
+        FlowMatchEulerDiscreteScheduler(shift=2.0),
+        diffusers.FlowMatchEulerDiscreteScheduler(shift=2.0),
+    )
     ours.set_timesteps(sigmas=sig)
     theirs.set_timesteps(sigmas=sig)
     torch.testing.assert_close(ours.sigmas, theirs.sigmas, atol=1e-6, rtol=0)

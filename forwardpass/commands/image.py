@@ -10,11 +10,19 @@ def register(subparsers) -> None:
                               description="Generate images with a diffusion pipeline (text encoder → DiT → VAE).")  # fmt: skip
     p.add_argument("prompt", help='what to draw, e.g. "a handwritten 7"')
     p.add_argument("--negative-prompt", default=None, help="what to steer away from (used when guidance > 1)")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's; 4 with --few-step)")
-    p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale; 1 disables it")
-    p.add_argument("--size", default=None, help="WIDTHxHEIGHT in pixels, e.g. 32x32 (multiples of the latent factor)")
+    p.add_argument(
+        "--steps", type=int, default=None, help="denoising steps (default: the model's; 4 with --few-step)"
+    )
+    p.add_argument(
+        "--guidance", type=float, default=None, help="classifier-free guidance scale; 1 disables it"
+    )
+    p.add_argument(
+        "--size", default=None, help="WIDTHxHEIGHT in pixels, e.g. 32x32 (multiples of the latent factor)"
+    )
     p.add_argument("--seed", type=int, default=None, help="random seed (same seed → same image)")
-    p.add_argument("--num-images", type=int, default=1, help="images to make; more than one are saved as a grid")
+    p.add_argument(
+        "--num-images", type=int, default=1, help="images to make; more than one are saved as a grid"
+    )
     p.add_argument("--few-step", action="store_true", help="use the distilled few-step student (LCM, no CFG)")
     p.add_argument("--scheduler", default=None, help="override the scheduler: FlowMatchEulerDiscreteScheduler, "
                    "DDIMScheduler, LCMScheduler (or flow_match, ddim, lcm)")  # fmt: skip

@@ -19,6 +19,7 @@ Position embeddings are fixed 2-D sin-cos computed for the actual grid, so other
 from __future__ import annotations
 
 import math
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -100,7 +101,7 @@ class DiTBlock(nn.Module):
 
 
 class DiTTransformer2DModel(ConfigModule):
-    DEFAULTS = {
+    DEFAULTS: ClassVar[dict[str, Any]] = {
         "in_channels": 4,
         "out_channels": 4,
         "sample_size": 8,
@@ -122,7 +123,9 @@ class DiTTransformer2DModel(ConfigModule):
         self.t_embed = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
         self.text_pool = nn.Linear(c["cross_attention_dim"], d)
         self.blocks = nn.ModuleList(
-            DiTBlock(d, c["num_attention_heads"], c["cross_attention_dim"], c["mlp_ratio"], c["attention_backend"])
+            DiTBlock(
+                d, c["num_attention_heads"], c["cross_attention_dim"], c["mlp_ratio"], c["attention_backend"]
+            )
             for _ in range(c["num_layers"])
         )
         self.norm_out = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)

@@ -21,7 +21,12 @@ from forwardpass.diffusion.modeling import ConfigModule, read_json
 from forwardpass.diffusion.schedulers import SCHEDULERS, Scheduler, scheduler_from_config
 from forwardpass.diffusion.text_encoder import PromptTokenizer, TinyTextEncoder
 from forwardpass.diffusion.vae import TinyAutoencoderKL
-from forwardpass.errors import MissingFileError, ModelLoadError, ModelNotFoundError, UnsupportedArchitectureError
+from forwardpass.errors import (
+    MissingFileError,
+    ModelLoadError,
+    ModelNotFoundError,
+    UnsupportedArchitectureError,
+)
 
 MODEL_CLASSES: dict[str, type[ConfigModule]] = {
     "TinyTextEncoder": TinyTextEncoder,
@@ -40,7 +45,9 @@ def read_model_index(root: str | Path) -> tuple[Path, dict[str, Any]]:
     if not root.exists():
         raise ModelNotFoundError(f"pipeline folder {str(root)!r} does not exist")
     if not (root / "model_index.json").is_file():
-        raise MissingFileError(f"{root}/model_index.json is missing: a pipeline folder lists its components there")
+        raise MissingFileError(
+            f"{root}/model_index.json is missing: a pipeline folder lists its components there"
+        )
     index = read_json(root / "model_index.json")
     missing = [name for name in REQUIRED if name not in index]
     if missing:
@@ -51,7 +58,9 @@ def read_model_index(root: str | Path) -> tuple[Path, dict[str, Any]]:
 def _class_name(index: dict[str, Any], slot: str, root: Path) -> str:
     entry = index.get(slot)
     if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(e, str) for e in entry)):
-        raise ModelLoadError(f"{root}/model_index.json: {slot!r} must be [library, class_name], got {entry!r}")
+        raise ModelLoadError(
+            f"{root}/model_index.json: {slot!r} must be [library, class_name], got {entry!r}"
+        )
     return entry[1]
 
 
@@ -60,7 +69,9 @@ def load_component(root: Path, index: dict[str, Any], slot: str, *, max_length: 
     cls_name = _class_name(index, slot, root)
     folder = root / slot
     if not folder.is_dir():
-        raise MissingFileError(f"component {slot!r} is listed in model_index.json but {folder} does not exist")
+        raise MissingFileError(
+            f"component {slot!r} is listed in model_index.json but {folder} does not exist"
+        )
     kind = SLOT_KIND.get(slot, "model")
     if kind == "scheduler":
         if cls_name not in SCHEDULERS:

@@ -73,7 +73,9 @@ class ConfigModule(nn.Module):
         own = self.state_dict()
         missing = sorted(set(own) - set(state))
         if missing:
-            raise MissingTensorError(f"{path} lacks tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+            raise MissingTensorError(
+                f"{path} lacks tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+            )
         for name, tensor in own.items():
             if tuple(state[name].shape) != tuple(tensor.shape):
                 raise WeightShapeError(
@@ -98,9 +100,17 @@ def read_json(path: Path) -> dict[str, Any]:
 def find_weights(directory: Path) -> Path:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
-        pickles = sorted(p.name for p in directory.glob("*.bin")) + sorted(p.name for p in directory.glob("*.pt"))
-        hint = f" (found {pickles}; pickle checkpoints are never loaded, convert to safetensors)" if pickles else ""
+        pickles = sorted(p.name for p in directory.glob("*.bin")) + sorted(
+            p.name for p in directory.glob("*.pt")
+        )
+        hint = (
+            f" (found {pickles}; pickle checkpoints are never loaded, convert to safetensors)"
+            if pickles
+            else ""
+        )
         raise MissingFileError(f"{directory} has no *.safetensors weights{hint}")
     if len(files) > 1:
-        raise ModelLoadError(f"{directory} holds several safetensors files {[f.name for f in files]}; expected one")
+        raise ModelLoadError(
+            f"{directory} holds several safetensors files {[f.name for f in files]}; expected one"
+        )
     return files[0]

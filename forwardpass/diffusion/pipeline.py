@@ -122,7 +122,9 @@ class ImagePipeline:
         ids, mask = self.tokenizer(prompts)
         return self.text_encoder(ids, mask), mask
 
-    def _denoise(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _denoise(
+        self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """One denoiser pass, in the scheduler's coordinates (see the module docstring)."""
         b = x.shape[0]
         if self.scheduler.space == "flow":
@@ -141,7 +143,9 @@ class ImagePipeline:
         return a * eps - s * x0  # v_prediction
 
     # ------------------------------------------------------------------ call
-    def _validate(self, prompts, negative, steps, guidance, height, width, num_images, output_type, generator, seed):
+    def _validate(
+        self, prompts, negative, steps, guidance, height, width, num_images, output_type, generator, seed
+    ):
         if not prompts or any(not isinstance(p, str) for p in prompts):
             raise ValidationError("prompt must be a string or a non-empty list of strings", param="prompt")
         if any(not p.strip() for p in prompts):
@@ -151,11 +155,14 @@ class ImagePipeline:
             )
         if negative is not None and len(negative) != len(prompts):
             raise ValidationError(
-                f"negative_prompt has {len(negative)} entries but prompt has {len(prompts)}", param="negative_prompt"
+                f"negative_prompt has {len(negative)} entries but prompt has {len(prompts)}",
+                param="negative_prompt",
             )
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValidationError(f"num_inference_steps must be an integer >= 1, got {steps!r}", param="num_inference_steps")
-        if not isinstance(guidance, (int, float)) or guidance < 0 or guidance != guidance:
+            raise ValidationError(
+                f"num_inference_steps must be an integer >= 1, got {steps!r}", param="num_inference_steps"
+            )
+        if not isinstance(guidance, (int, float)) or not guidance >= 0:  # also rejects NaN
             raise ValidationError(f"guidance_scale must be >= 0 (1 disables guidance), got {guidance!r}",
                                   param="guidance_scale")  # fmt: skip
         m = self.size_multiple
@@ -170,7 +177,9 @@ class ImagePipeline:
             raise ValidationError(f"num_images_per_prompt must be an integer >= 1, got {num_images!r}",
                                   param="num_images_per_prompt")  # fmt: skip
         if output_type not in OUTPUT_TYPES:
-            raise ValidationError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}", param="output_type")
+            raise ValidationError(
+                f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}", param="output_type"
+            )
         if generator is not None and seed is not None:
             raise ValidationError("pass either generator or seed, not both", param="seed")
 
@@ -204,7 +213,9 @@ class ImagePipeline:
         for p in prompts:
             unknown = self.tokenizer.unknown_words(p)
             if unknown:
-                log.warning("prompt %r: words %s are not in the model's vocabulary and are ignored", p, unknown)
+                log.warning(
+                    "prompt %r: words %s are not in the model's vocabulary and are ignored", p, unknown
+                )
         if seed is not None:
             generator = torch.Generator().manual_seed(int(seed))
 
@@ -213,7 +224,11 @@ class ImagePipeline:
         batch = len(prompts)
         do_cfg = guidance > 1.0
         if do_cfg:
-            negs = [n for n in (negative or [""] * (batch // num_images_per_prompt)) for _ in range(num_images_per_prompt)]
+            negs = [
+                n
+                for n in (negative or [""] * (batch // num_images_per_prompt))
+                for _ in range(num_images_per_prompt)
+            ]
             context, mask = self.encode_prompt(negs + prompts)
         else:
             context, mask = self.encode_prompt(prompts)
@@ -222,9 +237,13 @@ class ImagePipeline:
         shape = (batch, self.transformer.config["in_channels"], height // self.vae_scale_factor,
                  width // self.vae_scale_factor)  # fmt: skip
         if latents is None:
-            latents = torch.randn(shape, generator=generator, dtype=torch.float32) * self.scheduler.init_noise_sigma
+            latents = (
+                torch.randn(shape, generator=generator, dtype=torch.float32) * self.scheduler.init_noise_sigma
+            )
         elif tuple(latents.shape) != shape:
-            raise ValidationError(f"latents must have shape {shape}, got {tuple(latents.shape)}", param="latents")
+            raise ValidationError(
+                f"latents must have shape {shape}, got {tuple(latents.shape)}", param="latents"
+            )
 
         # 3. denoising loop: one denoiser call per step (batch 2B with CFG, B without)
         self.scheduler.set_timesteps(steps)

@@ -8,6 +8,7 @@ varied captions and returns the fraction the classifier labels as the requested 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -23,7 +24,7 @@ EVAL_TEMPLATES = ["a handwritten {w}", "the digit {n}", "number {w}", "a handwri
 
 class DigitClassifier(ConfigModule):
     WEIGHTS_NAME = "model.safetensors"
-    DEFAULTS = {"image_size": 32, "channels": [32, 64, 64], "num_classes": 10}
+    DEFAULTS: ClassVar[dict[str, Any]] = {"image_size": 32, "channels": [32, 64, 64], "num_classes": 10}
 
     def __init__(self, **config):
         super().__init__(**config)

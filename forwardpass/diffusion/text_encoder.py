@@ -12,6 +12,7 @@ guidance) is therefore a single ``[CLS]`` token, so cross-attention always has a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -29,7 +30,9 @@ class EncoderLayer(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, int(dim * mlp_ratio)), nn.GELU(), nn.Linear(int(dim * mlp_ratio), dim))
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, int(dim * mlp_ratio)), nn.GELU(), nn.Linear(int(dim * mlp_ratio), dim)
+        )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
@@ -41,7 +44,7 @@ class EncoderLayer(nn.Module):
 
 class TinyTextEncoder(ConfigModule):
     WEIGHTS_NAME = "model.safetensors"
-    DEFAULTS = {
+    DEFAULTS: ClassVar[dict[str, Any]] = {
         "architectures": ["TinyTextEncoder"],
         "vocab_size": 128,
         "hidden_size": 64,

@@ -8,6 +8,8 @@ as Stable Diffusion does; ``decode`` undoes that scaling itself so callers never
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -76,7 +78,9 @@ class DiagonalGaussian:
         self.logvar = logvar.clamp(-30.0, 20.0)
 
     def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
-        noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype, device=self.mean.device)
+        noise = torch.randn(
+            self.mean.shape, generator=generator, dtype=self.mean.dtype, device=self.mean.device
+        )
         return self.mean + torch.exp(0.5 * self.logvar) * noise
 
     def mode(self) -> torch.Tensor:
@@ -88,7 +92,7 @@ class DiagonalGaussian:
 
 
 class TinyAutoencoderKL(ConfigModule):
-    DEFAULTS = {
+    DEFAULTS: ClassVar[dict[str, Any]] = {
         "in_channels": 1,
         "out_channels": 1,
         "latent_channels": 4,

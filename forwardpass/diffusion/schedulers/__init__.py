@@ -28,7 +28,8 @@ def scheduler_class(name: str) -> type[Scheduler]:
         return SCHEDULERS[key]
     except (KeyError, TypeError):
         raise ConfigError(
-            f"unknown scheduler {name!r}; choose one of {sorted(SCHEDULERS)} (or {sorted(ALIASES)})", param="scheduler"
+            f"unknown scheduler {name!r}; choose one of {sorted(SCHEDULERS)} (or {sorted(ALIASES)})",
+            param="scheduler",
         ) from None
 
 

@@ -125,7 +125,9 @@ class VPScheduler(Scheduler):
         self.final_alpha_cumprod = torch.tensor(1.0) if c["set_alpha_to_one"] else self.alphas_cumprod[0]
         self.timesteps = torch.arange(n - 1, -1, -1, dtype=torch.int64)
 
-    def _pred_x0(self, model_output: torch.Tensor, sample: torch.Tensor, alpha_prod_t: torch.Tensor) -> torch.Tensor:
+    def _pred_x0(
+        self, model_output: torch.Tensor, sample: torch.Tensor, alpha_prod_t: torch.Tensor
+    ) -> torch.Tensor:
         beta_prod_t = 1 - alpha_prod_t
         kind = self.config["prediction_type"]
         if kind == "epsilon":

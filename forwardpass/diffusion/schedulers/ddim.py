@@ -7,6 +7,8 @@ From the model output it forms x̂₀ and ε̂, then jumps to the previous times
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import numpy as np
 import torch
 
@@ -15,7 +17,7 @@ from forwardpass.errors import ConfigError, ValidationError
 
 
 class DDIMScheduler(VPScheduler):
-    DEFAULTS = {
+    DEFAULTS: ClassVar[dict[str, Any]] = {
         "num_train_timesteps": 1000,
         "beta_start": 0.0001,
         "beta_end": 0.02,
@@ -32,14 +34,16 @@ class DDIMScheduler(VPScheduler):
         "timestep_spacing": "leading",
         "rescale_betas_zero_snr": False,
     }
-    UNSUPPORTED = {"thresholding": False}
+    UNSUPPORTED: ClassVar[dict[str, Any]] = {"thresholding": False}
 
     def set_timesteps(self, num_inference_steps: int, device=None) -> None:
         n = self.config["num_train_timesteps"]
         if num_inference_steps < 1:
             raise ValidationError(f"num_inference_steps must be >= 1, got {num_inference_steps}")
         if num_inference_steps > n:
-            raise ValidationError(f"num_inference_steps ({num_inference_steps}) cannot exceed num_train_timesteps ({n})")
+            raise ValidationError(
+                f"num_inference_steps ({num_inference_steps}) cannot exceed num_train_timesteps ({n})"
+            )
         self.num_inference_steps = num_inference_steps
         spacing = self.config["timestep_spacing"]
         if spacing == "linspace":
@@ -86,6 +90,8 @@ class DDIMScheduler(VPScheduler):
         prev = a_prev ** (0.5) * x0 + (1 - a_prev - std**2) ** (0.5) * eps
         if eta > 0:
             if variance_noise is None:
-                variance_noise = torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
+                variance_noise = torch.randn(
+                    model_output.shape, generator=generator, dtype=model_output.dtype
+                )
             prev = prev + std * variance_noise
         return SchedulerOutput(prev, x0) if return_dict else (prev, x0)

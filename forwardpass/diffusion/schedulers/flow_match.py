@@ -7,6 +7,8 @@ Euler step is ``x_{σ'} = x_σ + (σ' − σ)·v``. ``shift`` bends the schedule
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import numpy as np
 import torch
 
@@ -16,7 +18,7 @@ from forwardpass.errors import ConfigError, ValidationError
 
 class FlowMatchEulerDiscreteScheduler(Scheduler):
     space = "flow"
-    DEFAULTS = {
+    DEFAULTS: ClassVar[dict[str, Any]] = {
         "num_train_timesteps": 1000,
         "shift": 1.0,
         "use_dynamic_shifting": False,
@@ -32,7 +34,7 @@ class FlowMatchEulerDiscreteScheduler(Scheduler):
         "time_shift_type": "exponential",
         "stochastic_sampling": False,
     }
-    UNSUPPORTED = {
+    UNSUPPORTED: ClassVar[dict[str, Any]] = {
         "use_dynamic_shifting": False,
         "invert_sigmas": False,
         "shift_terminal": None,
@@ -55,7 +57,9 @@ class FlowMatchEulerDiscreteScheduler(Scheduler):
         self.sigma_min = float(sigmas[-1])
         self.sigma_max = float(sigmas[0])
 
-    def set_timesteps(self, num_inference_steps: int | None = None, device=None, sigmas: list[float] | None = None):
+    def set_timesteps(
+        self, num_inference_steps: int | None = None, device=None, sigmas: list[float] | None = None
+    ):
         """Evenly spaced σ from σ_max to σ_min (or the given ``sigmas``), shifted, with a final σ = 0."""
         n, shift = self.config["num_train_timesteps"], self.config["shift"]
         if sigmas is None:

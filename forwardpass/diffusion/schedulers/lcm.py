@@ -8,6 +8,8 @@ the ``original_inference_steps``-point schedule the model was distilled on.
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import numpy as np
 import torch
 
@@ -16,7 +18,7 @@ from forwardpass.errors import ConfigError, ValidationError
 
 
 class LCMScheduler(VPScheduler):
-    DEFAULTS = {
+    DEFAULTS: ClassVar[dict[str, Any]] = {
         "num_train_timesteps": 1000,
         "beta_start": 0.00085,
         "beta_end": 0.012,
@@ -35,9 +37,11 @@ class LCMScheduler(VPScheduler):
         "timestep_scaling": 10.0,
         "rescale_betas_zero_snr": False,
     }
-    UNSUPPORTED = {"thresholding": False}
+    UNSUPPORTED: ClassVar[dict[str, Any]] = {"thresholding": False}
 
-    def set_timesteps(self, num_inference_steps: int, device=None, original_inference_steps: int | None = None):
+    def set_timesteps(
+        self, num_inference_steps: int, device=None, original_inference_steps: int | None = None
+    ):
         n = self.config["num_train_timesteps"]
         orig = original_inference_steps or self.config["original_inference_steps"]
         if num_inference_steps < 1:
