@@ -389,6 +389,16 @@ def test_cli_attention_and_dit(capsys, tmp_path):
     assert doc["total"]["flops"] == pytest.approx(30 * doc["step"]["flops"])
 
 
+def test_cli_hardware_table_and_public_api(capsys):
+    rc, out, _ = _cli(capsys, "hardware", "--json")
+    names = [h["name"] for h in json.loads(out)]
+    assert rc == 0 and names == ["a100", "h100", "h200", "b200", "l4", "l40s", "mi300x"]
+    import forwardpass
+    from forwardpass.analysis import roofline
+
+    assert forwardpass.analyze is roofline.analyze
+
+
 def test_cli_bad_input_is_a_clear_error(capsys, tmp_path):
     rc, _, err = _cli(capsys, "llama-3-8b", "--hardware", "tpu")
     assert rc == 1 and "unknown hardware" in err and "h100" in err
