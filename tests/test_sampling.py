@@ -17,7 +17,13 @@ from scipy import stats
 
 from forwardpass.errors import SamplingParamsError
 from forwardpass.sampling import SamplingParams
-from forwardpass.sampling.sampler import Sampler, SamplingRow, make_generator
+from forwardpass.sampling.sampler import (
+    Sampler,
+    SamplingRow,
+    _draw_big_nucleus,
+    _draw_big_nucleus_by_full_sort,
+    make_generator,
+)
 
 N_DRAWS = 20_000
 
@@ -182,6 +188,36 @@ def test_min_p_never_picks_below_the_threshold(logits32, candidates):
 def test_all_filters_together(logits32):
     p = SamplingParams(temperature=1.5, top_k=12, top_p=0.8, min_p=0.02)
     assert chi2_pvalue(draw(logits32, p), kept_distribution(logits32, p)) > 1e-3
+
+
+def _big_nucleus_case():
+    gen = torch.Generator().manual_seed(5)
+    n, V = 16, 5000
+    x = torch.randn(n, V, generator=gen) * torch.linspace(0.5, 4, n)[:, None]
+    e = (x - x.amax(-1, keepdim=True)).exp()
+    min_p = torch.tensor([0.0, 1e-3] * (n // 2))
+    e = e.masked_fill(e < min_p[:, None], 0.0)
+    top_p = torch.linspace(0.05, 0.99, n, dtype=torch.float64)
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    return e, top_p, min_p, u, e.sum(-1, dtype=torch.float64)
+
+
+def test_pruned_nucleus_sort_equals_full_sort():
+    case = _big_nucleus_case()
+    assert torch.equal(_draw_big_nucleus(*case), _draw_big_nucleus_by_full_sort(*case))
+
+
+def test_pruned_nucleus_sort_redoes_rows_when_the_bound_is_wrong(monkeypatch):
+    case = _big_nucleus_case()
+    expected = _draw_big_nucleus_by_full_sort(*case)
+    real_bincount = torch.bincount
+
+    def all_mass_at_the_top(keys, weights=None, minlength=0):  # claims every token is in bin 127
+        return torch.zeros(minlength, dtype=torch.float64).index_fill_(0, torch.arange(127, minlength, 256), 1e9)
+
+    monkeypatch.setattr(torch, "bincount", all_mass_at_the_top)
+    assert torch.equal(_draw_big_nucleus(*case), expected)
+    monkeypatch.setattr(torch, "bincount", real_bincount)
 
 
 @settings(max_examples=40, deadline=None)

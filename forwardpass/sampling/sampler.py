@@ -218,14 +218,11 @@ class Sampler:
                 e_nu = e if len(nucleus) == len(full) else e[nu]
                 vals, ids = e_nu.topk(K, dim=-1)
                 z = block_cum[nu, -1]
-                tok, ok = _draw_prefix(vals, ids, top_k[r], top_p[r], min_p[r], u[r], mass=z)
+                tok, kept = _draw_prefix(vals, ids, top_k[r], top_p[r], min_p[r], u[r], mass=z)
+                ok = kept < K  # the nucleus ended inside the candidates
                 if K < V and not bool(ok.all()):
-                    # The nucleus reaches past the candidates: sort those rows in full. Stable, so ties
-                    # break by token id and the result never depends on the batch.
                     ov = (~ok).nonzero().squeeze(1)
-                    vals, ids = e_nu[ov].sort(dim=-1, descending=True, stable=True)
-                    tok[ov], _ = _draw_prefix(vals, ids, top_k[r[ov]], top_p[r[ov]], min_p[r[ov]], u[r[ov]],
-                                              mass=z[ov])
+                    tok[ov] = _draw_big_nucleus(e_nu[ov], top_p[r[ov]], min_p[r[ov]], u[r[ov]], z[ov])
                 out[r] = tok
         for group, select in ((cand, "topk"), (big_k, "sort")):
             # top_k rows: the kept set lies within the top_k tokens, so no total mass is needed.
@@ -322,7 +319,7 @@ def _draw_prefix(
     a prefix of the sorted tokens, so the kept set is the shortest of the three prefixes (top_p measured
     after the other two, as vLLM). ``mass`` is each row's total ``e`` (after min_p) when the prefix may
     be shorter than the kept set; without it the prefix is taken to hold the whole kept set. Returns the
-    tokens and whether the nucleus ended inside the prefix (if not, redo the row on a longer prefix).
+    tokens and how many tokens were kept: if that is the whole prefix, the nucleus may go on past it.
     """
     n, C = e.shape
     keep = e >= min_p[:, None]
@@ -339,4 +336,52 @@ def _draw_prefix(
     total = cum.gather(1, (kept - 1)[:, None])
     j = torch.searchsorted(cum, u[:, None] * total, right=True)
     j = torch.minimum(j, (kept - 1)[:, None])
-    return ids.gather(1, j).squeeze(1), kept < C
+    return ids.gather(1, j).squeeze(1), kept
+
+
+def _draw_big_nucleus(
+    e: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor, mass: torch.Tensor
+) -> torch.Tensor:
+    """top_p rows whose nucleus is larger than the candidates: sort, but on CPU only what can matter.
+
+    A full sort of 152k values costs ~14 ms per row on one CPU core. Tokens in the float32 exponent
+    bins below the one where the nucleus ends (found from a per-row histogram of mass by exponent)
+    weigh < (1 - top_p) * mass and so cannot be in it; sorting the rest is ~6x cheaper on flat
+    distributions. Sorts are stable (ties break by token id), so a row's token never depends on the
+    batch. The bound is only an optimization: a row whose nucleus reaches the end of the pruned
+    prefix (float error) is redone on the full sort. On GPU the full sort is cheap and used directly.
+    """
+    n, V = e.shape
+    zero = torch.zeros(n, dtype=torch.long, device=e.device)
+    if e.device.type == "cpu":
+        exponent = e.view(torch.int32) >> 23  # e in [0, 1]: no sign bit; bin b holds [2^(b-127), 2^(b-126))
+        keys = exponent + torch.arange(n, dtype=torch.int32)[:, None] * 256
+        hist = torch.bincount(keys.view(-1), weights=e.reshape(-1), minlength=n * 256).view(n, 256).double()
+        at_or_above = hist.flip(1).cumsum(1).flip(1)  # mass in bins >= b
+        b = (at_or_above >= (top_p * mass)[:, None]).sum(1) - 1  # the bin where the nucleus ends
+        floor = torch.where(b > 0, torch.ldexp(torch.ones(n), (b - 127).to(torch.int32)), 0.0)
+        kept_vals, kept_ids = [], []
+        for i in range(n):
+            sel = (e[i] >= floor[i]).nonzero().squeeze(1)
+            vals, order = e[i, sel].sort(descending=True, stable=True)
+            kept_vals.append(vals)
+            kept_ids.append(sel[order])
+        vals = torch.nn.utils.rnn.pad_sequence(kept_vals, batch_first=True)  # zero mass past each row's end
+        ids = torch.nn.utils.rnn.pad_sequence(kept_ids, batch_first=True)
+        tok, kept = _draw_prefix(vals, ids, zero, top_p, min_p, u, mass=mass)
+        lengths = torch.tensor([len(v) for v in kept_vals])
+        ok = (kept < lengths) | (lengths == V)  # the nucleus ended inside what was sorted
+        if bool(ok.all()):
+            return tok
+        redo = (~ok).nonzero().squeeze(1)
+        tok[redo] = _draw_big_nucleus_by_full_sort(e[redo], top_p[redo], min_p[redo], u[redo], mass[redo])
+        return tok
+    return _draw_big_nucleus_by_full_sort(e, top_p, min_p, u, mass)
+
+
+def _draw_big_nucleus_by_full_sort(
+    e: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor, mass: torch.Tensor
+) -> torch.Tensor:
+    vals, ids = e.sort(dim=-1, descending=True, stable=True)
+    zero = torch.zeros(e.shape[0], dtype=torch.long, device=e.device)
+    return _draw_prefix(vals, ids, zero, top_p, min_p, u, mass=mass)[0]
