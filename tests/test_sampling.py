@@ -26,6 +26,18 @@ from forwardpass.sampling.sampler import (
 )
 
 N_DRAWS = 20_000
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+    ),
+]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
 
 
 # ----- validation ---------------------------------------------------------------------------------
@@ -96,10 +108,10 @@ def rows_of(params, n, prompt=(), output=(), generator=None):
     return [SamplingRow(params, list(prompt), list(output), generator) for _ in range(n)]
 
 
-def draw(logits_row, params, n=N_DRAWS, sampler=None, seed=0):
+def draw(logits_row, params, n=N_DRAWS, sampler=None, seed=0, device="cpu"):
     torch.manual_seed(seed)
     sampler = sampler or Sampler()
-    logits = logits_row[None, :].repeat(n, 1)
+    logits = logits_row[None, :].repeat(n, 1).to(device)
     return np.array(sampler(logits, rows_of(params, n)).token_ids)
 
 
@@ -141,9 +153,9 @@ def logits32():
 
 # ----- distributions ------------------------------------------------------------------------------
 @pytest.mark.parametrize("temperature", [0.7, 1.0, 1.5])
-def test_temperature_matches_softmax(logits32, temperature):
+def test_temperature_matches_softmax(logits32, temperature, device):
     p = SamplingParams(temperature=temperature)
-    assert chi2_pvalue(draw(logits32, p), kept_distribution(logits32, p)) > 1e-3
+    assert chi2_pvalue(draw(logits32, p, device=device), kept_distribution(logits32, p)) > 1e-3
 
 
 def test_two_level_draw_over_several_blocks():
@@ -153,14 +165,19 @@ def test_two_level_draw_over_several_blocks():
     p = SamplingParams(temperature=1.0)
     probs = kept_distribution(logits, p)
     assert chi2_pvalue(draw(logits, p, n=8000, sampler=Sampler(block=1024)), probs) > 1e-3
-    assert chi2_pvalue(draw(logits[:50] * 0 + torch.arange(50) * 0.1, p, sampler=Sampler(block=8)),
-                       kept_distribution(torch.arange(50) * 0.1, p)) > 1e-3
+    assert (
+        chi2_pvalue(
+            draw(logits[:50] * 0 + torch.arange(50) * 0.1, p, sampler=Sampler(block=8)),
+            kept_distribution(torch.arange(50) * 0.1, p),
+        )
+        > 1e-3
+    )
 
 
 @pytest.mark.parametrize("k", [1, 5, 20])
-def test_top_k_never_leaves_the_k_most_likely(logits32, k):
+def test_top_k_never_leaves_the_k_most_likely(logits32, k, device):
     p = SamplingParams(temperature=1.3, top_k=k)
-    tokens = draw(logits32, p)
+    tokens = draw(logits32, p, device=device)
     allowed = set(torch.topk(logits32, k).indices.tolist())
     assert set(tokens.tolist()) <= allowed
     assert chi2_pvalue(tokens, kept_distribution(logits32, p)) > 1e-3
@@ -168,26 +185,26 @@ def test_top_k_never_leaves_the_k_most_likely(logits32, k):
 
 @pytest.mark.parametrize("candidates", [4, 256])  # 4: the nucleus overflows the candidates -> full sort
 @pytest.mark.parametrize("top_p", [0.3, 0.9])
-def test_top_p_never_leaves_the_nucleus(logits32, top_p, candidates):
+def test_top_p_never_leaves_the_nucleus(logits32, top_p, candidates, device):
     p = SamplingParams(temperature=0.9, top_p=top_p)
     probs = kept_distribution(logits32, p)
-    tokens = draw(logits32, p, sampler=Sampler(candidates=candidates))
+    tokens = draw(logits32, p, sampler=Sampler(candidates=candidates), device=device)
     assert set(tokens.tolist()) <= set(np.flatnonzero(probs).tolist())
     assert chi2_pvalue(tokens, probs) > 1e-3
 
 
 @pytest.mark.parametrize("candidates", [4, 256])
-def test_min_p_never_picks_below_the_threshold(logits32, candidates):
+def test_min_p_never_picks_below_the_threshold(logits32, candidates, device):
     p = SamplingParams(temperature=1.2, min_p=0.1)
-    tokens = draw(logits32, p, sampler=Sampler(candidates=candidates))
+    tokens = draw(logits32, p, sampler=Sampler(candidates=candidates), device=device)
     probs = torch.softmax(logits32 / 1.2, -1)
     assert (probs[tokens] >= 0.1 * probs.max()).all()
     assert chi2_pvalue(tokens, kept_distribution(logits32, p)) > 1e-3
 
 
-def test_all_filters_together(logits32):
+def test_all_filters_together(logits32, device):
     p = SamplingParams(temperature=1.5, top_k=12, top_p=0.8, min_p=0.02)
-    assert chi2_pvalue(draw(logits32, p), kept_distribution(logits32, p)) > 1e-3
+    assert chi2_pvalue(draw(logits32, p, device=device), kept_distribution(logits32, p)) > 1e-3
 
 
 def _big_nucleus_case():
@@ -213,7 +230,9 @@ def test_pruned_nucleus_sort_redoes_rows_when_the_bound_is_wrong(monkeypatch):
     real_bincount = torch.bincount
 
     def all_mass_at_the_top(keys, weights=None, minlength=0):  # claims every token is in bin 127
-        return torch.zeros(minlength, dtype=torch.float64).index_fill_(0, torch.arange(127, minlength, 256), 1e9)
+        return torch.zeros(minlength, dtype=torch.float64).index_fill_(
+            0, torch.arange(127, minlength, 256), 1e9
+        )
 
     monkeypatch.setattr(torch, "bincount", all_mass_at_the_top)
     assert torch.equal(_draw_big_nucleus(*case), expected)
@@ -244,8 +263,8 @@ def _borderline(logits, p, tokens, probs):
     return all(loose[t] > 0 for t in bad)
 
 
-def test_greedy_is_argmax_and_mixes_with_sampled_rows(logits32):
-    logits = torch.stack([logits32, -logits32, logits32.flip(0)])
+def test_greedy_is_argmax_and_mixes_with_sampled_rows(logits32, device):
+    logits = torch.stack([logits32, -logits32, logits32.flip(0)]).to(device)
     rows = [
         SamplingRow(SamplingParams(temperature=0), [], []),
         SamplingRow(SamplingParams(temperature=1.0, top_k=1), [], []),
@@ -265,7 +284,7 @@ SEEDED = [
 ]
 
 
-def _seeded_run(params, batch_maker, steps=12, vocab=64):
+def _seeded_run(params, batch_maker, steps=12, vocab=64, device="cpu"):
     sampler = Sampler(candidates=4)
     gen = make_generator(params.seed)
     data = torch.Generator().manual_seed(99)
@@ -273,7 +292,7 @@ def _seeded_run(params, batch_maker, steps=12, vocab=64):
     for _ in range(steps):
         row_logits = torch.randn(vocab, generator=data)
         logits, rows, at = batch_maker(row_logits, SamplingRow(params, [], [], gen), vocab)
-        tokens.append(sampler(logits, rows).token_ids[at])
+        tokens.append(sampler(logits.to(device), rows).token_ids[at])
     return tokens
 
 
@@ -292,18 +311,22 @@ def _crowded(first: bool):
         other_logits = torch.randn(len(others), vocab) * 3
         if first:
             return torch.cat([row_logits[None], other_logits]), [row, *others], 0
-        return torch.cat([other_logits[:2], row_logits[None], other_logits[2:]]), [*others[:2], row, *others[2:]], 2
+        return (
+            torch.cat([other_logits[:2], row_logits[None], other_logits[2:]]),
+            [*others[:2], row, *others[2:]],
+            2,
+        )
 
     return make
 
 
 @pytest.mark.parametrize("params", SEEDED, ids=["plain", "top_k", "top_p_sort", "min_p_top_p"])
-def test_seed_reproduces_regardless_of_batch(params):
-    alone = _seeded_run(params, _alone)
-    assert alone == _seeded_run(params, _alone)
-    assert alone == _seeded_run(params, _crowded(first=True))
-    assert alone == _seeded_run(params, _crowded(first=False))
-    assert alone != _seeded_run(params.replace(seed=8), _alone)
+def test_seed_reproduces_regardless_of_batch(params, device):
+    alone = _seeded_run(params, _alone, device=device)
+    assert alone == _seeded_run(params, _alone, device=device)
+    assert alone == _seeded_run(params, _crowded(first=True), device=device)
+    assert alone == _seeded_run(params, _crowded(first=False), device=device)
+    assert alone != _seeded_run(params.replace(seed=8), _alone, device=device)
 
 
 def test_make_generator_streams():
@@ -311,15 +334,21 @@ def test_make_generator_streams():
     a = torch.rand(4, generator=make_generator(5)).tolist()
     assert a == torch.rand(4, generator=make_generator(5, 0)).tolist()
     assert a != torch.rand(4, generator=make_generator(5, 1)).tolist()
-    assert torch.rand(4, generator=make_generator(5, 1)).tolist() != torch.rand(4, generator=make_generator(5, 2)).tolist()
+    assert (
+        torch.rand(4, generator=make_generator(5, 1)).tolist()
+        != torch.rand(4, generator=make_generator(5, 2)).tolist()
+    )
 
 
 # ----- penalties ----------------------------------------------------------------------------------
-def test_penalties_by_hand():
-    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0, 0.0], [2.0, -1.0, 0.5, 3.0, -2.0, 0.0]])
+def test_penalties_by_hand(device):
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0, 0.0], [2.0, -1.0, 0.5, 3.0, -2.0, 0.0]], device=device)
     rows = [
-        SamplingRow(SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25),
-                    [0, 1], [3, 3, 4]),
+        SamplingRow(
+            SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25),
+            [0, 1],
+            [3, 3, 4],
+        ),
         SamplingRow(SamplingParams(presence_penalty=-1.0), [0, 1], [5, 5]),  # prompt is not penalized
     ]
     got = Sampler().apply_processors(logits, rows).clone()
@@ -327,7 +356,9 @@ def test_penalties_by_hand():
     assert got[0].tolist() == [1.0, -2.0, 0.5, 0.5, -4.75, 0.0]
     assert got[1].tolist() == [2.0, -1.0, 0.5, 3.0, -2.0, 1.0]
     assert logits[0, 0] == 2.0  # the input is never modified
-    greedy = [SamplingRow(r.params.replace(temperature=0), r.prompt_token_ids, r.output_token_ids) for r in rows]
+    greedy = [
+        SamplingRow(r.params.replace(temperature=0), r.prompt_token_ids, r.output_token_ids) for r in rows
+    ]
     assert Sampler()(logits, greedy).token_ids == [0, 3]  # argmax of the penalized logits
 
 
@@ -339,8 +370,10 @@ def test_repetition_penalty_matches_transformers():
     ids = torch.randint(0, 100, (4, 30), generator=gen)
     for penalty in (0.7, 1.3, 2.0):
         expected = RepetitionPenaltyLogitsProcessor(penalty=penalty)(ids, logits.clone())
-        rows = [SamplingRow(SamplingParams(repetition_penalty=penalty), ids[i, :20].tolist(), ids[i, 20:])
-                for i in range(4)]
+        rows = [
+            SamplingRow(SamplingParams(repetition_penalty=penalty), ids[i, :20].tolist(), ids[i, 20:])
+            for i in range(4)
+        ]
         torch.testing.assert_close(Sampler().apply_processors(logits, rows), expected, rtol=0, atol=0)
 
 
@@ -351,7 +384,7 @@ def test_token_ids_outside_the_vocab_are_refused():
 
 
 # ----- logprobs -----------------------------------------------------------------------------------
-def test_logprobs_are_of_the_raw_distribution():
+def test_logprobs_are_of_the_raw_distribution(device):
     gen = torch.Generator().manual_seed(4)
     logits = torch.randn(4, 50, generator=gen) * 2
     params = [
@@ -360,7 +393,7 @@ def test_logprobs_are_of_the_raw_distribution():
         SamplingParams(temperature=1.0),
         SamplingParams(temperature=2.0, top_k=5, logprobs=20),
     ]
-    out = Sampler()(logits, [SamplingRow(p, [1, 2], [3, 3]) for p in params])
+    out = Sampler()(logits.to(device), [SamplingRow(p, [1, 2], [3, 3]) for p in params])
     raw = torch.log_softmax(logits, -1)
     assert out.logprobs[2] is None
     for i, p in enumerate(params):

@@ -19,7 +19,7 @@ _LAZY = {
     "make_generator": "forwardpass.sampling.sampler",
 }
 
-__all__ = ["SamplingParams", *_LAZY]
+__all__ = ["Sampler", "SamplerOutput", "SamplingParams", "SamplingRow", "TokenLogprobs", "make_generator"]
 
 
 def __getattr__(name: str) -> Any:

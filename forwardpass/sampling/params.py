@@ -55,9 +55,7 @@ class SamplingParams:
         self.min_p = _float("min_p", self.min_p, lo=0.0, hi=1.0)
         self.presence_penalty = _float("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
         self.frequency_penalty = _float("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
-        self.repetition_penalty = _float(
-            "repetition_penalty", self.repetition_penalty, lo=0.0, lo_open=True
-        )
+        self.repetition_penalty = _float("repetition_penalty", self.repetition_penalty, lo=0.0, lo_open=True)
         if self.seed is not None:
             self.seed = _int("seed", self.seed, lo=_SEED_MIN, hi=_SEED_MAX)
         self.stop = _stop_strings(self.stop)

@@ -20,7 +20,9 @@ def as_ids(ids: TokenIds) -> torch.Tensor:
     return torch.as_tensor(ids, dtype=torch.long).reshape(-1)
 
 
-def flat_keys(rows: Sequence[int], ids: Sequence[torch.Tensor], vocab: int, device: torch.device) -> torch.Tensor:
+def flat_keys(
+    rows: Sequence[int], ids: Sequence[torch.Tensor], vocab: int, device: torch.device
+) -> torch.Tensor:
     """``row * vocab + token`` for each (row, token) pair; refuses ids outside the vocabulary.
 
     An out-of-range id would silently write into another row's logits, so it is an error here.

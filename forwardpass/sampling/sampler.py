@@ -90,7 +90,9 @@ class _Workspace:
     def __init__(self) -> None:
         self._bufs: dict[str, torch.Tensor] = {}
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def get(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
         numel = math.prod(shape)
         buf = self._bufs.get(name)
         if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
@@ -140,11 +142,14 @@ class Sampler:
         if min_tok:
             # vLLM: stop_token_ids always, EOS unless ignore_eos; ids past the vocab can never be drawn.
             ids = [
-                [t for t in ps[i].stop_token_ids + ([] if ps[i].ignore_eos else list(eos)) if t < V] for i in min_tok
+                [t for t in ps[i].stop_token_ids + ([] if ps[i].ignore_eos else list(eos)) if t < V]
+                for i in min_tok
             ]
             mask_tokens(x, flat_keys(min_tok, [as_ids(t) for t in ids], V, dev))
         if rep:
-            seen = [torch.cat([as_ids(rows[i].prompt_token_ids), as_ids(rows[i].output_token_ids)]) for i in rep]
+            seen = [
+                torch.cat([as_ids(rows[i].prompt_token_ids), as_ids(rows[i].output_token_ids)]) for i in rep
+            ]
             penalty = torch.tensor([p.repetition_penalty for p in ps], dtype=torch.float32, device=dev)
             apply_repetition_penalty(x, flat_keys(rep, seen, V, dev), penalty)
         if pres_freq:
@@ -156,7 +161,7 @@ class Sampler:
 
     # ----- stage 2: greedy rows take the argmax, the others are sampled --------------------------
     def _choose(self, x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        B, V = x.shape
+        B = x.shape[0]
         dev = x.device
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         if len(greedy) == B:
@@ -185,7 +190,7 @@ class Sampler:
         n = len(rows)
         K = min(self.candidates, V)
         temp = torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev)
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else 0 for p in ps], dtype=torch.long, device=dev)
+        top_k = torch.tensor([max(0, p.top_k) for p in ps], dtype=torch.long, device=dev)
         top_p = torch.tensor([p.top_p for p in ps], dtype=torch.float64, device=dev)
         min_p = torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev)
         u = self._uniforms(rows, dev)
@@ -244,12 +249,16 @@ class Sampler:
         u = torch.rand(len(rows), dtype=torch.float64)
         for j, r in enumerate(rows):
             if r.generator is not None:
-                u[j] = torch.rand((), dtype=torch.float64, generator=r.generator, device=r.generator.device).item()
+                u[j] = torch.rand(
+                    (), dtype=torch.float64, generator=r.generator, device=r.generator.device
+                ).item()
         return u.to(device)
 
     # ----- logprobs of the raw distribution ------------------------------------------------------
     @staticmethod
-    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> list[TokenLogprobs | None]:
+    def _logprobs(
+        logits: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]
+    ) -> list[TokenLogprobs | None]:
         want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         result: list[TokenLogprobs | None] = [None] * len(rows)
         if not want:
@@ -290,7 +299,7 @@ def _block_cumsum(e: torch.Tensor, block: int) -> torch.Tensor:
 
 def _draw_two_level(e: torch.Tensor, block_cum: torch.Tensor, u: torch.Tensor, block: int) -> torch.Tensor:
     """Token ~ e / e.sum() per row: pick a block by its cumulative mass, then a token inside it."""
-    n, V = e.shape
+    V = e.shape[1]
     t = u * block_cum[:, -1]
     j = torch.searchsorted(block_cum, t[:, None], right=True).clamp_(max=block_cum.shape[1] - 1)
     before = torch.where(j > 0, block_cum.gather(1, (j - 1).clamp(min=0)), torch.zeros_like(t[:, None]))
@@ -321,7 +330,7 @@ def _draw_prefix(
     be shorter than the kept set; without it the prefix is taken to hold the whole kept set. Returns the
     tokens and how many tokens were kept: if that is the whole prefix, the nucleus may go on past it.
     """
-    n, C = e.shape
+    C = e.shape[1]
     keep = e >= min_p[:, None]
     pos = torch.arange(C, device=e.device)
     keep &= pos < torch.where(top_k > 0, top_k, C)[:, None]
