@@ -102,7 +102,11 @@ class _Workspace:
 
 
 class Sampler:
-    """Picks one token per row. ``candidates``: rows with top_k / top_p look at this many tokens first."""
+    """Picks one token per row; one instance per model runner (its workspace is not thread-safe).
+
+    ``candidates``: how many of the most likely tokens top_k / top_p rows look at before sorting more.
+    ``block``: width of the first level of the two-level draw.
+    """
 
     def __init__(self, candidates: int = 256, block: int = 1024):
         self.candidates = candidates
@@ -272,10 +276,11 @@ class Sampler:
         top_vals, top_ids = raw.topk(k_max, dim=-1) if k_max else (raw[:, :0], raw[:, :0].long())
         top_vals = (top_vals - lse[:, None]).tolist()
         top_ids = top_ids.tolist()
+        chosen_ids = tokens[w].tolist()
         for j, (i, lp, rk) in enumerate(zip(want, (chosen - lse).tolist(), rank.tolist())):
             k = rows[i].params.logprobs or 0
             top = list(zip(top_ids[j][:k], top_vals[j][:k]))
-            result[i] = TokenLogprobs(token_id=int(tokens[i]), logprob=lp, rank=rk, top=top)
+            result[i] = TokenLogprobs(token_id=chosen_ids[j], logprob=lp, rank=rk, top=top)
         return result
 
 
