@@ -22,6 +22,7 @@ from forwardpass.engine.scheduler import Scheduler
 from forwardpass.engine.sequence import Sequence, SequenceStatus
 from forwardpass.engine.stats import StepRecord
 from forwardpass.errors import ConfigError, ContextLengthError, ValidationError
+from forwardpass.layers.moe import RoutingStats
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
 from forwardpass.loader.tokenizer import IncrementalDetokenizer, Tokenizer
 from forwardpass.models.loading import load_model
@@ -83,6 +84,9 @@ class LLMEngine:
         self.stats: deque[StepRecord] = deque(maxlen=config.max_stats_records)
         self.step_counter = 0
         self.stat_listeners: list = []  # callables(StepRecord)
+        # MoE models: per-step tokens per expert per layer (deque of RoutingRecord, step ids as in
+        # self.stats), filled by a runner.last_forward_hook; None for models without MoE layers.
+        self.routing_stats = RoutingStats.attach(self, config.max_stats_records)
 
     # ----- requests ------------------------------------------------------------------------------
     def default_sampling_params(self) -> SamplingParams:
