@@ -198,8 +198,8 @@ class LLMEngine:
             seq.output_text += seq.detokenizer.add(token)
         reason, stop = self._check_stop(seq, token)
         if reason is not None:
-            if seq.detokenizer is not None and reason == "length":
-                seq.output_text += seq.detokenizer.flush()
+            if seq.detokenizer is not None and not isinstance(stop, str):
+                seq.output_text += seq.detokenizer.flush()  # text held back for an incomplete character
             seq.finish_reason, seq.stop_reason = reason, stop
             seq.finished_time = now
             self.scheduler.finish(seq)
@@ -207,7 +207,7 @@ class LLMEngine:
     def _check_stop(self, seq: Sequence, token: int) -> tuple[str | None, int | str | None]:
         p = seq.params
         n_out = len(seq.output_token_ids)
-        if n_out > p.min_tokens or n_out == p.min_tokens:
+        if n_out >= p.min_tokens:  # no stop condition counts before min_tokens
             if not p.ignore_eos and token in self.eos_token_ids:
                 return "stop", None
             if p.stop_token_ids and token in p.stop_token_ids:
