@@ -35,6 +35,7 @@ Failure handling
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import queue
@@ -286,6 +287,44 @@ class _RequestState:
                              list(self.prompt_token_ids), comps, self.finished, self.metrics, self.num_cached_tokens)
 
 
+class RequestStream:
+    """Async iterator over one request's cumulative outputs (see ``AsyncLLMEngine.add_request``)."""
+
+    def __init__(self, engine: AsyncLLMEngine, state: _RequestState):
+        self.engine, self.state, self._done = engine, state, False
+
+    @property
+    def request_id(self) -> str:
+        return self.state.request_id
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        state = self.state
+        await state.event.wait()
+        state.event.clear()
+        if state.error is not None:
+            self._done = True
+            raise state.error
+        out = state.snapshot()
+        self._done = out.finished
+        return out
+
+    def close(self) -> None:
+        """Idempotent; aborts the request in the engine if it has not finished."""
+        self._done = True
+        self.engine._release(self.state)
+
+    def __del__(self) -> None:  # a stream dropped without close() must not leak its KV blocks
+        loop = self.engine._loop
+        if not self._done and loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self.engine._release, self.state)
+
+
 class AsyncLLMEngine:
     """``await start()``, then ``async for out in generate(prompt, params, request_id): ...``.
 
@@ -424,6 +463,21 @@ class AsyncLLMEngine:
         Raises the engine's ``ValidationError`` (bad prompt), ``QueueFullError``, ``EngineDeadError``, or
         the error that failed the request. Closing / cancelling the generator aborts the request.
         """
+        stream = await self.add_request(prompt, params, request_id, lora_request)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.close()
+
+    async def add_request(self, prompt: str | list[int], params, request_id: str,
+                          lora_request: Any = None) -> RequestStream:
+        """Submit a request and wait until the engine has admitted it (or raised its validation error).
+
+        Iterate the returned stream for outputs; call ``close()`` when done with it, which aborts the
+        request if it is unfinished. The server uses this form so that bad prompts become a 400 before
+        a streaming response starts.
+        """
         self._check_accepting()
         if request_id in self._requests:
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
@@ -435,22 +489,22 @@ class AsyncLLMEngine:
         self._requests[request_id] = state
         timing = self._timings[request_id] = RequestTiming(arrival=time.monotonic())
         self._send(("add", request_id, prompt, params, lora_request, timing.arrival))
+        stream = RequestStream(self, state)
         try:
             await state.ack
-            while True:
-                await state.event.wait()
-                state.event.clear()
-                if state.error is not None:
-                    raise state.error
-                out = state.snapshot()
-                yield out
-                if out.finished:
-                    return
-        finally:
-            if not state.finished and state.error is None and not self.is_dead:
-                self._send(("abort", [request_id]))
-            self._requests.pop(request_id, None)
-            self._finish(state)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def _release(self, state: _RequestState) -> None:
+        """The consumer is done with a request: abort it if it is still running, account for it."""
+        if self._requests.get(state.request_id) is not state:
+            return
+        if not state.finished and state.error is None and not self.is_dead:
+            self._send(("abort", [state.request_id]))
+        del self._requests[state.request_id]
+        self._finish(state)
 
     async def abort(self, request_id: str) -> None:
         """Abort a request: its generator raises ``RequestAbortedError``; the engine frees its blocks."""

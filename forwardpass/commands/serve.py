@@ -1,0 +1,68 @@
+"""``forwardpass serve``: the OpenAI-compatible HTTP server (FastAPI + uvicorn)."""
+
+from __future__ import annotations
+
+import argparse
+
+from forwardpass.commands._common import add_model_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' "
+                   "(default: the model directory's name)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (not on /health, /metrics)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences in one forward pass at most")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="per-step token budget")
+    p.add_argument("--max-queued-requests", type=int, default=1024,
+                   help="requests waiting for their first token at most; more get 503 + Retry-After")
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache size in blocks")
+    p.add_argument("--kv-cache-memory", type=int, default=None, help="KV-cache size in bytes (default 1 GiB)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="413 for larger request bodies")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds in-flight requests get to finish")
+    p.add_argument("--engine-backend", choices=["process", "thread"], default="process",
+                   help="run the engine loop in its own process (default) or in a thread of the server")
+    p.add_argument("--enable-debug-endpoints", action="store_true", help="GET /debug/engine (for tests)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    from pathlib import Path
+
+    from forwardpass.commands._common import resolve_model
+    from forwardpass.engine.async_engine import EngineSpec
+    from forwardpass.errors import ModelNotFoundError
+    from forwardpass.server.config import ServerConfig
+    from forwardpass.server.run import run_server
+
+    model = resolve_model(args.model)
+    if not (Path(model) / "config.json").is_file():
+        raise ModelNotFoundError(f"{model} is not a model directory (no config.json)"
+                                 + ("; the embedded default model is not built yet" if not args.model else ""))
+    config_kwargs = {
+        "dtype": args.dtype, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "num_kv_blocks": args.num_kv_blocks,
+        "kv_cache_memory": args.kv_cache_memory, "block_size": args.block_size,
+        "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
+    }
+    name = args.served_model_name or Path(model).resolve().name
+    # LoRA adapters (``--lora NAME=PATH``) would add NAME -> LoRARequest entries to ``models`` and pass
+    # ``lora_kwargs`` to the EngineSpec; the routes already resolve each served name to its adapter.
+    models: dict = {name: None}
+    server_config = ServerConfig(models=models, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
+                                 enable_debug_endpoints=args.enable_debug_endpoints,
+                                 shutdown_timeout_s=args.shutdown_timeout)
+    level = logging.getLogger().getEffectiveLevel()
+    spec = EngineSpec(model=str(model), config_kwargs=config_kwargs, log_level=level)
+    run_server(spec, server_config, host=args.host, port=args.port, backend=args.engine_backend,
+               max_queued_requests=args.max_queued_requests,
+               log_level="info" if level > logging.DEBUG else "debug")
+    return 0

@@ -1,0 +1,122 @@
+"""``build_app(async_engine, ServerConfig)``: the FastAPI app. Its lifespan starts and stops the engine."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+import forwardpass
+from forwardpass.errors import EngineDeadError, ValidationError
+from forwardpass.server import errors
+from forwardpass.server.config import ServerConfig
+from forwardpass.server.metrics import ServerMetrics
+from forwardpass.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
+from forwardpass.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    ErrorResponse,
+    TokenizeRequest,
+)
+from forwardpass.server.serving import ClientDisconnected, Serving
+
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 503)}
+_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+
+
+def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
+    config = config or ServerConfig()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if not engine.info:
+            await engine.start()
+        yield
+        await engine.shutdown(timeout=config.shutdown_timeout_s)
+
+    app = FastAPI(title="forwardpass", version=forwardpass.__version__, lifespan=lifespan,
+                  description="OpenAI-compatible inference server")
+    serving = Serving(engine, config)
+    metrics = ServerMetrics(engine, config.default_model)
+    app.state.engine, app.state.metrics, app.state.serving = engine, metrics, serving
+    errors.install(app, config.retry_after_s)
+
+    async def run(coro):
+        try:
+            return await coro
+        except ClientDisconnected:
+            return Response(status_code=499)
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses={**_ERRORS, 200: {"content": _SSE}})
+    async def completions(req: CompletionRequest, request: Request):
+        return await run(serving.completions(req, request))
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+              responses={**_ERRORS, 200: {"content": _SSE}})
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        return await run(serving.chat(req, request))
+
+    created = int(time.time())
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "forwardpass",
+             "root": str(engine.model_dir) if lora is None else str(getattr(lora, "path", name)),
+             "parent": None if lora is None else config.default_model, "max_model_len": engine.max_model_len}
+            for name, lora in config.models.items()]}
+
+    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    async def health():
+        if engine.is_dead:
+            return errors.error_response(503, f"the engine is not running: {engine.dead_reason}", "engine_dead")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", response_class=Response)
+    async def get_metrics():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/version")
+    async def version():
+        return {"version": forwardpass.__version__}
+
+    @app.post("/tokenize", responses=_ERRORS)
+    async def tokenize(req: TokenizeRequest):
+        serving.resolve_model(req.model)
+        if req.messages is not None:
+            ids = serving.chat_prompt(req.messages, req.add_generation_prompt)
+        else:
+            if not req.prompt:
+                return {"tokens": [], "count": 0, "max_model_len": engine.max_model_len}
+            ids = serving.encode(req.prompt, req.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
+
+    @app.post("/detokenize", responses=_ERRORS)
+    async def detokenize(req: DetokenizeRequest):
+        serving.resolve_model(req.model)
+        tok = engine.tokenizer
+        if tok is None:
+            raise ValidationError("this model has no tokenizer", param="tokens")
+        if any(t >= tok.vocab_size for t in req.tokens):
+            raise ValidationError(f"token ids must be in [0, {tok.vocab_size})", param="tokens")
+        return {"prompt": tok.decode(req.tokens, skip_special_tokens=False)}
+
+    if config.enable_debug_endpoints:
+        @app.get("/debug/engine")
+        async def debug_engine():
+            """KV blocks, queue lengths and a ``check_invariants()`` run (enabled by a flag, for tests)."""
+            if engine.is_dead:
+                raise EngineDeadError(f"the engine is not running: {engine.dead_reason}")
+            info = await engine.debug_info()
+            return {**info, "num_unfinished_front_end": engine.num_unfinished}
+
+    # Outermost first: the key check, then the body limit, both before anything is parsed.
+    app.add_middleware(BodyLimitMiddleware, limit=config.max_request_bytes)
+    if config.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    return app

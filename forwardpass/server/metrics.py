@@ -1,0 +1,81 @@
+"""Prometheus metrics, one registry per app, fed by the engine's step records and request lifecycles.
+
+Gauges come from the latest step record / idle snapshot; token counters and latency histograms from
+each request when it ends (``AsyncLLMEngine.finish_listeners``), so that after a run
+``prompt_tokens_total`` and ``generation_tokens_total`` equal the ``usage`` the clients received.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+disable_created_metrics()  # no *_created series next to every counter and histogram
+
+P = "forwardpass:"
+_LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_ITL = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+
+
+class ServerMetrics:
+    def __init__(self, engine, model_name: str):
+        self.engine = engine
+        r = self.registry = CollectorRegistry()
+        lbl = {"model_name": model_name}
+        self.labels = lbl
+
+        def g(name, doc):
+            return Gauge(P + name, doc, list(lbl), registry=r).labels(**lbl)
+
+        self.running = g("num_requests_running", "sequences in the running batch")
+        self.waiting = g("num_requests_waiting", "sequences waiting to be scheduled")
+        self.kv_usage = g("kv_cache_usage_perc", "fraction of KV-cache blocks in use (0..1)")
+        self.free_blocks = g("kv_cache_free_blocks", "free KV-cache blocks")
+        self.prompt_tokens = Counter(P + "prompt_tokens", "prompt tokens of admitted requests", list(lbl),
+                                     registry=r).labels(**lbl)
+        self.generation_tokens = Counter(P + "generation_tokens", "generated tokens", list(lbl),
+                                         registry=r).labels(**lbl)
+        self.preemptions = Counter(P + "num_preemptions", "sequences preempted (recomputed later)", list(lbl),
+                                   registry=r).labels(**lbl)
+        self.success = Counter(P + "request_success", "requests that finished", [*lbl, "finished_reason"],
+                               registry=r)
+        self.ended = Counter(P + "request_ended", "admitted requests that ended, by how", [*lbl, "status"],
+                             registry=r)
+
+        def h(name, doc, buckets):
+            return Histogram(P + name, doc, list(lbl), buckets=buckets, registry=r).labels(**lbl)
+
+        self.ttft = h("time_to_first_token_seconds", "arrival to first token", _LATENCY)
+        self.itl = h("inter_token_latency_seconds", "time between two outputs of a request", _ITL)
+        self.e2e = h("e2e_request_latency_seconds", "arrival to last token", _LATENCY)
+        self.queue = h("request_queue_time_seconds", "arrival to first scheduled", _LATENCY)
+        engine.stat_listeners.append(self.on_step)
+        engine.finish_listeners.append(self.on_finish)
+
+    def on_step(self, record) -> None:
+        if record.num_preemptions:
+            self.preemptions.inc(record.num_preemptions)
+
+    def on_finish(self, out, timing) -> None:
+        self.ended.labels(**self.labels, status=timing.status).inc()
+        if out.prompt_token_ids:
+            self.prompt_tokens.inc(len(out.prompt_token_ids))
+        self.generation_tokens.inc(sum(len(c.token_ids) for c in out.outputs))
+        if timing.status == "finished":
+            reason = out.outputs[0].finish_reason if out.outputs else None
+            self.success.labels(**self.labels, finished_reason=reason or "unknown").inc()
+        if timing.first_token is not None:
+            self.ttft.observe(timing.first_token - timing.arrival)
+            self.e2e.observe((timing.last_token or timing.first_token) - timing.arrival)
+        for gap in timing.itl:
+            self.itl.observe(gap)
+        m = out.metrics
+        if m is not None and m.first_scheduled_time is not None:
+            self.queue.observe(max(0.0, m.first_scheduled_time - m.arrival_time))
+
+    def render(self) -> bytes:
+        s = self.engine.snapshot
+        self.running.set(s.get("num_running", 0))
+        self.waiting.set(s.get("num_waiting", 0))
+        self.kv_usage.set(s.get("kv_usage", 0.0))
+        self.free_blocks.set(s.get("num_free_blocks", 0))
+        return generate_latest(self.registry)

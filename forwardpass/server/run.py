@@ -1,0 +1,43 @@
+"""Run the server with uvicorn.
+
+Signals: uvicorn handles SIGTERM / SIGINT. It stops accepting connections at once, lets in-flight
+requests (streams included) finish for up to ``shutdown_timeout_s``, cancels what is left, then runs
+the app's lifespan shutdown, which stops the engine (aborting anything still in it) and exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from forwardpass.engine.async_engine import AsyncLLMEngine, EngineSpec
+from forwardpass.server.config import ServerConfig
+
+logger = logging.getLogger(__name__)
+
+
+def run_server(spec: EngineSpec, config: ServerConfig, *, host: str = "127.0.0.1", port: int = 8000,
+               backend: str = "process", max_queued_requests: int = 1024, log_level: str = "info") -> None:
+    import uvicorn
+
+    from forwardpass.server.app import build_app
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                yield
+                # uvicorn re-raises the SIGTERM it handled, so the process would die "killed by signal";
+                # a graceful stop is a clean exit here.
+                self._captured_signals.clear()
+
+    engine = AsyncLLMEngine(spec, backend=backend, max_queued_requests=max_queued_requests)
+    app = build_app(engine, config)
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5,
+                                   timeout_graceful_shutdown=config.shutdown_timeout_s,
+                                   access_log=log_level == "debug"))
+    server.run()
+    if not server.started:
+        from forwardpass.errors import ForwardpassError
+
+        raise ForwardpassError(engine.dead_reason or "the server failed to start (see the log above)")

@@ -1,0 +1,313 @@
+"""From an OpenAI request to engine requests, and from engine outputs to OpenAI responses / SSE chunks.
+
+A request is admitted in full (every prompt validated and accepted by the engine) before a response
+starts, so bad input is a 400 and never a half-sent stream. After that, a failure is an SSE error
+event followed by ``data: [DONE]``. Whatever ends the handler (done, error, client gone), every
+engine request it made is closed, which aborts those still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from forwardpass.engine.async_engine import RequestStream
+from forwardpass.engine.outputs import RequestOutput
+from forwardpass.errors import ContextLengthError, ModelNotFoundError, ValidationError
+from forwardpass.server.errors import sse_error
+from forwardpass.server.protocol import ChatCompletionRequest, CompletionRequest
+from forwardpass.server.sse import SSEResponse
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+class Serving:
+    def __init__(self, engine, config):
+        self.engine, self.config = engine, config
+
+    # ----- admission -----------------------------------------------------------------------------
+    def resolve_model(self, name: str | None):
+        """(served name, lora request or None); 404 for a name this server does not serve."""
+        name = name or self.config.default_model
+        if name not in self.config.models:
+            raise ModelNotFoundError(f"the model {name!r} does not exist; this server serves: "
+                                     f"{', '.join(self.config.models)}", param="model", code="model_not_found")
+        return name, self.config.models[name]
+
+    def sampling_params(self, req, prompt_len: int, max_tokens: int | None, logprobs: int | None, what: str):
+        from forwardpass.sampling.params import SamplingParams
+
+        limit = self.engine.max_model_len
+        if max_tokens is None:
+            max_tokens = limit - prompt_len
+        if prompt_len + max_tokens > limit:
+            raise ContextLengthError(
+                f"this model's maximum context length is {limit} tokens, but you requested {prompt_len + max_tokens} "
+                f"tokens ({prompt_len} in the {what}, {max_tokens} for the completion); reduce the length of the "
+                f"{what} or max_tokens", param=what if max_tokens <= 0 else "max_tokens")
+        d = self.engine.default_sampling_params()
+        pick = lambda v, default: default if v is None else v
+        return SamplingParams(
+            n=req.n, temperature=pick(req.temperature, d.temperature), top_p=pick(req.top_p, d.top_p),
+            top_k=pick(req.top_k, d.top_k), min_p=pick(req.min_p, d.min_p),
+            presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+            repetition_penalty=pick(req.repetition_penalty, d.repetition_penalty), seed=req.seed, stop=req.stop,
+            max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens), ignore_eos=req.ignore_eos,
+            logprobs=logprobs)
+
+    def encode(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
+        if isinstance(prompt, list):
+            vocab = self.engine.info["vocab_size"]
+            if any(t >= vocab for t in prompt):
+                raise ValidationError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+            return prompt
+        tok = self.engine.tokenizer
+        if tok is None:
+            raise ValidationError("this model has no tokenizer: send prompts as token ids", param="prompt")
+        ids = tok.encode(prompt, add_special_tokens=add_special_tokens)
+        if not ids:
+            raise ValidationError("the prompt is empty after tokenization", param="prompt")
+        return ids
+
+    def chat_prompt(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        tok = self.engine.tokenizer
+        if tok is None:
+            raise ValidationError("this model has no tokenizer, so it has no chat template", param="messages")
+        conv = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+        text = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)
+        ids = tok.encode(text, add_special_tokens=False)  # the template wrote any BOS it wants
+        if not ids:
+            raise ValidationError("the chat template rendered an empty prompt", param="messages")
+        return ids
+
+    async def admit(self, prompts: list[list[int]], params_list, rid: str, lora) -> list[RequestStream]:
+        streams: list[RequestStream] = []
+        try:
+            for i, (ids, params) in enumerate(zip(prompts, params_list)):
+                streams.append(await self.engine.add_request(ids, params, f"{rid}-{i}", lora))
+        except BaseException:
+            for s in streams:
+                s.close()
+            raise
+        return streams
+
+    # ----- /v1/completions -----------------------------------------------------------------------
+    async def completions(self, req: CompletionRequest, request: Request):
+        model, lora = self.resolve_model(req.model)
+        prompts = [self.encode(p) for p in req.prompts()]
+        params = [self.sampling_params(req, len(p), req.max_tokens, req.logprobs, "prompt") for p in prompts]
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        streams = await self.admit(prompts, params, rid, lora)
+        ctx = _Ctx(rid, model, int(time.time()), req.n, self.engine.tokenizer, top_k=req.logprobs or 0)
+        if req.stream:
+            usage = bool(req.stream_options and req.stream_options.include_usage)
+            return SSEResponse(self._stream(streams, ctx, usage, _completion_chunks))
+        finals = await self._collect(streams, request)
+        choices = []
+        for i, out in enumerate(finals):
+            for c in out.outputs:
+                choices.append({"index": i * req.n + c.index, "text": c.text,
+                                "logprobs": (_completion_logprobs(c.logprobs, 0, req.logprobs)
+                                             if req.logprobs is not None else None),
+                                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+        return {"id": rid, "object": "text_completion", "created": ctx.created, "model": model, "choices": choices,
+                "usage": _usage(finals), "system_fingerprint": None}
+
+    # ----- /v1/chat/completions ------------------------------------------------------------------
+    async def chat(self, req: ChatCompletionRequest, request: Request):
+        model, lora = self.resolve_model(req.model)
+        ids = self.chat_prompt(req.messages)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        k = (req.top_logprobs or 0) if req.logprobs else None
+        params = self.sampling_params(req, len(ids), max_tokens, k, "messages")
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        streams = await self.admit([ids], [params], rid, lora)
+        ctx = _Ctx(rid, model, int(time.time()), req.n, self.engine.tokenizer, top_k=req.top_logprobs or 0)
+        if req.stream:
+            usage = bool(req.stream_options and req.stream_options.include_usage)
+            return SSEResponse(self._stream(streams, ctx, usage, _chat_chunks))
+        out = (await self._collect(streams, request))[0]
+        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                    "logprobs": _chat_logprobs(c.logprobs, ctx.top_k) if req.logprobs else None,
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in out.outputs]
+        return {"id": rid, "object": "chat.completion", "created": ctx.created, "model": model, "choices": choices,
+                "usage": _usage([out]), "system_fingerprint": None}
+
+    # ----- running them --------------------------------------------------------------------------
+    async def _collect(self, streams: list[RequestStream], request: Request) -> list[RequestOutput]:
+        """Final outputs of every stream; a client that disconnects meanwhile aborts them all."""
+        async def last(stream):
+            out = None
+            async for out in stream:
+                pass
+            return out
+
+        work = asyncio.ensure_future(asyncio.gather(*(last(s) for s in streams)))
+        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                work.cancel()
+                raise ClientDisconnected()
+            return work.result()
+        finally:
+            watcher.cancel()
+            for s in streams:
+                s.close()
+
+    async def _stream(self, streams, ctx: _Ctx, include_usage: bool, make_chunks) -> AsyncIterator[str]:
+        finals: dict[int, RequestOutput] = {}
+        try:
+            if make_chunks is _chat_chunks:  # the role comes first, once per choice
+                for j in range(ctx.n):
+                    yield ctx.sse(ctx.chunk("chat.completion.chunk", [{
+                        "index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                        "finish_reason": None}], include_usage))
+            async for i, out in _merge(streams):
+                for choice in make_chunks(ctx, i, out):
+                    yield ctx.sse(ctx.chunk(
+                        "chat.completion.chunk" if make_chunks is _chat_chunks else "text_completion",
+                        [choice], include_usage))
+                if out.finished:
+                    finals[i] = out
+            if include_usage:
+                obj = "chat.completion.chunk" if make_chunks is _chat_chunks else "text_completion"
+                yield ctx.sse({**ctx.chunk(obj, [], False), "usage": _usage(list(finals.values()))})
+        except Exception as exc:  # noqa: BLE001 - reported in-band: the status line is already sent
+            yield sse_error(exc)
+        finally:
+            for s in streams:
+                s.close()
+        yield "data: [DONE]\n\n"
+
+
+# ----- helpers -------------------------------------------------------------------------------------
+class _Ctx:
+    """Per-response constants and what has been sent per choice."""
+
+    def __init__(self, rid, model, created, n, tokenizer, top_k: int = 0):
+        self.rid, self.model, self.created, self.n, self.tokenizer, self.top_k = rid, model, created, n, tokenizer, top_k
+        self.sent_text: dict[int, int] = {}
+        self.sent_tokens: dict[int, int] = {}
+
+    def chunk(self, obj: str, choices: list, include_usage: bool) -> dict:
+        d = {"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": choices,
+             "system_fingerprint": None}
+        if include_usage:
+            d["usage"] = None
+        return d
+
+    @staticmethod
+    def sse(d: dict) -> str:
+        return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
+
+    def deltas(self, idx: int, c):
+        """(new text, new logprob entries) of choice ``idx`` since the last chunk."""
+        t0, k0 = self.sent_text.get(idx, 0), self.sent_tokens.get(idx, 0)
+        self.sent_text[idx], self.sent_tokens[idx] = len(c.text), len(c.token_ids)
+        return c.text[t0:], (c.logprobs[k0:] if c.logprobs is not None else None), t0
+
+
+def _completion_chunks(ctx: _Ctx, i: int, out: RequestOutput):
+    for c in out.outputs:
+        idx = i * ctx.n + c.index
+        text, lps, offset = ctx.deltas(idx, c)
+        if text or lps or c.finish_reason:
+            yield {"index": idx, "text": text,
+                   "logprobs": _completion_logprobs(lps, offset, ctx.top_k) if lps is not None else None,
+                   "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+
+
+def _chat_chunks(ctx: _Ctx, i: int, out: RequestOutput):
+    for c in out.outputs:
+        text, lps, _ = ctx.deltas(c.index, c)
+        lp = _chat_logprobs(lps, ctx.top_k) if lps else None
+        if text or lp:
+            yield {"index": c.index, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}
+        if c.finish_reason:
+            yield {"index": c.index, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason,
+                   "stop_reason": c.stop_reason}
+
+
+def _usage(outs: list[RequestOutput]) -> dict:
+    p = sum(len(o.prompt_token_ids) for o in outs)
+    c = sum(len(x.token_ids) for o in outs for x in o.outputs)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def _chosen_and_top(d: dict, k: int):
+    """The sampled token's Logprob (the dict's first entry) and the k best by rank."""
+    chosen = next(iter(d.values()))
+    top = sorted((v for v in d.values() if v.rank is not None and 1 <= v.rank <= k), key=lambda v: v.rank)
+    return chosen, top[:k]
+
+
+def _completion_logprobs(entries, offset: int, k: int) -> dict:
+    tokens, lps, tops, offsets = [], [], [], []
+    for d in entries:
+        chosen, top = _chosen_and_top(d, k)
+        tok = chosen.decoded_token or ""
+        tokens.append(tok)
+        lps.append(chosen.logprob)
+        tops.append({(v.decoded_token or ""): v.logprob for v in top} or None)
+        offsets.append(offset)
+        offset += len(tok)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _chat_logprobs(entries, k: int) -> dict:
+    def item(v):
+        tok = v.decoded_token or ""
+        return {"token": tok, "logprob": v.logprob, "bytes": list(tok.encode("utf-8"))}
+
+    content = []
+    for d in entries or []:
+        chosen, top = _chosen_and_top(d, k)
+        content.append({**item(chosen), "top_logprobs": [item(v) for v in top]})
+    return {"content": content}
+
+
+async def _merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of several streams as they come, tagged with the stream's position."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, s):
+        try:
+            async for out in s:
+                await queue.put((i, out, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            await queue.put((i, None, exc))
+        await queue.put((i, None, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, out, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if out is None:
+                remaining -= 1
+                continue
+            yield i, out
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

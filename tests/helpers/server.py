@@ -1,0 +1,87 @@
+"""Start the real server (``python -m forwardpass.cli serve``) on 127.0.0.1 for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_served_model(directory: Path, checkpoint: Path) -> Path:
+    """A model dir: the tiny random checkpoint (symlinked) plus the test tokenizer with its chat template."""
+    from tests.helpers.tokenizer_factory import make_test_tokenizer
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for f in checkpoint.iterdir():
+        if not (directory / f.name).exists():
+            (directory / f.name).symlink_to(f)
+    make_test_tokenizer(directory, "bytelevel", vocab_size=512)
+    return directory
+
+
+class ServerProcess:
+    """``with ServerProcess(model, *flags) as srv: httpx.get(srv.url + "/health")``."""
+
+    def __init__(self, model: Path, *flags: str, api_key: str | None = None, startup_timeout: float = 120.0,
+                 log_path: Path | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        cmd = [sys.executable, "-m", "forwardpass.cli", "--log-level", "INFO", "serve", "--model", str(model),
+               "--port", str(self.port), "--served-model-name", "test-model", "--enable-debug-endpoints", *flags]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        self.cmd, self.startup_timeout = cmd, startup_timeout
+        self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"fp-server-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> ServerProcess:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in __exit__
+        self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server did not become healthy in {self.startup_timeout}s:\n{self.log()}")
+
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        self._log.close()
