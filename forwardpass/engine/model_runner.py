@@ -34,6 +34,9 @@ class ModelRunner:
         self.sampler = Sampler()
         self.eos_token_ids: list[int] = []
         self.last_forward_hook = None  # callable(model_ctx) for observers (e.g. MoE routing stats)
+        # callable(batch, ctx) run just before the forward, e.g. LoRA's row -> adapter mapping
+        # (forwardpass/lora/manager.py); rows are laid out in batch.seqs order, num_new_tokens each
+        self.before_forward_hook = None
 
     # ----- batch construction --------------------------------------------------------------------
     def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionContext, list[int]]:
@@ -84,6 +87,8 @@ class ModelRunner:
 
         Advances ``num_computed_tokens`` of every scheduled sequence (the caller appends tokens)."""
         input_ids, positions, ctx, sample_rows = self._prepare(batch)
+        if self.before_forward_hook is not None:
+            self.before_forward_hook(batch, ctx)
         hidden = self.model(input_ids, positions, ctx)
         if self.last_forward_hook is not None:
             self.last_forward_hook(ctx)

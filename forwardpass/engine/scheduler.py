@@ -44,6 +44,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
         self.num_preemptions = 0
+        # optional callable(seq, running) -> bool: may `seq` join the running set now? (LoRA uses it
+        # to keep at most max_loras adapters per batch). A refused head of the queue waits there.
+        self.admit_filter = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -77,6 +80,8 @@ class Scheduler:
         # 2. Waiting sequences, unless we just had to preempt (there is no room).
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
+            if self.admit_filter is not None and not self.admit_filter(seq, self.running):
+                break
             cached = self.kv.find_cached_prefix(seq) if seq.num_computed_tokens == 0 else []
             num_cached = len(cached) * self.kv.block_size
             num_new = min(seq.num_tokens - seq.num_computed_tokens - num_cached, budget)

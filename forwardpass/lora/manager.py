@@ -1,0 +1,174 @@
+"""Adapters in memory and the per-batch row mapping the adapter layers read.
+
+**How a mixed batch is computed.** Before each forward pass the engine calls
+:meth:`LoRAManager.prepare_batch` with the scheduled batch; it groups the flattened rows by adapter
+(``[(adapter id, rows)]``, rows as a slice when contiguous, else an index tensor). Every targeted
+projection carries a forward hook (:class:`LoRALayer`) that, after the untouched base matmul, adds for
+each adapter present in the batch ``B(A·x[rows])`` to ``y[rows]``. Rows without an adapter cost
+nothing; a batch with no adapter costs one empty-list check per projection.
+
+Trade-off (vs. gathering a per-row ``A``/``B`` and one batched matmul, as in vLLM's punica/SGMV
+kernels): grouping does ``2 × (adapters in the batch)`` small matmuls per projection and never copies
+weights per row; the gather formulation does two batched matmuls whatever the adapter mix, but copies
+``T × r × (in + out)`` weights (GBs for a long prefill) unless a custom kernel reads them in place. On
+CPU with few adapters per batch (``max_loras`` bounds it), grouping wins; a GPU kernel would change
+that. The grouping is computed once per step and shared by every layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from forwardpass.layers.linear import linear
+from forwardpass.lora.adapter import LoRAAdapter, LoRAAdapterError, load_adapter
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoRABatch:
+    """Which rows of the current flattened batch use which adapter (shared by all LoRA layers)."""
+
+    groups: list[tuple[int, slice | torch.Tensor]] = field(default_factory=list)
+
+
+class LoRALayer:
+    """Forward hook on one base linear module: adds the adapters' low-rank deltas to its output."""
+
+    def __init__(self, batch: LoRABatch):
+        self.batch = batch
+        self.weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # adapter id -> (A [R, in], B [out, R])
+
+    def __call__(self, module: nn.Module, inputs: tuple, out: torch.Tensor):
+        groups = self.batch.groups
+        if not groups or not self.weights:
+            return None
+        x = inputs[0]
+        for adapter_id, rows in groups:
+            w = self.weights.get(adapter_id)
+            if w is None:
+                continue
+            delta = linear(linear(x[rows], w[0]), w[1])
+            if isinstance(rows, slice):
+                out[rows] += delta
+            else:
+                out.index_add_(0, rows, delta)
+        return out
+
+
+class LoRAManager:
+    """Loads adapters on first use (validated against the model), keeps up to ``max_cpu_loras`` of them
+    (least recently used evicted; reloaded from disk if needed again), and maps batch rows to adapters."""
+
+    def __init__(self, model: nn.Module, model_config, max_loras: int = 1, max_lora_rank: int = 16,
+                 max_cpu_loras: int | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+        if not isinstance(max_loras, int) or max_loras < 1:
+            raise LoRAAdapterError(f"max_loras must be a positive integer, got {max_loras!r}", param="max_loras")
+        if not isinstance(max_lora_rank, int) or max_lora_rank < 1:
+            raise LoRAAdapterError(f"max_lora_rank must be a positive integer, got {max_lora_rank!r}",
+                                   param="max_lora_rank")
+        self.model, self.model_config = model, model_config
+        self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
+        self.max_cpu_loras = max(max_cpu_loras or 0, max_loras, 8)
+        self.dtype, self.device = dtype, device
+        self.batch = LoRABatch()
+        self.adapters: OrderedDict[int, LoRAAdapter] = OrderedDict()  # LRU order
+        self.requests: dict[int, object] = {}  # adapter id -> the LoRARequest that named it
+        self.layers: dict[str, LoRALayer] = {}  # our module name -> its hook
+        self._hooks = []
+
+    # ----- adapters ------------------------------------------------------------------------------
+    def add_adapter(self, request) -> LoRAAdapter:
+        """Load (or touch) the adapter named by ``request``; raises LoRAAdapterError if unusable."""
+        from forwardpass.lora.request import LoRARequest
+
+        if not isinstance(request, LoRARequest):
+            raise LoRAAdapterError(f"lora_request must be a forwardpass.LoRARequest, got {type(request).__name__}",
+                                   param="lora_request")
+        aid = request.lora_int_id
+        known = self.requests.get(aid)
+        if known is not None and (known.lora_path != request.lora_path or known.lora_name != request.lora_name):
+            raise LoRAAdapterError(
+                f"lora_int_id {aid} already names adapter {known.lora_name!r} ({known.lora_path}); give "
+                f"{request.lora_name!r} ({request.lora_path}) another id", param="lora_request")
+        if aid in self.adapters:
+            self.adapters.move_to_end(aid)
+            return self.adapters[aid]
+        adapter = load_adapter(request, self.model, self.model_config, self.max_lora_rank, self.dtype, self.device)
+        self.requests[aid] = request
+        self._install(aid, adapter)
+        self._evict(keep={aid})
+        logger.info("loaded LoRA adapter %r (id %d, rank %d, %d modules, %.1f MB)", request.lora_name, aid,
+                    adapter.rank, len(adapter.modules), adapter.num_bytes / 1e6)
+        return adapter
+
+    def remove_adapter(self, lora_id: int) -> bool:
+        self.requests.pop(lora_id, None)
+        return self._uninstall(lora_id)
+
+    def list_adapters(self) -> list:
+        return [self.requests[i] for i in self.adapters]
+
+    def _install(self, aid: int, adapter: LoRAAdapter) -> None:
+        for name, weights in adapter.modules.items():
+            layer = self.layers.get(name)
+            if layer is None:
+                layer = self.layers[name] = LoRALayer(self.batch)
+                self._hooks.append(self.model.get_submodule(name).register_forward_hook(layer))
+            layer.weights[aid] = (weights.A, weights.B)
+        self.adapters[aid] = adapter
+
+    def _uninstall(self, aid: int) -> bool:
+        adapter = self.adapters.pop(aid, None)
+        if adapter is None:
+            return False
+        for name in adapter.modules:
+            self.layers[name].weights.pop(aid, None)
+        return True
+
+    def _evict(self, keep: set[int]) -> None:
+        for aid in list(self.adapters):
+            if len(self.adapters) <= self.max_cpu_loras:
+                break
+            if aid not in keep:
+                self._uninstall(aid)  # the request stays known: reloaded from disk if used again
+
+    # ----- per step ------------------------------------------------------------------------------
+    def can_admit(self, seq, running) -> bool:
+        """Scheduler admission rule: at most ``max_loras`` distinct adapters among running sequences."""
+        if seq.lora_request is None:
+            return True
+        active = {s.lora_id for s in running if s.lora_request is not None}
+        return seq.lora_id in active or len(active) < self.max_loras
+
+    def prepare_batch(self, batch, ctx=None) -> None:
+        """Map the rows of the flattened batch (in ``batch.seqs`` order) to adapters."""
+        spans: dict[int, list[list[int]]] = {}
+        row = 0
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            if seq.lora_request is not None:
+                aid = seq.lora_id
+                if aid not in self.adapters:  # evicted since it was validated: load it again
+                    self.add_adapter(seq.lora_request)
+                runs = spans.setdefault(aid, [])
+                if runs and runs[-1][1] == row:
+                    runs[-1][1] = row + n  # adjacent rows: extend the run
+                else:
+                    runs.append([row, row + n])
+            row += n
+        groups = []
+        for aid, runs in spans.items():
+            self.adapters.move_to_end(aid)
+            if len(runs) == 1:
+                groups.append((aid, slice(runs[0][0], runs[0][1])))
+            else:
+                groups.append((aid, torch.cat([torch.arange(a, b) for a, b in runs]).to(self.device)))
+        self.batch.groups = groups
+
+    def clear_batch(self) -> None:
+        self.batch.groups = []

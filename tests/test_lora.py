@@ -1,0 +1,243 @@
+"""LoRA adapters: parity with PEFT's merged model, mixed-adapter batches, the prefix cache keyed by
+adapter, max_loras admission, clear errors, and the ``--lora`` CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from forwardpass import LLM, LoRARequest, SamplingParams
+from forwardpass.errors import ValidationError
+from forwardpass.lora.adapter import LoRAAdapterError
+from tests.helpers.checkpoints import random_prompts
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# name -> (rank, alpha, use_rslora, seed)
+ADAPTERS = {"r8": (8, 16, False, 1), "r16_rs": (16, 8, True, 2)}
+NEW_TOKENS = 16
+
+
+def hf_model(path):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def hf_greedy(model, prompt, n):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def make_adapter(base_path, directory, rank, alpha, rslora, seed, targets=TARGETS):
+    """Save a PEFT adapter with random (non-zero) A and B; return the merged HF model (the oracle)."""
+    torch.manual_seed(seed)
+    cfg = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, init_lora_weights=False,
+                          use_rslora=rslora, lora_dropout=0.0)
+    model = peft.get_peft_model(hf_model(base_path), cfg)
+    model.save_pretrained(directory)
+    return model.merge_and_unload().eval()
+
+
+@pytest.fixture(scope="module")
+def base(checkpoint_factory):
+    return checkpoint_factory("qwen3")
+
+
+@pytest.fixture(scope="module")
+def adapters(base, tmp_path_factory):
+    """name -> (LoRARequest, merged HF model)"""
+    out = {}
+    for i, (name, (rank, alpha, rslora, seed)) in enumerate(sorted(ADAPTERS.items()), start=1):
+        d = tmp_path_factory.mktemp(f"lora_{name}")
+        merged = make_adapter(base, d, rank, alpha, rslora, seed)
+        out[name] = (LoRARequest(name, i, str(d)), merged)
+    return out
+
+
+@pytest.fixture(scope="module")
+def llm(base):
+    return LLM(base, enable_lora=True, max_loras=2, max_lora_rank=16, num_kv_blocks=96, block_size=16)
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_matches_peft_merged_model(llm, adapters, name):
+    request, merged = adapters[name]
+    prompts = random_prompts(2, [57, 21], seed=10)
+    outs = llm.generate(prompts, GREEDY, lora_request=request, use_tqdm=False)
+    base_outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    for prompt, out, base_out in zip(prompts, outs, base_outs):
+        assert out.outputs[0].token_ids == hf_greedy(merged, prompt, NEW_TOKENS), name
+        assert out.outputs[0].token_ids != base_out.outputs[0].token_ids  # the adapter matters
+    llm.engine.check_invariants()
+
+    # logits of every prefill row (adapter applied through the engine's row mapping) vs merged weights
+    prompt = prompts[0]
+    model, manager = llm.engine.model, llm.engine.lora_manager
+    with torch.no_grad():
+        ref = merged(torch.tensor([prompt])).logits[0]
+    with torch.inference_mode():
+        manager.batch.groups = [(request.lora_int_id, slice(0, len(prompt)))]
+        try:
+            ours = model.compute_logits(model(torch.tensor(prompt), torch.arange(len(prompt))))
+        finally:
+            manager.clear_batch()
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
+    # and the engine's own path on the last position, through logprobs
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=10), lora_request=request,
+                       use_tqdm=False)[0]
+    ref_lp = torch.log_softmax(ref[-1], -1)
+    for tid, lp in out.outputs[0].logprobs[0].items():
+        assert abs(lp.logprob - ref_lp[tid].item()) < 1e-4
+
+
+def test_mixed_batch_equals_each_alone(llm, adapters):
+    a, b = adapters["r8"][0], adapters["r16_rs"][0]
+    prompts = random_prompts(6, [33, 20, 61, 45, 27, 38], seed=11)
+    loras = [a, None, b, a, None, b]
+    seen = []
+    manager = llm.engine.lora_manager
+    original = manager.prepare_batch
+
+    def spy(batch, ctx=None):
+        original(batch, ctx)
+        seen.append(({aid for aid, _ in manager.batch.groups}, sum(s.lora_request is None for s in batch.seqs)))
+
+    llm.engine.runner.before_forward_hook = spy
+    try:
+        together = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, lora_request=loras, use_tqdm=False)]
+    finally:
+        llm.engine.runner.before_forward_hook = original
+    assert any(ids == {a.lora_int_id, b.lora_int_id} and n_base > 0 for ids, n_base in seen), seen
+    alone = [llm.generate([p], GREEDY, lora_request=lr, use_tqdm=False)[0].outputs[0].token_ids
+             for p, lr in zip(prompts, loras)]
+    assert together == alone
+    assert together[0] != together[1] or together[2] != together[1]
+    llm.engine.check_invariants()
+
+
+def test_prefix_cache_is_keyed_by_adapter(llm, adapters):
+    a, b = adapters["r8"][0], adapters["r16_rs"][0]
+    prompt = random_prompts(1, [50], seed=12)[0]  # 3 full blocks of 16
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+    def run(lora):
+        out = llm.generate([prompt], params, lora_request=lora, use_tqdm=False)[0]
+        return out.num_cached_tokens, out.outputs[0].token_ids
+
+    cached_a1, toks_a1 = run(a)
+    cached_b, toks_b = run(b)
+    cached_base, toks_base = run(None)
+    cached_a2, toks_a2 = run(a)
+    assert cached_b == 0 and cached_base == 0  # same tokens, other adapter: other K/V
+    assert cached_a2 == 48 and toks_a2 == toks_a1  # same adapter: served from the cache, same result
+    assert len({tuple(toks_a1), tuple(toks_b), tuple(toks_base)}) == 3
+
+
+def test_max_loras_bounds_adapters_per_batch(base, adapters):
+    a, b = adapters["r8"][0], adapters["r16_rs"][0]
+    llm = LLM(base, enable_lora=True, max_loras=1, max_lora_rank=16, num_kv_blocks=64)
+    seen = []
+    original = llm.engine.runner.before_forward_hook
+
+    def spy(batch, ctx=None):
+        original(batch, ctx)
+        seen.append({s.lora_id for s in batch.seqs if s.lora_request is not None})
+
+    llm.engine.runner.before_forward_hook = spy
+    prompts = random_prompts(4, [25, 30, 22, 28], seed=13)
+    loras = [a, b, None, a]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, lora_request=loras, use_tqdm=False)]
+    assert seen and all(len(s) <= 1 for s in seen)
+    llm.engine.runner.before_forward_hook = original
+    alone = [llm.generate([p], params, lora_request=lr, use_tqdm=False)[0].outputs[0].token_ids
+             for p, lr in zip(prompts, loras)]
+    assert outs == alone
+    llm.engine.check_invariants()
+
+
+# ----- errors -------------------------------------------------------------------------------------
+def _edited_copy(src, dst, **changes):
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "adapter_config.json").read_text())
+    cfg.update(changes)
+    (dst / "adapter_config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
+def test_clear_errors(base, llm, adapters, tmp_path, checkpoint_factory):
+    src = adapters["r16_rs"][0].lora_path
+    from pathlib import Path
+
+    src = Path(src)
+    engine = llm.engine
+
+    def refused(path, match, lora_id=50):
+        with pytest.raises(LoRAAdapterError, match=match):
+            llm.generate([[5, 6, 7]], GREEDY, lora_request=LoRARequest("bad", lora_id, str(path)), use_tqdm=False)
+
+    small = LLM(base, enable_lora=True, max_lora_rank=8, num_kv_blocks=16)
+    with pytest.raises(LoRAAdapterError, match="max_lora_rank=8"):
+        small.generate([[5, 6, 7]], GREEDY, lora_request=adapters["r16_rs"][0], use_tqdm=False)
+    refused(_edited_copy(src, tmp_path / "dora", use_dora=True), "DoRA")
+    refused(_edited_copy(src, tmp_path / "mts", modules_to_save=["lm_head"]), "modules_to_save")
+    refused(_edited_copy(src, tmp_path / "tgt", target_modules=["q_proj", "query_key_value"]), "query_key_value")
+    refused(tmp_path / "nowhere", "not a directory")
+    # an adapter made for another architecture / shape (Llama with head_dim 16 vs Qwen3 with 32)
+    other = tmp_path / "llama_adapter"
+    make_adapter(checkpoint_factory("llama"), other, 8, 16, False, 3)
+    refused(other, "LlamaForCausalLM")
+    cfg = json.loads((other / "adapter_config.json").read_text())
+    cfg.pop("auto_mapping", None)
+    (other / "adapter_config.json").write_text(json.dumps(cfg))
+    refused(other, "another shape")
+    # the same id for a different adapter
+    with pytest.raises(LoRAAdapterError, match="already names"):
+        llm.generate([[5, 6, 7]], GREEDY, lora_request=LoRARequest("r8", 2, str(src)), use_tqdm=False)
+    # an engine without LoRA refuses LoRA requests
+    plain = LLM(base, num_kv_blocks=16)
+    with pytest.raises(ValidationError, match="enable_lora"):
+        plain.generate([[5, 6, 7]], GREEDY, lora_request=adapters["r8"][0], use_tqdm=False)
+    with pytest.raises(ValidationError):
+        LoRARequest("x", 0, "/tmp")
+    engine.check_invariants()
+    assert not engine.has_unfinished_requests()
+
+
+# ----- CLI ----------------------------------------------------------------------------------------
+def test_parse_lora_specs():
+    from forwardpass.lora.cli import parse_lora_specs
+
+    reqs = parse_lora_specs(["a=/x/y", "b = /z"])
+    assert reqs["a"] == LoRARequest("a", 1, "/x/y") and reqs["b"].lora_int_id == 2 and reqs["b"].lora_path == "/z"
+    for bad in (["a"], ["=p"], ["a=p", "a=q"]):
+        with pytest.raises(LoRAAdapterError):
+            parse_lora_specs(bad)
+
+
+def test_generate_cli_with_lora(base, adapters, tmp_path, capsys):
+    from forwardpass.cli import main
+    from tests.helpers.tokenizer_factory import make_test_tokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(base, model)
+    make_test_tokenizer(model, "bytelevel", vocab_size=512)
+    a, b = adapters["r8"][0], adapters["r16_rs"][0]
+    common = ["generate", "once upon a time", "--model", str(model), "--max-tokens", "6", "--temperature", "0",
+              "--ignore-eos"]
+    assert main(common) == 0
+    plain = capsys.readouterr().out
+    assert main([*common, "--lora", f"a={a.lora_path}", "--lora", f"b={b.lora_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "[a]" in out and "[b]" in out and out != plain
+    assert main([*common, "--lora", "broken"]) == 1
+    assert "NAME=PATH" in capsys.readouterr().err
