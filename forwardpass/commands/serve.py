@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-backend", choices=["process", "thread"], default="process",
                    help="run the engine loop in its own process (default) or in a thread of the server")
     p.add_argument("--enable-debug-endpoints", action="store_true", help="GET /debug/engine (for tests)")
+    # MODULE:NAME of an LLMEngine subclass to build instead (tests inject faults with it).
+    p.add_argument("--engine-factory", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -61,7 +63,13 @@ def run(args: argparse.Namespace) -> int:
                                  enable_debug_endpoints=args.enable_debug_endpoints,
                                  shutdown_timeout_s=args.shutdown_timeout)
     level = logging.getLogger().getEffectiveLevel()
-    spec = EngineSpec(model=str(model), config_kwargs=config_kwargs, log_level=level)
+    factory = None
+    if args.engine_factory:
+        import importlib
+
+        module, _, attr = args.engine_factory.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+    spec = EngineSpec(model=str(model), config_kwargs=config_kwargs, factory=factory, log_level=level)
     run_server(spec, server_config, host=args.host, port=args.port, backend=args.engine_backend,
                max_queued_requests=args.max_queued_requests,
                log_level="info" if level > logging.DEBUG else "debug")

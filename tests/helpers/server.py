@@ -33,6 +33,37 @@ def make_served_model(directory: Path, checkpoint: Path) -> Path:
     return directory
 
 
+MID_STREAM_FAULT_SEED = 424242  # a request with this seed makes a step fail after 2 tokens
+FATAL_FAULT_SEED = 131313  # ... makes a step fail and break the KV invariants: the engine dies
+
+
+def _fault_engine_class():
+    from forwardpass.engine.llm_engine import LLMEngine
+
+    class FaultInjectingEngine(LLMEngine):
+        broken = False
+
+        def step(self):
+            seqs = list(self.scheduler.running)
+            if any(s.params.seed == FATAL_FAULT_SEED for s in seqs):
+                self.broken = True
+                raise RuntimeError("injected fatal fault")
+            if any(s.params.seed == MID_STREAM_FAULT_SEED and len(s.output_token_ids) >= 2 for s in seqs):
+                raise RuntimeError("injected step fault")
+            return super().step()
+
+        def check_invariants(self):
+            if self.broken:
+                raise AssertionError("injected broken KV pool")
+            super().check_invariants()
+
+    return FaultInjectingEngine
+
+
+def FaultInjectingEngine(model, config):  # noqa: N802 - used as a class by --engine-factory
+    return _fault_engine_class()(model, config)
+
+
 class ServerProcess:
     """``with ServerProcess(model, *flags) as srv: httpx.get(srv.url + "/health")``."""
 
