@@ -4,6 +4,7 @@ requests instead of hanging, the queue bound, shutdown. Thread backend (fast); o
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import pytest
@@ -23,6 +24,24 @@ def ckpt(checkpoint_factory):
     return checkpoint_factory("qwen3")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_compute_thread():
+    """On 2 shared, busy cores two OpenMP threads make a tiny model's step ~15x slower."""
+    import os
+
+    import torch
+
+    before, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"  # for the engine process
+    yield
+    torch.set_num_threads(before)
+    if env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = env
+
+
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 100))
 
@@ -38,7 +57,7 @@ async def final(engine, prompt, params, rid):
     outs = [o async for o in engine.generate(prompt, params, rid)]
     assert outs and outs[-1].finished and all(not o.finished for o in outs[:-1])
     # cumulative: every output extends the previous one
-    for a, b in zip(outs, outs[1:]):
+    for a, b in itertools.pairwise(outs):
         assert b.outputs[0].token_ids[: len(a.outputs[0].token_ids)] == a.outputs[0].token_ids
     return outs[-1]
 

@@ -86,8 +86,8 @@ def test_chat(client):
 
 
 def test_streaming_chat_with_usage_equals_non_streaming(client):
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=12,
-              temperature=0, extra_body=NO_EOS)
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 12,
+              "temperature": 0, "extra_body": NO_EOS}
     full = client.chat.completions.create(**kw)
     chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -101,7 +101,7 @@ def test_streaming_chat_with_usage_equals_non_streaming(client):
 
 
 def test_streaming_completion(client):
-    kw = dict(model=MODEL, prompt="The quick brown fox", max_tokens=10, temperature=0, extra_body=NO_EOS)
+    kw = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 10, "temperature": 0, "extra_body": NO_EOS}
     full = client.completions.create(**kw)
     chunks = list(client.completions.create(**kw, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
@@ -124,7 +124,7 @@ def test_n_2(client):
 
 
 def test_stop_strings(client):
-    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0, extra_body=NO_EOS)
+    kw = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "extra_body": NO_EOS}
     text = client.completions.create(**kw).choices[0].text
     candidates = [text[i:i + 2] for i in range(2, len(text) - 2) if "\ufffd" not in text[i:i + 2]]
     assert candidates, text
@@ -152,7 +152,7 @@ def test_logprobs(client):
 
 
 def test_seed_reproducibility(client):
-    kw = dict(model=MODEL, prompt="A seed", max_tokens=12, temperature=1.0, top_p=0.95, extra_body=NO_EOS)
+    kw = {"model": MODEL, "prompt": "A seed", "max_tokens": 12, "temperature": 1.0, "top_p": 0.95, "extra_body": NO_EOS}
     a = client.completions.create(**kw, seed=1234).choices[0].text
     b = client.completions.create(**kw, seed=1234).choices[0].text
     c = client.completions.create(**kw, seed=99).choices[0].text

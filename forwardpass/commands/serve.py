@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="torch compute threads of the engine (default: torch's; use 1 on small, shared machines)")
     p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="413 for larger request bodies")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds in-flight requests get to finish")
@@ -69,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
         module, _, attr = args.engine_factory.partition(":")
         factory = getattr(importlib.import_module(module), attr)
-    spec = EngineSpec(model=str(model), config_kwargs=config_kwargs, factory=factory, log_level=level)
+    spec = EngineSpec(model=str(model), config_kwargs=config_kwargs, factory=factory, log_level=level,
+                      num_threads=args.num_threads)
     run_server(spec, server_config, host=args.host, port=args.port, backend=args.engine_backend,
                max_queued_requests=args.max_queued_requests,
                log_level="info" if level > logging.DEBUG else "debug")

@@ -67,10 +67,16 @@ class EngineSpec:
     factory: Callable[..., Any] | None = None
     lora_kwargs: dict | None = None
     log_level: int = logging.WARNING
+    num_threads: int | None = None  # torch compute threads of the engine (None: torch's default)
 
 
 def build_engine(spec: EngineSpec):
     from forwardpass.config import EngineConfig
+
+    if spec.num_threads:
+        import torch
+
+        torch.set_num_threads(spec.num_threads)
 
     config = EngineConfig(**spec.config_kwargs)
     if spec.factory is not None:

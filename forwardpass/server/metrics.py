@@ -7,7 +7,14 @@ each request when it ends (``AsyncLLMEngine.finish_listeners``), so that after a
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
 disable_created_metrics()  # no *_created series next to every counter and histogram
 
