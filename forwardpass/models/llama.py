@@ -18,6 +18,7 @@ from torch import nn
 
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
+from forwardpass.errors import ModelLoadError
 from forwardpass.layers.linear import Linear, MergedLinear, linear
 from forwardpass.layers.mlp import GatedMLP
 from forwardpass.layers.norm import RMSNorm
@@ -37,6 +38,10 @@ def layer_sliding_windows(cfg: ModelConfig) -> list[int | None]:
     n, window = cfg["num_hidden_layers"], cfg.get("sliding_window")
     types = cfg.get("layer_types")
     if types:
+        if len(types) != n:
+            raise ModelLoadError(
+                f"config.json lists {len(types)} layer_types but num_hidden_layers is {n}; they must agree"
+            )
         return [window if t == "sliding_attention" else None for t in types]
     if cfg.get("model_type") == "mistral" and window:
         return [window] * n

@@ -1,0 +1,87 @@
+"""Offline throughput: 64 requests (prompt 128, output 128, ignore_eos) through forwardpass and through
+Hugging Face transformers ``generate`` on the same prompts in batches of the same size, same checkpoint,
+same run.
+
+    python benchmarks/throughput.py [--num-prompts 64] [--batch 64] [--runs 2]
+
+transformers gets its best case here: every prompt has the same length, so its padded batch wastes
+nothing, and every request generates exactly 128 tokens, so no row idles. forwardpass runs its
+normal engine (continuous batching, paged KV cache, prefix caching off so repeated runs don't hit it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import median, qwen3_checkpoint, save  # noqa: E402
+
+SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+             num_key_value_heads=4, head_dim=64, tie_word_embeddings=True, max_position_embeddings=2048)
+
+
+def run_forwardpass(path, prompts, out_len, batch, runs):
+    from forwardpass import LLM, SamplingParams
+
+    llm = LLM(path, max_num_seqs=batch, max_num_batched_tokens=4096, enable_prefix_caching=False,
+              max_model_len=1024, kv_cache_memory=1 << 30)
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        times.append(time.perf_counter() - t)
+        assert sum(len(o.outputs[0].token_ids) for o in outs) == len(prompts) * out_len
+    llm.engine.check_invariants()
+    return len(prompts) * out_len / median(times)
+
+
+def run_transformers(path, prompts, out_len, batch, runs):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    times = []
+    for r in range(runs + 1):  # the first pass warms up
+        t = time.perf_counter()
+        n = 0
+        for i in range(0, len(prompts), batch):
+            ids = torch.tensor(prompts[i : i + batch])  # equal lengths: no padding needed
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=out_len,
+                                     min_new_tokens=out_len, do_sample=False, eos_token_id=None, pad_token_id=0)
+            n += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+        if r:
+            times.append(time.perf_counter() - t)
+        assert n == len(prompts) * out_len
+    return len(prompts) * out_len / median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=2)
+    args = ap.parse_args()
+    path = qwen3_checkpoint("qwen3-throughput-random", **SHAPE)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(10, SHAPE["vocab_size"], (args.num_prompts, args.input_len), generator=g).tolist()
+    fp = run_forwardpass(path, prompts, args.output_len, args.batch, args.runs)
+    hf = run_transformers(path, prompts, args.output_len, args.batch, args.runs)
+    print(f"\n{args.num_prompts} requests, prompt {args.input_len}, output {args.output_len}, batch {args.batch}, "
+          f"fp32, medians of {args.runs} runs")
+    print(f"forwardpass   {fp:8.1f} output tok/s")
+    print(f"transformers  {hf:8.1f} output tok/s")
+    print(f"ratio         {fp / hf:8.2f}x")
+    print(f"saved {save('throughput', dict(config=SHAPE, num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len, batch=args.batch, runs=args.runs, forwardpass_tok_s=fp, transformers_tok_s=hf, ratio=fp / hf))}")
+
+
+if __name__ == "__main__":
+    main()
