@@ -207,8 +207,9 @@ def test_unknown_model_is_404(http):
 def test_context_window_is_400_naming_the_length(http):
     e = assert_error(http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 600}), 400)
     assert "maximum context length is 512" in e["message"] and e["code"] == "context_length_exceeded"
-    long = {"prompt": [5] * 600, "max_tokens": 1}
-    assert "512" in assert_error(http.post("/v1/completions", json=long), 400)["message"]
+    for long in ({"prompt": [5] * 600, "max_tokens": 1}, {"prompt": [5] * 512, "max_tokens": None}):
+        e = assert_error(http.post("/v1/completions", json=long), 400)
+        assert "maximum context length is 512" in e["message"] and e["code"] == "context_length_exceeded"
 
 
 def test_caps_on_n_logprobs_and_stop(http):

@@ -45,13 +45,17 @@ class Serving:
         from forwardpass.sampling.params import SamplingParams
 
         limit = self.engine.max_model_len
+        if prompt_len >= limit:
+            raise ContextLengthError(
+                f"this model's maximum context length is {limit} tokens, but the {what} has {prompt_len} tokens "
+                f"and at least one token must be generated; shorten the {what}", param=what)
         if max_tokens is None:
             max_tokens = limit - prompt_len
-        if prompt_len + max_tokens > limit:
+        elif prompt_len + max_tokens > limit:
             raise ContextLengthError(
                 f"this model's maximum context length is {limit} tokens, but you requested {prompt_len + max_tokens} "
                 f"tokens ({prompt_len} in the {what}, {max_tokens} for the completion); reduce the length of the "
-                f"{what} or max_tokens", param=what if max_tokens <= 0 else "max_tokens")
+                f"{what} or max_tokens", param="max_tokens")
         d = self.engine.default_sampling_params()
         pick = lambda v, default: default if v is None else v
         return SamplingParams(
