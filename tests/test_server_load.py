@@ -79,6 +79,25 @@ def test_disconnect_flood_frees_every_block(server):
     assert info["num_running"] == 0 and info["num_waiting"] == 0
 
 
+def ended(url: str, status: str) -> float:
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for s in fam.samples:
+            if s.name == "forwardpass:request_ended_total" and s.labels.get("status") == status:
+                return s.value
+    return 0.0
+
+
+def test_non_streaming_client_disconnect_aborts(server):
+    wait_idle(server.url)
+    aborted = ended(server.url, "aborted")
+    body = {"prompt": "Once upon a time", "max_tokens": 240, "n": 16, "ignore_eos": True}  # seconds of work
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
+    info = wait_idle(server.url, timeout=1.5)
+    assert info["num_free_blocks"] == info["num_blocks"] and info["invariants_ok"]
+    assert ended(server.url, "aborted") == aborted + 1
+
+
 def test_load_200_requests_at_concurrency_32_and_metrics_agree(server):
     wait_idle(server.url)
     before = counters(server.url)

@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' "
-                   "(default: the model directory's name)")
+                   "(default: the model directory's name; forwardpass-default for the embedded model)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (not on /health, /metrics)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences in one forward pass at most")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="per-step token budget")
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         "kv_cache_memory": args.kv_cache_memory, "block_size": args.block_size,
         "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
     }
-    name = args.served_model_name or Path(model).resolve().name
+    name = args.served_model_name or (Path(model).resolve().name if args.model else "forwardpass-default")
     # LoRA adapters (``--lora NAME=PATH``) would add NAME -> LoRARequest entries to ``models`` and pass
     # ``lora_kwargs`` to the EngineSpec; the routes already resolve each served name to its adapter.
     models: dict = {name: None}
