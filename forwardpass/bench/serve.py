@@ -27,7 +27,7 @@ class RequestRecord:
     index: int
     success: bool = False
     error: str | None = None
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # from the final usage chunk
     output_tokens: int = 0
     start: float = 0.0  # seconds since the benchmark began
     ttft: float | None = None
@@ -84,7 +84,7 @@ async def _one(client, cfg: BenchConfig, model: str, prompt, rec: RequestRecord,
                     rec.error = data["error"].get("message", "error")
                     return
                 now = time.perf_counter()
-                if data.get("choices") and data["choices"][0].get("text"):
+                if data.get("choices"):  # the server sends a chunk per step that generated tokens
                     if rec.ttft is None:
                         rec.ttft = now - start
                     else:
@@ -94,8 +94,9 @@ async def _one(client, cfg: BenchConfig, model: str, prompt, rec: RequestRecord,
                     rec.prompt_tokens = data["usage"]["prompt_tokens"]
                     rec.output_tokens = data["usage"]["completion_tokens"]
         rec.e2e = time.perf_counter() - start
-        if rec.ttft is None:  # no visible text at all (e.g. only special tokens): first byte = end
-            rec.ttft = rec.e2e
+        if rec.ttft is None:
+            rec.error = "the stream carried no choices"
+            return
         rec.success = True
     except (httpx.HTTPError, ValueError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}"

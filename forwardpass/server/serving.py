@@ -213,17 +213,17 @@ class _Ctx:
         return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
 
     def deltas(self, idx: int, c):
-        """(new text, new logprob entries) of choice ``idx`` since the last chunk."""
+        """(new text, new logprob entries, text offset, new token count) of choice ``idx`` since the last chunk."""
         t0, k0 = self.sent_text.get(idx, 0), self.sent_tokens.get(idx, 0)
         self.sent_text[idx], self.sent_tokens[idx] = len(c.text), len(c.token_ids)
-        return c.text[t0:], (c.logprobs[k0:] if c.logprobs is not None else None), t0
+        return c.text[t0:], (c.logprobs[k0:] if c.logprobs is not None else None), t0, len(c.token_ids) - k0
 
 
 def _completion_chunks(ctx: _Ctx, i: int, out: RequestOutput):
     for c in out.outputs:
         idx = i * ctx.n + c.index
-        text, lps, offset = ctx.deltas(idx, c)
-        if text or lps or c.finish_reason:
+        text, lps, offset, new = ctx.deltas(idx, c)
+        if new or text or c.finish_reason:  # one chunk per step that made tokens, even with no text yet
             yield {"index": idx, "text": text,
                    "logprobs": _completion_logprobs(lps, offset, ctx.top_k) if lps is not None else None,
                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
@@ -231,9 +231,9 @@ def _completion_chunks(ctx: _Ctx, i: int, out: RequestOutput):
 
 def _chat_chunks(ctx: _Ctx, i: int, out: RequestOutput):
     for c in out.outputs:
-        text, lps, _ = ctx.deltas(c.index, c)
+        text, lps, _, new = ctx.deltas(c.index, c)
         lp = _chat_logprobs(lps, ctx.top_k) if lps else None
-        if text or lp:
+        if text or new:
             yield {"index": c.index, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}
         if c.finish_reason:
             yield {"index": c.index, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason,
