@@ -31,6 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="on SIGTERM, seconds in-flight requests get to finish")
     p.add_argument("--engine-backend", choices=["process", "thread"], default="process",
                    help="run the engine loop in its own process (default) or in a thread of the server")
+    # the same flags as forwardpass.lora.cli.add_lora_args (not imported here: it pulls in torch)
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="serve a PEFT LoRA adapter directory as model NAME (repeatable)")
+    p.add_argument("--max-lora-rank", type=int, default=None,
+                   help="largest adapter rank the engine accepts (default: the largest given)")
     p.add_argument("--enable-debug-endpoints", action="store_true", help="GET /debug/engine (for tests)")
     # MODULE:NAME of an LLMEngine subclass to build instead (tests inject faults with it).
     p.add_argument("--engine-factory", default=None, help=argparse.SUPPRESS)
@@ -43,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     from forwardpass.commands._common import resolve_model
     from forwardpass.engine.async_engine import EngineSpec
-    from forwardpass.errors import ModelNotFoundError
+    from forwardpass.errors import ModelNotFoundError, ValidationError
     from forwardpass.server.config import ServerConfig
     from forwardpass.server.run import run_server
 
@@ -58,9 +63,17 @@ def run(args: argparse.Namespace) -> int:
         "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
     }
     name = args.served_model_name or (Path(model).resolve().name if args.model else "forwardpass-default")
-    # LoRA adapters (``--lora NAME=PATH``) would add NAME -> LoRARequest entries to ``models`` and pass
-    # ``lora_kwargs`` to the EngineSpec; the routes already resolve each served name to its adapter.
+    # Served names -> adapter (None = the base model); the routes pass a name's adapter to the engine.
     models: dict = {name: None}
+    lora_kwargs = None
+    if args.lora:
+        from forwardpass.lora.cli import lora_engine_kwargs, parse_lora_specs
+
+        loras = parse_lora_specs(args.lora)
+        if name in loras:
+            raise ValidationError(f"--lora name {name!r} is the base model's served name", param="lora")
+        models.update(loras)
+        lora_kwargs = lora_engine_kwargs(loras, args.max_lora_rank)
     server_config = ServerConfig(models=models, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
                                  enable_debug_endpoints=args.enable_debug_endpoints,
                                  shutdown_timeout_s=args.shutdown_timeout)
@@ -71,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
         module, _, attr = args.engine_factory.partition(":")
         factory = getattr(importlib.import_module(module), attr)
-    spec = EngineSpec(model=str(model), config_kwargs=config_kwargs, factory=factory, log_level=level,
+    spec = EngineSpec(model=str(model), config_kwargs=config_kwargs, factory=factory, lora_kwargs=lora_kwargs,
+                      log_level=level,
                       num_threads=args.num_threads)
     run_server(spec, server_config, host=args.host, port=args.port, backend=args.engine_backend,
                max_queued_requests=args.max_queued_requests,
