@@ -73,6 +73,15 @@ def test_completion_batch_of_prompts_and_token_ids(client):
                                   extra_body=NO_EOS)
     assert sorted(c.index for c in r.choices) == [0, 1, 2, 3]
     assert r.usage.prompt_tokens == 5 and r.usage.completion_tokens == 12
+    chunks = list(client.completions.create(model=MODEL, prompt=[[5, 6, 7], [8, 9]], max_tokens=3, n=2,
+                                            temperature=0, stream=True, stream_options={"include_usage": True},
+                                            extra_body=NO_EOS))
+    streamed = {i: "" for i in range(4)}
+    for c in chunks:
+        for ch in c.choices:
+            streamed[ch.index] += ch.text
+    assert streamed == {c.index: c.text for c in r.choices}
+    assert chunks[-1].usage.completion_tokens == 12
 
 
 def test_chat(client):
