@@ -133,7 +133,7 @@ def test_prefix_cache_is_keyed_by_adapter(llm, adapters):
         out = llm.generate([prompt], params, lora_request=lora, use_tqdm=False)[0]
         return out.num_cached_tokens, out.outputs[0].token_ids
 
-    cached_a1, toks_a1 = run(a)
+    _, toks_a1 = run(a)
     cached_b, toks_b = run(b)
     cached_base, toks_base = run(None)
     cached_a2, toks_a2 = run(a)

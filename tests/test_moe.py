@@ -121,7 +121,7 @@ def test_greedy_and_logits_match_transformers(variant):
 
 
 def test_batch_equals_each_alone_and_routing_stats(variant):
-    name, path, llm = variant
+    name, _, llm = variant
     cfg = llm.engine.model_config
     prompts = random_prompts(3, [41, 9, 66], seed=3)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -192,3 +192,26 @@ def test_expert_count_mismatch_is_reported(moe_checkpoint, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="more experts|shape"):
         load_model(tmp_path)
+
+
+def test_generate_show_routing(moe_checkpoint, checkpoint_factory, tmp_path, capsys):
+    import shutil
+
+    from forwardpass.cli import main
+    from tests.helpers.tokenizer_factory import make_test_tokenizer
+
+    model = tmp_path / "moe"
+    shutil.copytree(moe_checkpoint("qwen3_moe_k8_step2"), model)
+    make_test_tokenizer(model, "bytelevel", vocab_size=512)
+    args = ["generate", "the cat sat", "--model", str(model), "--max-tokens", "5", "--temperature", "0",
+            "--ignore-eos", "--show-routing"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "routing over" in err and "max/mean" in err
+    table = [line.split() for line in err.splitlines() if line.strip()[:1].isdigit()]
+    assert [row[0] for row in table] == ["1", "3"]  # the sparse layers of decoder_sparse_step=2
+    dense = tmp_path / "dense"
+    shutil.copytree(checkpoint_factory("qwen3"), dense)
+    make_test_tokenizer(dense, "bytelevel", vocab_size=512)
+    assert main([*args[:3], str(dense), *args[4:]]) == 0
+    assert "no MoE layers" in capsys.readouterr().err

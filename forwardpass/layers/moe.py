@@ -61,7 +61,7 @@ def grouped_experts(
 
     ``x [T, H]``, ``gate_up [E, 2I, H]``, ``down [E, H, I]``, ``weights``/``ids [T, k]``.
     """
-    num_tokens, k = ids.shape
+    k = ids.shape[1]
     flat = ids.reshape(-1)
     if counts is None:
         counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()

@@ -171,15 +171,15 @@ def load_adapter(request, model: nn.Module, model_config, max_lora_rank: int,
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     try:
         handle = safe_open(str(weights), framework="pt")
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several types
+    except Exception as exc:
         raise _err(where, f"{weights} could not be read ({exc})") from exc
-    for key in handle.keys():
+    for key in handle.keys():  # noqa: SIM118 - a safe_open handle is not iterable
         m = _KEY.match(key)
         if m is None or "lora_embedding" in key or "lora_magnitude" in key:
             raise _err(where, f"tensor {key!r} is not a LoRA A/B weight of a linear layer (embedding adapters, DoRA "
                               "magnitudes and other extras are not supported)")
         module = m.group("module")
-        module = module[len(_PREFIX):] if module.startswith(_PREFIX) else module
+        module = module.removeprefix(_PREFIX)
         pairs.setdefault(module, {})[m.group("ab")] = handle.get_tensor(key)
 
     default_r, default_alpha = cfg["r"], cfg["lora_alpha"]
