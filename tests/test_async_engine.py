@@ -114,6 +114,29 @@ def test_streamed_greedy_equals_llm_generate(ckpt):
     assert outs[0].prompt_token_ids == prompts[0]
 
 
+def test_streamed_text_equals_llm_generate_with_stop_strings(ckpt, tmp_path):
+    from tests.helpers.server import make_served_model
+
+    model = make_served_model(tmp_path / "m", ckpt)
+    llm = LLM(model, **ENGINE_KW)
+    plain = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    text = llm.generate("Once upon a time", plain, use_tqdm=False)[0].outputs[0].text
+    stop = next(text[i:i + 2] for i in range(3, len(text) - 2) if "\ufffd" not in text[i:i + 2])
+    cases = [("Once upon a time", plain), ("Once upon a time", plain.replace(stop=[stop])),
+             ("The quick brown fox", SamplingParams(n=2, temperature=0.9, seed=5, max_tokens=20, ignore_eos=True))]
+    expected = [[c.text for c in llm.generate(p, sp, use_tqdm=False)[0].outputs] for p, sp in cases]
+
+    async def main():
+        engine = await started(model)
+        outs = await asyncio.gather(*(final(engine, p, sp, f"t{i}") for i, (p, sp) in enumerate(cases)))
+        await engine.shutdown(5)
+        return [[c.text for c in o.outputs] for o in outs]
+
+    got = run(main())
+    assert got == expected
+    assert got[1][0] == text[: text.find(stop)]
+
+
 def test_n_and_logprobs_are_accumulated(ckpt):
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=9, ignore_eos=True, logprobs=2)
 

@@ -8,8 +8,8 @@ machines we serve from (docs ``PERFORMANCE-NOTES.md``), a CPU-busy Python thread
 step slows its matmuls 3–6×: every torch op releases the GIL and must win it back from the thread
 that is busy encoding JSON. Under load the HTTP side *is* busy, so a thread would tax every forward
 pass exactly when throughput matters. The process boundary costs one pickle of each step's outputs,
-which are sent as *deltas* (new token ids / logprobs only; text is small) and batched into one
-message per step.
+which are sent as *deltas* (new token ids, logprobs and text only) and batched into one message
+per step, so the transfer stays linear in the output length.
 
 ``backend="thread"`` runs the same loop in a daemon thread of this process. It starts faster (no
 second ``import torch``), so the unit tests and embedded uses take it; the trade-off above applies.
@@ -104,7 +104,8 @@ class _EngineLoop:
 
     def __init__(self, spec: EngineSpec, inbox, emit: Callable[[list], None], alive: Callable[[], bool]):
         self.spec, self.inbox, self.emit, self.alive = spec, inbox, emit, alive
-        self.sent: dict[str, dict[int, int]] = {}  # request id -> completion index -> tokens sent
+        # request id -> completion index -> (tokens, text characters) sent
+        self.sent: dict[str, dict[int, tuple[int, int]]] = {}
 
     def run(self) -> None:
         try:
@@ -191,21 +192,31 @@ class _EngineLoop:
             events.append(("reply", (call_id, result)))
 
     def _delta(self, o: RequestOutput) -> RequestOutput:
-        """The output with only the token ids / logprobs not sent before (text stays cumulative)."""
+        """The output with only the token ids, logprobs and text not sent before.
+
+        Visible text only grows (a stop string is cut where it starts, which is past the text already
+        shown); if it ever shrank, the whole text is sent and its index listed in ``extra["text_reset"]``.
+        """
         sent = self.sent.setdefault(o.request_id, {})
-        first = not sent
+        first, reset = not sent, []
         comps = []
         for c in o.outputs:
-            k = sent.get(c.index, 0)
+            k, t = sent.get(c.index, (0, 0))
+            if len(c.text) < t:
+                reset.append(c.index)
+                t = 0
             comps.append(CompletionOutput(
-                index=c.index, text=c.text, token_ids=c.token_ids[k:], cumulative_logprob=c.cumulative_logprob,
+                index=c.index, text=c.text[t:], token_ids=c.token_ids[k:], cumulative_logprob=c.cumulative_logprob,
                 logprobs=None if c.logprobs is None else c.logprobs[k:], finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason))
-            sent[c.index] = len(c.token_ids)
+            sent[c.index] = (len(c.token_ids), len(c.text))
         if o.finished:
             self.sent.pop(o.request_id, None)
-        return RequestOutput(o.request_id, None, o.prompt_token_ids if first else [], comps, o.finished,
-                             o.metrics, o.num_cached_tokens)
+        out = RequestOutput(o.request_id, None, o.prompt_token_ids if first else [], comps, o.finished,
+                            o.metrics, o.num_cached_tokens)
+        if reset:
+            out.extra["text_reset"] = True
+        return out
 
     def _fail_all(self, exc: Exception, events: list) -> None:
         logger.exception("engine step failed; failing the %d requests in the engine", len(self.engine.requests))
@@ -271,12 +282,13 @@ class _RequestState:
     def merge(self, d: RequestOutput) -> None:
         if d.prompt_token_ids:
             self.prompt_token_ids = d.prompt_token_ids
+        reset = d.extra.get("text_reset", ())
         for c in d.outputs:
             cur = self.completions.get(c.index)
             if cur is None:
                 self.completions[c.index] = cur = CompletionOutput(
                     c.index, "", [], logprobs=None if c.logprobs is None else [])
-            cur.text = c.text
+            cur.text = c.text if c.index in reset else cur.text + c.text
             cur.token_ids.extend(c.token_ids)
             if c.logprobs is not None:
                 cur.logprobs.extend(c.logprobs)
