@@ -243,7 +243,7 @@ def test_step_fault_fails_the_requests_and_the_engine_recovers(ckpt):
 def test_loop_crash_marks_the_engine_dead(ckpt, backend):
     async def main():
         engine = await started(ckpt, backend=backend, factory=BrokenEngine)
-        with pytest.raises(ForwardpassError):
+        with pytest.raises(ForwardpassError, match="injected step fault"):
             await final(engine, [5, 6, 7], SamplingParams(max_tokens=4), "victim")
         for _ in range(100):
             if engine.is_dead:

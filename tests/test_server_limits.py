@@ -101,7 +101,7 @@ def test_full_queue_is_503_with_retry_after(http, server):
 
 
 def test_sigterm_lets_the_stream_finish_then_exits_cleanly(http, server):  # last: stops the server
-    body = {"prompt": "hello", "max_tokens": 150, "ignore_eos": True, "stream": True}
+    body = {"prompt": "hello", "max_tokens": 300, "ignore_eos": True, "stream": True}
     events = []
     with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=server.headers(),
                       timeout=60) as r:

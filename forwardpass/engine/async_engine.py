@@ -226,6 +226,8 @@ class _EngineLoop:
         events.extend(("failed", (rid, err)) for rid in rids)
         for rid in rids:
             self.sent.pop(rid, None)
+        self.emit(events[:])  # the requests learn the real cause even if the check below ends the loop
+        events.clear()
         self.engine.check_invariants()  # if the fault broke the KV pool, this ends the loop: engine dead
 
     def _snapshot(self) -> dict:
