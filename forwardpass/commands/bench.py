@@ -40,7 +40,14 @@ def run_serve(args: argparse.Namespace) -> int:
     cfg = BenchConfig(base_url=args.base_url.rstrip("/"), num_prompts=args.num_prompts, request_rate=args.request_rate,
                       max_concurrency=args.max_concurrency, input_len=args.input_len, output_len=args.output_len,
                       model=args.model, api_key=args.api_key, seed=args.seed)
-    result = asyncio.run(run_benchmark(cfg, progress=not args.no_progress))
+    import httpx
+
+    from forwardpass.errors import ForwardpassError
+
+    try:
+        result = asyncio.run(run_benchmark(cfg, progress=not args.no_progress))
+    except httpx.HTTPError as exc:
+        raise ForwardpassError(f"cannot reach the server at {cfg.base_url}: {type(exc).__name__}: {exc}") from exc
     print(format_result(result))
     if args.save_result:
         Path(args.save_result).write_text(json.dumps(result, indent=2))
