@@ -226,11 +226,9 @@ def test_parse_lora_specs():
 
 def test_generate_cli_with_lora(base, adapters, tmp_path, capsys):
     from forwardpass.cli import main
-    from tests.helpers.tokenizer_factory import make_test_tokenizer
+    from tests.helpers.moe_checkpoints import copy_with_tokenizer
 
-    model = tmp_path / "model"
-    shutil.copytree(base, model)
-    make_test_tokenizer(model, "bytelevel", vocab_size=512)
+    model = copy_with_tokenizer(base, tmp_path / "model")
     a, b = adapters["r8"][0], adapters["r16_rs"][0]
     common = ["generate", "once upon a time", "--model", str(model), "--max-tokens", "6", "--temperature", "0",
               "--ignore-eos"]

@@ -195,14 +195,10 @@ def test_expert_count_mismatch_is_reported(moe_checkpoint, tmp_path):
 
 
 def test_generate_show_routing(moe_checkpoint, checkpoint_factory, tmp_path, capsys):
-    import shutil
-
     from forwardpass.cli import main
-    from tests.helpers.tokenizer_factory import make_test_tokenizer
+    from tests.helpers.moe_checkpoints import copy_with_tokenizer
 
-    model = tmp_path / "moe"
-    shutil.copytree(moe_checkpoint("qwen3_moe_k8_step2"), model)
-    make_test_tokenizer(model, "bytelevel", vocab_size=512)
+    model = copy_with_tokenizer(moe_checkpoint("qwen3_moe_k8_step2"), tmp_path / "moe")
     args = ["generate", "the cat sat", "--model", str(model), "--max-tokens", "5", "--temperature", "0",
             "--ignore-eos", "--show-routing"]
     assert main(args) == 0
@@ -210,8 +206,6 @@ def test_generate_show_routing(moe_checkpoint, checkpoint_factory, tmp_path, cap
     assert "routing over" in err and "max/mean" in err
     table = [line.split() for line in err.splitlines() if line.strip()[:1].isdigit()]
     assert [row[0] for row in table] == ["1", "3"]  # the sparse layers of decoder_sparse_step=2
-    dense = tmp_path / "dense"
-    shutil.copytree(checkpoint_factory("qwen3"), dense)
-    make_test_tokenizer(dense, "bytelevel", vocab_size=512)
+    dense = copy_with_tokenizer(checkpoint_factory("qwen3"), tmp_path / "dense")
     assert main([*args[:3], str(dense), *args[4:]]) == 0
     assert "no MoE layers" in capsys.readouterr().err

@@ -47,3 +47,22 @@ def make_moe_checkpoint(directory: Path, variant: str, seed: int = 0, **override
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     return directory
+
+
+_TOKENIZER_FILES: dict[str, bytes] = {}
+
+
+def copy_with_tokenizer(checkpoint: Path, directory: Path) -> Path:
+    """Copy ``checkpoint`` into ``directory`` and add a 512-id test tokenizer (trained once per process)."""
+    import shutil
+
+    from tests.helpers.tokenizer_factory import make_test_tokenizer
+
+    shutil.copytree(checkpoint, directory)
+    if not _TOKENIZER_FILES:
+        tok_dir = make_test_tokenizer(directory / "_tok", "bytelevel", vocab_size=512)
+        _TOKENIZER_FILES.update({f.name: f.read_bytes() for f in tok_dir.iterdir() if f.is_file()})
+        shutil.rmtree(tok_dir)
+    for name, data in _TOKENIZER_FILES.items():
+        (directory / name).write_bytes(data)
+    return directory
