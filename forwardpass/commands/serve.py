@@ -10,6 +10,7 @@ from forwardpass.commands._common import add_model_args
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     add_model_args(p)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' "
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise ModelNotFoundError(f"{model} is not a model directory (no config.json)"
                                  + ("; the embedded default model is not built yet" if not args.model else ""))
     config_kwargs = {
-        "dtype": args.dtype, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+        "dtype": args.dtype, "device": args.device, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens, "num_kv_blocks": args.num_kv_blocks,
         "kv_cache_memory": args.kv_cache_memory, "block_size": args.block_size,
         "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
