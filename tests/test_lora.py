@@ -201,6 +201,7 @@ def test_clear_errors(base, llm, adapters, tmp_path, checkpoint_factory):
     (other / "adapter_config.json").write_text(json.dumps(cfg))
     refused(other, "another shape")
     # the same id for a different adapter
+    engine.add_lora(adapters["r8"][0])
     with pytest.raises(LoRAAdapterError, match="already names"):
         llm.generate([[5, 6, 7]], GREEDY, lora_request=LoRARequest("r8", 2, str(src)), use_tqdm=False)
     # an engine without LoRA refuses LoRA requests
@@ -239,3 +240,25 @@ def test_generate_cli_with_lora(base, adapters, tmp_path, capsys):
     assert "[a]" in out and "[b]" in out and out != plain
     assert main([*common, "--lora", "broken"]) == 1
     assert "NAME=PATH" in capsys.readouterr().err
+
+
+def test_lora_on_moe_model(tmp_path_factory):
+    """An attention adapter on a Qwen3-MoE matches PEFT's merged model; an adapter on the experts (PEFT
+    turns gate/up/down targets into ``target_parameters`` on the fused expert tensors) is refused."""
+    from tests.helpers.moe_checkpoints import make_moe_checkpoint
+
+    base = make_moe_checkpoint(tmp_path_factory.mktemp("moe_base"), "qwen3_moe_k2_norm")
+    d = tmp_path_factory.mktemp("moe_lora")
+    merged = make_adapter(base, d, 8, 16, False, 4, targets=["q_proj", "k_proj", "v_proj", "o_proj"])
+    llm = LLM(base, enable_lora=True, max_lora_rank=8, num_kv_blocks=32)
+    request = LoRARequest("moe", 1, str(d))
+    prompts = random_prompts(2, [40, 19], seed=14)
+    outs = llm.generate(prompts, GREEDY, lora_request=request, use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(merged, prompt, NEW_TOKENS)
+
+    experts = tmp_path_factory.mktemp("moe_expert_lora")
+    make_adapter(base, experts, 4, 8, False, 5, targets=["q_proj", "gate_proj", "up_proj", "down_proj"])
+    with pytest.raises(LoRAAdapterError, match="target_parameters"):
+        llm.generate(prompts, GREEDY, lora_request=LoRARequest("experts", 2, str(experts)), use_tqdm=False)
+    llm.engine.check_invariants()

@@ -99,6 +99,10 @@ def check_adapter_config(cfg: dict, where: str) -> None:
         raise _err(where, "LoRA bias terms (bias != 'none' or lora_bias=true) are not supported")
     if cfg.get("fan_in_fan_out"):
         raise _err(where, "fan_in_fan_out=true (Conv1D base layers) is not supported")
+    if cfg.get("target_parameters"):
+        raise _err(where, f"target_parameters={cfg['target_parameters']!r} (LoRA on raw parameters, which is how PEFT "
+                          "adapts fused MoE experts) is not supported; target the linear layers (q/k/v/o_proj, dense "
+                          "MLPs) only")
     if cfg.get("layer_replication"):
         raise _err(where, "layer_replication is not supported")
     for key in ("r", "lora_alpha"):
