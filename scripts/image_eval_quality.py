@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from forwardpass.diffusion import DEFAULT_MODEL_DIR
 from forwardpass.diffusion.images import make_image_grid
 from forwardpass.diffusion.pipeline import ImagePipeline
-from forwardpass.diffusion.quality import DIGIT_WORDS, load_classifier, recognition_rate
+from forwardpass.diffusion.quality import DIGIT_WORDS, load_classifier, recognition_rate, recognition_stats
 
 
 def time_per_image(pipe: ImagePipeline, repeats: int = 5, **kw) -> float:
@@ -66,7 +66,7 @@ def main() -> None:
 
     student = ImagePipeline.from_pretrained(args.model, few_step=True)
     steps_default = teacher.defaults["num_inference_steps"]
-    results: dict[str, float] = {}
+    results: dict[str, dict[str, float]] = {}
     settings = [
         (f"teacher_{steps_default}_steps", teacher, {}),
         ("teacher_4_steps", teacher, {"num_inference_steps": 4}),
@@ -76,18 +76,16 @@ def main() -> None:
     ]
     for name, pipe, kw in settings:
         t0 = time.perf_counter()
-        results[name] = recognition_rate(pipe, clf, n=args.n, **kw)
-        print(
-            f"{name}: {results[name]:.3f} recognized ({time.perf_counter() - t0:.1f} s for {args.n})",
-            flush=True,
-        )
+        results[name] = recognition_stats(pipe, clf, n=args.n, **kw)
+        print(f"{name}: {results[name]['rate']:.3f} recognized, mean p(requested digit) "
+              f"{results[name]['confidence']:.3f} ({time.perf_counter() - t0:.1f} s for {args.n})", flush=True)  # fmt: skip
     timing = {
         f"teacher_{steps_default}_steps_s_per_image": time_per_image(teacher),
         "student_4_steps_s_per_image": time_per_image(student, num_inference_steps=4),
     }
     print(json.dumps(timing, indent=2))
     clf_metrics = json.loads((Path(args.model) / "eval_classifier" / "metrics.json").read_text())
-    report = {"n_images": args.n, "recognition_rate": results, "timing_batch1_threads": args.threads, **timing,
+    report = {"n_images": args.n, "results": results, "timing_batch1_threads": args.threads, **timing,
               "classifier_real_test_accuracy": clf_metrics["real_test_accuracy"],
               "teacher_defaults": teacher.defaults, "student_defaults": student.defaults}  # fmt: skip
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
