@@ -26,17 +26,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from forwardpass.errors import ValidationError
 from forwardpass.layers.linear import Linear, MergedLinear
+from forwardpass.lora.errors import LoRAAdapterError
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 _PREFIX = "base_model.model."
 _KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>A|B)(?:\.(?P<adapter>[^.]+))?\.weight$")
-
-
-class LoRAAdapterError(ValidationError):
-    """A LoRA adapter cannot be used with this engine or model (HTTP 400)."""
 
 
 @dataclass

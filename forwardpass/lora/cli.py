@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from forwardpass.lora.adapter import LoRAAdapterError, adapter_rank
-from forwardpass.lora.request import LoRARequest
+from forwardpass.lora.errors import LoRAAdapterError
+from forwardpass.lora.request import LoRARequest  # both torch-free: `serve` can import this module cheaply
 
 
 def add_lora_args(p: argparse.ArgumentParser) -> None:
@@ -40,5 +40,7 @@ def lora_engine_kwargs(requests: dict[str, LoRARequest], max_lora_rank: int | No
     """Engine keyword arguments that fit ``requests`` (empty when there are none)."""
     if not requests:
         return {}
+    from forwardpass.lora.adapter import adapter_rank
+
     rank = max_lora_rank or max(adapter_rank(r.lora_path) for r in requests.values())
     return {"enable_lora": True, "max_loras": max_loras or len(requests), "max_lora_rank": int(rank)}
