@@ -17,6 +17,15 @@ from forwardpass.diffusion import DEFAULT_MODEL_DIR
 from forwardpass.diffusion.quality import classify, eval_prompts, load_classifier, recognition_rate
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny; on a shared 2-core machine one thread is many times faster than two."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def teacher():
     return ImagePipeline.from_pretrained(DEFAULT_MODEL_DIR)

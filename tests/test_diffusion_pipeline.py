@@ -66,6 +66,15 @@ def write_tiny_pipeline(root, *, student: bool = True):
     return root
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny; on a shared 2-core machine one thread is many times faster than two."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return write_tiny_pipeline(tmp_path_factory.mktemp("tiny_pipe"))
@@ -344,3 +353,9 @@ def test_cli_image(tiny_dir, tmp_path, capsys):
     assert "multiple of 8" in capsys.readouterr().err
     assert main(["image", "seven", "--model", str(tiny_dir), "--scheduler", "bogus", "-o", str(out)]) == 1
     assert main(["image", "seven", "--model", str(tiny_dir), "--size", "big", "-o", str(out)]) == 1
+
+
+def test_unknown_words_warn_by_name(pipe, caplog):
+    with caplog.at_level("WARNING", logger="forwardpass.diffusion.pipeline"):
+        pipe("a zebra seven", seed=0, num_inference_steps=1, output_type="latent")
+    assert "zebra" in caplog.text and "seven" not in caplog.text.split("words")[-1]

@@ -28,6 +28,13 @@ def register(subparsers) -> None:
                    "DDIMScheduler, LCMScheduler (or flow_match, ddim, lcm)")  # fmt: skip
     p.add_argument("--model", default=None, help="pipeline folder (default: the embedded digits model)")
     p.add_argument("--attention-backend", default=None, help="attention backend (sdpa, naive)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads for torch (default 1: the embedded model is tiny, and extra threads on a busy "
+        "machine make it slower, not faster)",
+    )
     p.add_argument("-o", "--output", default="image.png", help="output PNG path")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run)
@@ -53,10 +60,16 @@ def run(args: argparse.Namespace) -> int:
     import math
     import time
 
+    import torch
+
     from forwardpass.diffusion import DEFAULT_MODEL_DIR
     from forwardpass.diffusion.images import make_image_grid
     from forwardpass.diffusion.pipeline import ImagePipeline
+    from forwardpass.errors import ValidationError
 
+    if args.threads < 1:
+        raise ValidationError(f"--threads must be >= 1, got {args.threads}", param="threads")
+    torch.set_num_threads(args.threads)
     width, height = _parse_size(args.size)
     pipe = ImagePipeline.from_pretrained(args.model or DEFAULT_MODEL_DIR, few_step=args.few_step,
                                          scheduler=args.scheduler, attention_backend=args.attention_backend)  # fmt: skip

@@ -109,7 +109,8 @@ class PromptTokenizer:
 
     def unknown_words(self, prompt: str) -> list[str]:
         enc = self.tok.encode(prompt)
-        return [t for t, i in zip(enc.tokens, enc.ids) if i == self.tok.token_to_id("[UNK]")]
+        unk = self.tok.token_to_id("[UNK]")
+        return [prompt[a:b] for i, (a, b) in zip(enc.ids, enc.offsets) if i == unk]
 
 
 def build_word_tokenizer(words: list[str]):
