@@ -14,6 +14,11 @@ tokens of context (except in the first window).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's forwardpass, also when run as a file
+
 import argparse
 import importlib.util
 import json
