@@ -110,3 +110,17 @@ def test_eval_prompts_cycle_digits():
     prompts, labels = eval_prompts(20)
     assert labels[:10] == list(range(10)) and len(set(prompts)) == 20
     assert torch.tensor(labels).bincount().tolist() == [2] * 10
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_same_seed_same_image_on_cuda():
+    cpu = ImagePipeline.from_pretrained(DEFAULT_MODEL_DIR)
+    gpu = ImagePipeline.from_pretrained(DEFAULT_MODEL_DIR).to("cuda")
+    for few_step in (False, True):
+        if few_step:
+            cpu = ImagePipeline.from_pretrained(DEFAULT_MODEL_DIR, few_step=True)
+            gpu = ImagePipeline.from_pretrained(DEFAULT_MODEL_DIR, few_step=True).to("cuda")
+        a = cpu(["seven", "a thin 3"], seed=0, output_type="np", show_progress=False).images
+        b = gpu(["seven", "a thin 3"], seed=0, output_type="np", show_progress=False).images
+        np.testing.assert_allclose(a, b, atol=2e-2)

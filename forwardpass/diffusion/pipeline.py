@@ -103,6 +103,16 @@ class ImagePipeline:
             if hasattr(module, "backend"):
                 module.backend = name
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters(), torch.empty(0)).device
+
+    def to(self, device: str | torch.device) -> ImagePipeline:
+        """Move the networks (not the schedulers, whose per-step scalars broadcast from the CPU)."""
+        for module in (self.text_encoder, self.transformer, self.vae):
+            module.to(device)
+        return self
+
     def set_progress_bar_config(self, **kwargs: Any) -> None:
         self._progress_kwargs = kwargs
 
@@ -120,6 +130,7 @@ class ImagePipeline:
     def encode_prompt(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompts → (hidden states ``[B, L, D]``, mask ``[B, L]``)."""
         ids, mask = self.tokenizer(prompts)
+        ids, mask = ids.to(self.device), mask.to(self.device)
         return self.text_encoder(ids, mask), mask
 
     def _denoise(
@@ -128,12 +139,12 @@ class ImagePipeline:
         """One denoiser pass, in the scheduler's coordinates (see the module docstring)."""
         b = x.shape[0]
         if self.scheduler.space == "flow":
-            return self.transformer(x, t.float().reshape(1).expand(b), context, mask)
+            return self.transformer(x, t.float().reshape(1).expand(b).to(x.device), context, mask)
         ab = self.scheduler.alphas_cumprod[int(t)]
         a, s = ab.sqrt(), (1 - ab).sqrt()
         sigma = s / (a + s)
         x_flow = x / (a + s)
-        v = self.transformer(x_flow, (sigma * 1000).reshape(1).expand(b), context, mask)
+        v = self.transformer(x_flow, (sigma * 1000).reshape(1).expand(b).to(x.device), context, mask)
         x0, eps = x_flow - sigma * v, x_flow + (1 - sigma) * v
         kind = self.scheduler.config["prediction_type"]
         if kind == "sample":
@@ -238,12 +249,17 @@ class ImagePipeline:
                  width // self.vae_scale_factor)  # fmt: skip
         if latents is None:
             latents = (
-                torch.randn(shape, generator=generator, dtype=torch.float32) * self.scheduler.init_noise_sigma
+                # Noise is drawn on the generator's device (the CPU by default) and then moved, so a seed
+                # gives the same image on any device, as diffusers' randn_tensor does.
+                torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
+                * self.scheduler.init_noise_sigma
             )
         elif tuple(latents.shape) != shape:
             raise ValidationError(
                 f"latents must have shape {shape}, got {tuple(latents.shape)}", param="latents"
             )
+        else:
+            latents = latents.to(self.device, torch.float32)
 
         # 3. denoising loop: one denoiser call per step (batch 2B with CFG, B without)
         self.scheduler.set_timesteps(steps)

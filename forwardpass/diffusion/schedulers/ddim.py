@@ -93,5 +93,6 @@ class DDIMScheduler(VPScheduler):
                 variance_noise = torch.randn(
                     model_output.shape, generator=generator, dtype=model_output.dtype
                 )
+                variance_noise = variance_noise.to(model_output.device)
             prev = prev + std * variance_noise
         return SchedulerOutput(prev, x0) if return_dict else (prev, x0)

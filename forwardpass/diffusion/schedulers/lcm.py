@@ -80,7 +80,9 @@ class LCMScheduler(VPScheduler):
         x0 = self._clip(self._pred_x0(model_output, sample, a_t))
         denoised = c_out * x0 + c_skip * sample
         if self._step_index != self.num_inference_steps - 1:
-            noise = torch.randn(model_output.shape, generator=generator, dtype=denoised.dtype)
+            noise = torch.randn(model_output.shape, generator=generator, dtype=denoised.dtype).to(
+                denoised.device
+            )
             prev = a_prev.sqrt() * denoised + (1 - a_prev).sqrt() * noise
         else:
             prev = denoised
