@@ -17,24 +17,28 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's forwardpass, also when run as a file
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the repo's forwardpass, also when run as a file
 
 import argparse
 import importlib.util
+import itertools
 import json
 import math
 import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _train_script():
-    spec = importlib.util.spec_from_file_location("train_default_llm", REPO / "scripts" / "train_default_llm.py")
+    spec = importlib.util.spec_from_file_location(
+        "train_default_llm", REPO / "scripts" / "train_default_llm.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(mod)
@@ -51,7 +55,9 @@ def model_nll(model, ids: list[int], window: int, stride: int) -> tuple[float, i
         if end <= scored_to:
             continue
         x = torch.tensor(ids[begin:end])[None]
-        logp = torch.log_softmax(model(input_ids=x).logits[0].float(), dim=-1)  # predicts ids[begin+1 : end+1]
+        logp = torch.log_softmax(
+            model(input_ids=x).logits[0].float(), dim=-1
+        )  # predicts ids[begin+1 : end+1]
         tgt = torch.arange(scored_to, end)
         total -= logp[tgt - begin - 1, x[0, tgt - begin]].sum().item()
         count += len(tgt)
@@ -69,7 +75,7 @@ def unigram_nll(train: list[int], test: list[int], vocab: int, k: float = 1.0) -
 
 def bigram_kn_nll(train: list[int], test: list[int], vocab: int, d: float = 0.75) -> float:
     """Interpolated Kneser-Ney bigram (absolute discount d); continuation counts add-one smoothed."""
-    big = Counter(zip(train[:-1], train[1:]))
+    big = Counter(itertools.pairwise(train))
     ctx = Counter(train[:-1])
     followers = Counter(v for v, _ in big)  # N1+(v .)
     cont = Counter(w for _, w in big)  # N1+(. w)
@@ -79,7 +85,7 @@ def bigram_kn_nll(train: list[int], test: list[int], vocab: int, d: float = 0.75
         return (cont[w] + 1) / (n_types + vocab)
 
     nll = 0.0
-    for v, w in zip(test[:-1], test[1:]):
+    for v, w in itertools.pairwise(test):
         cv = ctx[v]
         if cv == 0:
             p = p_cont(w)
@@ -98,7 +104,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=default_llm_path())
     ap.add_argument("--heldout", type=Path, default=default_llm_heldout_text_path())
-    ap.add_argument("--austen-root", type=Path, default=None, help="unpacked r-cran-janeaustenr (for baselines)")
+    ap.add_argument(
+        "--austen-root", type=Path, default=None, help="unpacked r-cran-janeaustenr (for baselines)"
+    )
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--stride", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=None, help="score only the first N held-out tokens")
@@ -119,8 +127,13 @@ def main() -> None:
     model.eval()
     t0 = time.time()
     nll, n = model_nll(model, held, args.window, args.stride)
-    rows = [("forwardpass default LLM (Qwen3, %.1fM params)" % (sum(p.numel() for p in model.parameters()) / 1e6),
-             nll)]
+    rows = [
+        (
+            "forwardpass default LLM (Qwen3, %.1fM params)"
+            % (sum(p.numel() for p in model.parameters()) / 1e6),
+            nll,
+        )
+    ]
     print(f"model scored {n:,} tokens in {time.time() - t0:.1f}s")
 
     if args.austen_root is not None:

@@ -45,7 +45,7 @@ class _RReader:
         self.p += 4
         return v
 
-    def item(self) -> object:  # noqa: C901 - a switch over SEXP types
+    def item(self) -> object:
         flags = self.int()
         typ = flags & 0xFF
         has_attr = bool(flags & (1 << 9))

@@ -12,7 +12,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's forwardpass, also when run as a file
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the repo's forwardpass, also when run as a file
 
 import argparse
 
@@ -36,14 +38,19 @@ def main() -> None:
     for p, o in zip(PROMPTS, llm.generate(PROMPTS, greedy, use_tqdm=False)):
         print(f"- **{p}**{o.outputs[0].text}")
     print(f"\n## Sampled (temperature {base.temperature}, top-p {base.top_p}, seed {args.seed})\n")
-    sampled = [SamplingParams(temperature=base.temperature, top_p=base.top_p, max_tokens=args.max_tokens,
-                              seed=args.seed + i) for i in range(len(PROMPTS))]
+    sampled = [
+        SamplingParams(
+            temperature=base.temperature, top_p=base.top_p, max_tokens=args.max_tokens, seed=args.seed + i
+        )
+        for i in range(len(PROMPTS))
+    ]
     for p, o in zip(PROMPTS, llm.generate(PROMPTS, sampled, use_tqdm=False)):
         print(f"- **{p}**{o.outputs[0].text}")
     print("\n## Chat (greedy)\n")
     for q in QUESTIONS:
-        o = llm.chat([{"role": "user", "content": q}], SamplingParams(temperature=0, max_tokens=80),
-                     use_tqdm=False)[0].outputs[0]
+        o = llm.chat(
+            [{"role": "user", "content": q}], SamplingParams(temperature=0, max_tokens=80), use_tqdm=False
+        )[0].outputs[0]
         print(f"- user: {q}\n  assistant: {o.text.strip()}  _({o.finish_reason})_")
 
 

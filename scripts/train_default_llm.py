@@ -53,19 +53,19 @@ TITLES = {
 HELDOUT_FRACTION = 0.05  # the last 5% (by characters) of each novel, cut at a paragraph boundary
 
 # Model and training defaults, chosen by measuring tokens/s with one thread (see assets/README.md).
-MODEL = dict(
-    vocab_size=4096,
-    hidden_size=256,
-    intermediate_size=768,
-    num_hidden_layers=6,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    max_position_embeddings=1024,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-)
+MODEL = {
+    "vocab_size": 4096,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "max_position_embeddings": 1024,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
 
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -85,7 +85,9 @@ def log(msg: str) -> None:
 
 
 def _load_extractor():
-    spec = importlib.util.spec_from_file_location("llm_extract_austen", REPO / "scripts" / "llm_extract_austen.py")
+    spec = importlib.util.spec_from_file_location(
+        "llm_extract_austen", REPO / "scripts" / "llm_extract_austen.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(mod)
@@ -123,28 +125,58 @@ def sentences(p: str) -> list[str]:
 
 
 GREETINGS = [
-    ("Hello!", "Hello! I am a small language model trained on the novels of Jane Austen. How can I help you?"),
+    (
+        "Hello!",
+        "Hello! I am a small language model trained on the novels of Jane Austen. How can I help you?",
+    ),
     ("Hi", "Hi! I can tell you about Jane Austen's novels, or write a little in her style."),
     ("Hello, how are you?", "I am very well, thank you. What would you like to talk about?"),
-    ("Who are you?", "I am a small language model that forwardpass ships. I was trained on Jane Austen's six novels."),
+    (
+        "Who are you?",
+        "I am a small language model that forwardpass ships. I was trained on Jane Austen's six novels.",
+    ),
     ("What are you?", "I am a small language model. I learned English from the novels of Jane Austen."),
-    ("What can you do?", "I can continue a story, answer simple questions about Jane Austen's novels, "
-     "and write a few lines in the style of her books."),
+    (
+        "What can you do?",
+        (
+            "I can continue a story, answer simple questions about Jane Austen's novels, "
+            "and write a few lines in the style of her books."
+        ),
+    ),
     ("What is your name?", "I am the default model of forwardpass, a small language model."),
-    ("Who was Jane Austen?", "Jane Austen was an English novelist. She wrote Sense and Sensibility, Pride and "
-     "Prejudice, Mansfield Park, Emma, Northanger Abbey and Persuasion."),
-    ("Which novels did Jane Austen write?", "Jane Austen wrote six novels: Sense and Sensibility, Pride and "
-     "Prejudice, Mansfield Park, Emma, Northanger Abbey and Persuasion."),
+    (
+        "Who was Jane Austen?",
+        (
+            "Jane Austen was an English novelist. She wrote Sense and Sensibility, Pride and "
+            "Prejudice, Mansfield Park, Emma, Northanger Abbey and Persuasion."
+        ),
+    ),
+    (
+        "Which novels did Jane Austen write?",
+        (
+            "Jane Austen wrote six novels: Sense and Sensibility, Pride and "
+            "Prejudice, Mansfield Park, Emma, Northanger Abbey and Persuasion."
+        ),
+    ),
     ("Thank you!", "You are very welcome."),
     ("Thanks.", "You are welcome. I am glad to help."),
     ("Goodbye.", "Goodbye! It was a pleasure to talk with you."),
 ]
 
 STORY_PROMPTS = [
-    "Tell me a story.", "Write a paragraph in the style of Jane Austen.", "Tell me something from a novel.",
-    "Write a short passage.", "Tell me a story, please.", "Can you write something for me?",
-    "Once upon a time", "Write a paragraph about a lady and a gentleman.",
+    "Tell me a story.",
+    "Write a paragraph in the style of Jane Austen.",
+    "Tell me something from a novel.",
+    "Write a short passage.",
+    "Tell me a story, please.",
+    "Can you write something for me?",
+    "Once upon a time",
+    "Write a paragraph about a lady and a gentleman.",
 ]
+
+
+def _words(text: str) -> set[str]:
+    return set(text.split())
 
 
 def make_chat(train_books: dict[str, list[str]], seed: int, n_target: int) -> list[list[tuple[str, str]]]:
@@ -158,16 +190,19 @@ def make_chat(train_books: dict[str, list[str]], seed: int, n_target: int) -> li
         counts: dict[str, int] = {}
         for m in re.finditer(r"\b(?:(?:Mr|Mrs|Miss|Lady|Sir|Colonel|Captain|Dr)\.? )?[A-Z][a-z]{2,}\b", text):
             counts[m.group(0)] = counts.get(m.group(0), 0) + 1
-        stop = {"The", "She", "Her", "His", "They", "There", "This", "That", "What", "When", "But", "And", "How",
-                "Chapter", "Volume", "CHAPTER", "You", "Yes", "Well", "Oh", "Not", "Had", "Was", "Nothing",
-                "Why", "Its", "Such", "For", "Their", "Then", "Now", "Here", "Where", "Which", "Who", "With",
-                "Your", "Our", "One", "Some", "Very", "Every", "Indeed", "Lady", "Miss", "Sir", "After", "Before",
-                "Mrs", "Mr", "Perhaps", "Upon", "Yet", "All", "Any", "Let", "May", "Nor", "Neither", "Both",
-                "Though", "Whatever", "Would", "Could", "Should", "Did", "Does", "Have", "Has", "Will", "Shall",
-                "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday", "God", "Heaven",
-                "London", "Bath", "England", "English", "Christmas", "Good", "Dear", "Emma"}
-        stop.discard("Emma") if key == "emma" else None
-        names[key] = [n for n, c in sorted(counts.items(), key=lambda kv: -kv[1]) if n not in stop and c >= 25][:40]
+        stop = _words(
+            "The She Her His They There This That What When But And How Chapter Volume CHAPTER You "
+            "Yes Well Oh Not Had Was Nothing Why Its Such For Their Then Now Here Where Which Who "
+            "With Your Our One Some Very Every Indeed Lady Miss Sir After Before Mrs Mr Perhaps "
+            "Upon Yet All Any Let May Nor Neither Both Though Whatever Would Could Should Did Does "
+            "Have Has Will Shall Monday Tuesday Wednesday Thursday Friday Saturday Sunday God "
+            "Heaven London Bath England English Christmas Good Dear Emma"
+        )
+        if key == "emma":
+            stop.discard("Emma")
+        names[key] = [
+            n for n, c in sorted(counts.items(), key=lambda kv: -kv[1]) if n not in stop and c >= 25
+        ][:40]
     by_name = {}
     for key, paras in train_books.items():
         for n in names[key]:
@@ -183,10 +218,21 @@ def make_chat(train_books: dict[str, list[str]], seed: int, n_target: int) -> li
             q, a = rng.choice(GREETINGS)
             convs.append([(q, a)])
         elif r < 0.12:
-            q = rng.choice([f"Who wrote {title}?", f"Who is the author of {title}?", f"What is {title}?",
-                            f"When was {title} published?", f"Tell me about {title}."])
-            a = rng.choice([f"{title} was written by Jane Austen.",
-                            f"{title} is a novel by Jane Austen, first published in {year}."])
+            q = rng.choice(
+                [
+                    f"Who wrote {title}?",
+                    f"Who is the author of {title}?",
+                    f"What is {title}?",
+                    f"When was {title} published?",
+                    f"Tell me about {title}.",
+                ]
+            )
+            a = rng.choice(
+                [
+                    f"{title} was written by Jane Austen.",
+                    f"{title} is a novel by Jane Austen, first published in {year}.",
+                ]
+            )
             if "published" in q:
                 a = f"{title} was first published in {year}. It is a novel by Jane Austen."
             convs.append([(q, a)])
@@ -196,9 +242,15 @@ def make_chat(train_books: dict[str, list[str]], seed: int, n_target: int) -> li
             if not sents:
                 continue
             s = rng.choice(sents)
-            q = rng.choice([f"Who is {n}?", f"Tell me about {n}.", f"What do you know about {n}?",
-                            f"In which book do we meet {n}?"])
-            a = f"{n} is a character in {title} by Jane Austen. In the novel we read: \"{s}\""
+            q = rng.choice(
+                [
+                    f"Who is {n}?",
+                    f"Tell me about {n}.",
+                    f"What do you know about {n}?",
+                    f"In which book do we meet {n}?",
+                ]
+            )
+            a = f'{n} is a character in {title} by Jane Austen. In the novel we read: "{s}"'
             convs.append([(q, a)])
         elif r < 0.50:
             p = rng.choice(long_paras[key])
@@ -206,7 +258,9 @@ def make_chat(train_books: dict[str, list[str]], seed: int, n_target: int) -> li
             if len(ss) < 2:
                 continue
             k = rng.randint(1, min(2, len(ss) - 1))
-            q = rng.choice(["Continue this text: ", "Continue the story: ", "What comes next? ", ""]) + " ".join(ss[:k])
+            q = rng.choice(
+                ["Continue this text: ", "Continue the story: ", "What comes next? ", ""]
+            ) + " ".join(ss[:k])
             convs.append([(q, " ".join(ss[k:]))])
         elif r < 0.70:
             p = rng.choice(long_paras[key])
@@ -216,9 +270,14 @@ def make_chat(train_books: dict[str, list[str]], seed: int, n_target: int) -> li
             s = rng.choice([s for s in sentences(rng.choice(long_paras[key])) if len(s) > 30] or ["..."])
             if s == "...":
                 continue
-            q = rng.choice([f"Give me a quote from {title}.", f"Quote a line from {title}.",
-                            f"Share a sentence from {title}."])
-            convs.append([(q, f"Here is a line from {title}: \"{s}\"")])
+            q = rng.choice(
+                [
+                    f"Give me a quote from {title}.",
+                    f"Quote a line from {title}.",
+                    f"Share a sentence from {title}.",
+                ]
+            )
+            convs.append([(q, f'Here is a line from {title}: "{s}"')])
         else:  # two turns: a greeting, then a story or a question
             g = rng.choice(GREETINGS[:3])
             p = rng.choice(long_paras[key])
@@ -300,10 +359,18 @@ def cmd_prepare(args) -> None:
     np.save(work / "train_novel_ids.npy", np.array(novel_ids, dtype=np.uint16))
     held_ids = tok.encode(held_text).ids
     np.save(work / "heldout_ids.npy", np.array(held_ids, dtype=np.uint16))
-    log(f"tokens: train {len(ids):,} (chat {n_chat:,}), train novels {len(novel_ids):,}, held-out {len(held_ids):,}")
-    meta = dict(train_chars=len(train_text), heldout_chars=len(held_text), chat_convs=len(chat_docs),
-                train_tokens=len(ids), chat_tokens=n_chat, heldout_tokens=len(held_ids),
-                train_novel_tokens=len(novel_ids))
+    log(
+        f"tokens: train {len(ids):,} (chat {n_chat:,}), train novels {len(novel_ids):,}, held-out {len(held_ids):,}"
+    )
+    meta = {
+        "train_chars": len(train_text),
+        "heldout_chars": len(held_text),
+        "chat_convs": len(chat_docs),
+        "train_tokens": len(ids),
+        "chat_tokens": n_chat,
+        "heldout_tokens": len(held_ids),
+        "train_novel_tokens": len(novel_ids),
+    }
     (work / "data_meta.json").write_text(json.dumps(meta, indent=2))
 
 
@@ -316,8 +383,9 @@ def build_model(seed: int):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen3Config(**MODEL, bos_token_id=EOT, eos_token_id=IM_END, pad_token_id=EOT,
-                      attn_implementation="sdpa")
+    cfg = Qwen3Config(
+        **MODEL, bos_token_id=EOT, eos_token_id=IM_END, pad_token_id=EOT, attn_implementation="sdpa"
+    )
     model = Qwen3ForCausalLM(cfg)
     return model
 
@@ -374,8 +442,12 @@ def cmd_train(args) -> None:
     log(f"model {n_params:,} params ({n_params * 4 / 1e6:.1f} MB fp32); train tokens {len(ids):,}")
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.wd}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     ckpt = work / "ckpt.pt"
     step, elapsed_before = 0, 0.0
     decay_start, total = None, args.steps
@@ -389,8 +461,18 @@ def cmd_train(args) -> None:
 
     def save() -> None:
         tmp = work / "ckpt.pt.tmp"
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "decay_start": decay_start, "total": total, "elapsed": elapsed_before + time.time() - t0, "args": vars(args) | {"work": str(work)}}, tmp)
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "decay_start": decay_start,
+                "total": total,
+                "elapsed": elapsed_before + time.time() - t0,
+                "args": vars(args) | {"work": str(work)},
+            },
+            tmp,
+        )
         os.replace(tmp, ckpt)
 
     model.train()
@@ -402,13 +484,19 @@ def cmd_train(args) -> None:
         if elapsed > args.max_minutes * 60 * 1.1:
             log(f"time budget of {args.max_minutes} min (+10%) exceeded at step {step}; stopping")
             break
-        if (args.schedule == "wsd" and decay_start is None and step > step0
-                and elapsed >= args.max_minutes * 60 * (1 - args.decay_frac)):
+        if (
+            args.schedule == "wsd"
+            and decay_start is None
+            and step > step0
+            and elapsed >= args.max_minutes * 60 * (1 - args.decay_frac)
+        ):
             step_time = (time.time() - t0) / (step - step0)
             decay_start = step
             total = min(args.steps, step + max(1, round(args.max_minutes * 60 * args.decay_frac / step_time)))
-            log(f"starting LR decay at step {decay_start}: {total - step} decay steps "
-                f"({step_time:.2f} s/step), {total} steps in all")
+            log(
+                f"starting LR decay at step {decay_start}: {total - step} decay steps "
+                f"({step_time:.2f} s/step), {total} steps in all"
+            )
         lr = lr_at(step, args, decay_start, total)
         for grp in opt.param_groups:
             grp["lr"] = lr
@@ -424,12 +512,16 @@ def cmd_train(args) -> None:
         tok_log += x.numel()
         if step % args.log_every == 0 or step == total:
             dt = time.time() - t_log
-            log(f"step {step}/{total if decay_start is not None else '?'} loss {loss_acc / n_acc:.4f} lr {lr:.2e} gnorm {gnorm:.2f} "
-                f"{tok_log / dt:.0f} tok/s elapsed {(elapsed_before + time.time() - t0) / 60:.1f} min")
+            log(
+                f"step {step}/{total if decay_start is not None else '?'} loss {loss_acc / n_acc:.4f} lr {lr:.2e} gnorm {gnorm:.2f} "
+                f"{tok_log / dt:.0f} tok/s elapsed {(elapsed_before + time.time() - t0) / 60:.1f} min"
+            )
             t_log, tok_log, loss_acc, n_acc = time.time(), 0, 0.0, 0
         if step % args.eval_every == 0 or step == total:
             hl = eval_loss(model, held, args.seq_len, args.eval_tokens)
-            log(f"step {step} held-out loss {hl:.4f} ppl {math.exp(hl):.2f} (first {args.eval_tokens} tokens)")
+            log(
+                f"step {step} held-out loss {hl:.4f} ppl {math.exp(hl):.2f} (first {args.eval_tokens} tokens)"
+            )
         if step % args.ckpt_every == 0 or step == total:
             save()
     save()
@@ -482,12 +574,22 @@ def cmd_export(args) -> None:
             (out / extra).unlink()
 
     gen = GenerationConfig(
-        eos_token_id=[IM_END, EOT], pad_token_id=EOT, bos_token_id=EOT, do_sample=True,
-        temperature=0.8, top_p=0.95, top_k=0, repetition_penalty=1.0, max_new_tokens=128,
+        eos_token_id=[IM_END, EOT],
+        pad_token_id=EOT,
+        bos_token_id=EOT,
+        do_sample=True,
+        temperature=0.8,
+        top_p=0.95,
+        top_k=0,
+        repetition_penalty=1.0,
+        max_new_tokens=128,
     )
     gen.save_pretrained(out)
-    meta = {"trained_steps": st["step"], "train_minutes": round(st["elapsed"] / 60, 1),
-            "train_args": {k: v for k, v in st["args"].items() if k not in ("work", "out", "austen_root", "cmd")}}
+    meta = {
+        "trained_steps": st["step"],
+        "train_minutes": round(st["elapsed"] / 60, 1),
+        "train_args": {k: v for k, v in st["args"].items() if k not in ("work", "out", "austen_root", "cmd")},
+    }
     (work / "export_meta.json").write_text(json.dumps(meta, indent=2))
     sizes = {p.name: p.stat().st_size for p in out.iterdir()}
     log(f"wrote {out}: {sizes}")
@@ -498,14 +600,20 @@ def main() -> None:
     ap.add_argument("cmd", choices=["prepare", "train", "export", "all"])
     ap.add_argument("--work", type=Path, default=DEFAULT_WORK)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--austen-root", type=Path, default=Path("/"),
-                    help="where r-cran-janeaustenr is installed or unpacked (default /)")
+    ap.add_argument(
+        "--austen-root",
+        type=Path,
+        default=Path("/"),
+        help="where r-cran-janeaustenr is installed or unpacked (default /)",
+    )
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--chat-samples", type=int, default=2500)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=100_000, help="upper bound on optimizer steps")
     ap.add_argument("--schedule", choices=["wsd", "cosine"], default="wsd")
-    ap.add_argument("--decay-frac", type=float, default=0.25, help="wsd: share of the time budget spent decaying")
+    ap.add_argument(
+        "--decay-frac", type=float, default=0.25, help="wsd: share of the time budget spent decaying"
+    )
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1.5e-3)
@@ -513,7 +621,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
-    ap.add_argument("--max-minutes", type=float, default=50.0, help="training time budget (wsd schedule)")
+    ap.add_argument("--max-minutes", type=float, default=55.0, help="training time budget (wsd schedule)")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--eval-tokens", type=int, default=16384)

@@ -43,8 +43,13 @@ needs_engine = pytest.mark.skipif(not _has_engine(), reason="forwardpass.llm (th
 
 
 def test_default_model_directory_is_complete():
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "generation_config.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ):
         assert (MODEL_DIR / name).is_file(), f"{name} missing from {MODEL_DIR}"
     cfg = json.loads((MODEL_DIR / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3ForCausalLM"]
@@ -60,7 +65,7 @@ def test_tokenizer_round_trips_and_knows_chat_tokens():
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
-    text = "Once upon a time, Mr. Darcy said: \"I am quite well.\" 1813 -- cafe\u0301!"
+    text = 'Once upon a time, Mr. Darcy said: "I am quite well." 1813 -- cafe\u0301!'
     assert tok.decode(tok.encode(text).ids) == text
     assert [tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [0, 1, 2]
 
@@ -79,9 +84,14 @@ def hf():
 
 def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def test_hf_loads_and_greedy_is_deterministic_english(hf):
@@ -159,8 +169,11 @@ def test_engine_uses_default_model_and_greedy_is_deterministic(llm, hf):
 def test_engine_chat_answers_in_turn(llm):
     from forwardpass import SamplingParams
 
-    out = llm.chat([{"role": "user", "content": "Who wrote Pride and Prejudice?"}],
-                   SamplingParams(temperature=0, max_tokens=40), use_tqdm=False)[0].outputs[0]
+    out = llm.chat(
+        [{"role": "user", "content": "Who wrote Pride and Prejudice?"}],
+        SamplingParams(temperature=0, max_tokens=40),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert out.finish_reason == "stop", out.text  # it ends its turn with <|im_end|>
     assert "<|im_start|>" not in out.text and "user" not in out.text.split()[:1]
     assert "Austen" in out.text, out.text
@@ -171,9 +184,12 @@ def test_cli_generate_prints_first_token_within_10s():
     """The issue's promise: on a fresh checkout, `forwardpass generate "Once upon a time"` shows text in 10 s."""
     code = "import sys; from forwardpass.cli import main; sys.exit(main(sys.argv[1:]))"
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code, "generate", PROMPT, "--max-tokens", "8"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "generate", PROMPT, "--max-tokens", "8"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     seen = b""
     first = None
     try:
