@@ -27,6 +27,7 @@ from forwardpass.diffusion.dit import DiTTransformer2DModel
 from forwardpass.diffusion.images import to_numpy, to_pil
 from forwardpass.diffusion.loading import load_component, read_model_index
 from forwardpass.diffusion.schedulers import Scheduler, scheduler_class
+from forwardpass.diffusion.schedulers.base import _gen_device
 from forwardpass.diffusion.text_encoder import PromptTokenizer, TinyTextEncoder
 from forwardpass.diffusion.vae import TinyAutoencoderKL
 from forwardpass.errors import MissingFileError, ValidationError
@@ -251,7 +252,7 @@ class ImagePipeline:
             latents = (
                 # Noise is drawn on the generator's device (the CPU by default) and then moved, so a seed
                 # gives the same image on any device, as diffusers' randn_tensor does.
-                torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
+                torch.randn(shape, generator=generator, device=_gen_device(generator)).to(self.device)
                 * self.scheduler.init_noise_sigma
             )
         elif tuple(latents.shape) != shape:

@@ -77,6 +77,11 @@ class Scheduler:
         self._step_index = int(indices[1 if len(indices) > 1 else 0].item())
 
 
+def _gen_device(generator: torch.Generator | None) -> torch.device:
+    """Draw noise where the generator lives (CPU unless the caller passed a CUDA generator)."""
+    return generator.device if generator is not None else torch.device("cpu")
+
+
 # ----- the DDPM noise table ---------------------------------------------------------------------
 def _betas_for_alpha_bar(n: int, max_beta: float = 0.999) -> torch.Tensor:
     def alpha_bar(t: float) -> float:

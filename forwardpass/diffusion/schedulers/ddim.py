@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from forwardpass.diffusion.schedulers.base import SchedulerOutput, VPScheduler
+from forwardpass.diffusion.schedulers.base import SchedulerOutput, VPScheduler, _gen_device
 from forwardpass.errors import ConfigError, ValidationError
 
 
@@ -91,8 +91,8 @@ class DDIMScheduler(VPScheduler):
         if eta > 0:
             if variance_noise is None:
                 variance_noise = torch.randn(
-                    model_output.shape, generator=generator, dtype=model_output.dtype
+                    model_output.shape, generator=generator, device=_gen_device(generator)
                 )
-                variance_noise = variance_noise.to(model_output.device)
+                variance_noise = variance_noise.to(model_output.device, model_output.dtype)
             prev = prev + std * variance_noise
         return SchedulerOutput(prev, x0) if return_dict else (prev, x0)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from forwardpass.diffusion.schedulers.base import SchedulerOutput, VPScheduler
+from forwardpass.diffusion.schedulers.base import SchedulerOutput, VPScheduler, _gen_device
 from forwardpass.errors import ConfigError, ValidationError
 
 
@@ -80,9 +80,8 @@ class LCMScheduler(VPScheduler):
         x0 = self._clip(self._pred_x0(model_output, sample, a_t))
         denoised = c_out * x0 + c_skip * sample
         if self._step_index != self.num_inference_steps - 1:
-            noise = torch.randn(model_output.shape, generator=generator, dtype=denoised.dtype).to(
-                denoised.device
-            )
+            noise = torch.randn(model_output.shape, generator=generator, device=_gen_device(generator))
+            noise = noise.to(denoised.device, denoised.dtype)
             prev = a_prev.sqrt() * denoised + (1 - a_prev).sqrt() * noise
         else:
             prev = denoised
