@@ -75,7 +75,6 @@ class ImagePipeline:
                 raise MissingFileError(f"{root} has no few-step student (model_index.json lacks {absent})")
             slots = {"transformer": "student_transformer", "scheduler": "student_scheduler"}
             defaults.update(index.get("forwardpass_few_step_defaults", {}))
-        max_length = 16
         text_encoder = load_component(root, index, "text_encoder")
         max_length = text_encoder.config["max_position_embeddings"]
         pipe = cls(
