@@ -32,11 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="on SIGTERM, seconds in-flight requests get to finish")
     p.add_argument("--engine-backend", choices=["process", "thread"], default="process",
                    help="run the engine loop in its own process (default) or in a thread of the server")
-    # the same flags as forwardpass.lora.cli.add_lora_args (not imported here: it pulls in torch)
-    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
-                   help="serve a PEFT LoRA adapter directory as model NAME (repeatable)")
-    p.add_argument("--max-lora-rank", type=int, default=None,
-                   help="largest adapter rank the engine accepts (default: the largest given)")
+    from forwardpass.lora.cli import add_lora_args  # light: no torch
+
+    add_lora_args(p)  # --lora NAME=PATH (repeatable), --max-lora-rank
     p.add_argument("--enable-debug-endpoints", action="store_true", help="GET /debug/engine (for tests)")
     # MODULE:NAME of an LLMEngine subclass to build instead (tests inject faults with it).
     p.add_argument("--engine-factory", default=None, help=argparse.SUPPRESS)
