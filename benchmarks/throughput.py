@@ -12,6 +12,7 @@ normal engine (continuous batching, paged KV cache, prefix caching off so repeat
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -69,10 +70,20 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--model", default="random-41m",
+                    help="'random-41m' (a random Qwen3 with the SHAPE above), 'default' (the embedded model) or a dir")
     args = ap.parse_args()
-    path = qwen3_checkpoint("qwen3-throughput-random", **SHAPE)
+    if args.model == "random-41m":
+        path = qwen3_checkpoint("qwen3-throughput-random", **SHAPE)
+    elif args.model == "default":
+        from forwardpass.assets import default_llm_path
+
+        path = default_llm_path()
+    else:
+        path = Path(args.model)
+    vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(10, SHAPE["vocab_size"], (args.num_prompts, args.input_len), generator=g).tolist()
+    prompts = torch.randint(10, vocab, (args.num_prompts, args.input_len), generator=g).tolist()
     fp = run_forwardpass(path, prompts, args.output_len, args.batch, args.runs)
     hf = run_transformers(path, prompts, args.output_len, args.batch, args.runs)
     print(f"\n{args.num_prompts} requests, prompt {args.input_len}, output {args.output_len}, batch {args.batch}, "
@@ -80,7 +91,7 @@ def main() -> None:
     print(f"forwardpass   {fp:8.1f} output tok/s")
     print(f"transformers  {hf:8.1f} output tok/s")
     print(f"ratio         {fp / hf:8.2f}x")
-    print(f"saved {save('throughput', dict(config=SHAPE, num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len, batch=args.batch, runs=args.runs, forwardpass_tok_s=fp, transformers_tok_s=hf, ratio=fp / hf))}")
+    print(f"saved {save('throughput-' + Path(str(args.model)).name, dict(model=str(path), num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len, batch=args.batch, runs=args.runs, forwardpass_tok_s=fp, transformers_tok_s=hf, ratio=fp / hf))}")
 
 
 if __name__ == "__main__":

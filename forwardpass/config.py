@@ -41,6 +41,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decode tokens)
     enable_prefix_caching: bool = True
     attention_backend: str = "sdpa"  # how attention scores are computed: "sdpa" or "naive"
+    cpu_kernels: bool = True  # compiled C++ paged-decode kernel on CPU (falls back to PyTorch if unavailable)
     seed: int = 0
     max_stats_records: int = 10_000  # per-step records kept in memory
 

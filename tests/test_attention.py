@@ -74,3 +74,22 @@ def test_paged_chunked_prefill_matches_naive():
     ref = attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal=True,
                     backend="naive")[0].transpose(0, 1)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 16), (8, 8, 32)])
+def test_cpu_kernel_matches_naive(window, hq, hkv, d):
+    from forwardpass.attention.cpu_kernel import load_paged_decode
+
+    kernel = load_paged_decode()
+    if kernel is None:
+        pytest.skip("no C++ toolchain: the engine uses the PyTorch path (tested above)")
+    lengths = [7, 13, 1, 20, 16]
+    cache, tables, dense = _scattered_cache(lengths, hkv=hkv, d=d)
+    q = rand(len(lengths), hq, d, seed=9)
+    bt = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True)
+    out = kernel(q, cache, bt, torch.tensor(lengths), d**-0.5, window)
+    for i, (k, v) in enumerate(dense):
+        ref = attention(q[i][None, :, None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal=True,
+                        sliding_window=window or None, backend="naive")
+        torch.testing.assert_close(out[i], ref[0, :, 0], atol=1e-5, rtol=0)

@@ -8,6 +8,7 @@ and where its keys and values live in the paged KV cache.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -31,3 +32,5 @@ class AttentionContext:
     decode_max_len: int = 0
     prefills: list[PrefillSpan] = field(default_factory=list)
     backend: str = "sdpa"  # how scores are computed once K/V are read: "sdpa" or "naive"
+    # compiled paged-decode kernel (attention/cpu_kernel.py) reading K/V in place; None = PyTorch path
+    decode_kernel: Callable | None = None

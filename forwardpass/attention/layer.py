@@ -35,16 +35,10 @@ class CachedAttention(nn.Module):
         write_kv(kv_cache, k, v, ctx.slot_mapping)
         nd = ctx.num_decode
         if nd and not ctx.prefills:  # pure decode step: no copy of the output needed
-            return paged_decode_attention(
-                q, kv_cache, ctx.decode_block_tables, ctx.decode_seq_lens, ctx.decode_max_len,
-                scale=self.scale, sliding_window=self.sliding_window, backend=ctx.backend,
-            )
+            return self._decode(q, kv_cache, ctx)
         out = torch.empty_like(q)
         if nd:
-            out[:nd] = paged_decode_attention(
-                q[:nd], kv_cache, ctx.decode_block_tables, ctx.decode_seq_lens, ctx.decode_max_len,
-                scale=self.scale, sliding_window=self.sliding_window, backend=ctx.backend,
-            )
+            out[:nd] = self._decode(q[:nd], kv_cache, ctx)
         for span in ctx.prefills:
             rows = slice(span.q_start, span.q_start + span.q_len)
             if span.context_len == span.q_len:
@@ -59,3 +53,12 @@ class CachedAttention(nn.Module):
                     scale=self.scale, sliding_window=self.sliding_window, backend=ctx.backend,
                 )
         return out
+
+    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        if ctx.decode_kernel is not None:
+            return ctx.decode_kernel(q.contiguous(), kv_cache, ctx.decode_block_tables, ctx.decode_seq_lens,
+                                     self.scale, self.sliding_window or 0)
+        return paged_decode_attention(
+            q, kv_cache, ctx.decode_block_tables, ctx.decode_seq_lens, ctx.decode_max_len,
+            scale=self.scale, sliding_window=self.sliding_window, backend=ctx.backend,
+        )

@@ -75,7 +75,8 @@ class LLMEngine:
                            self.max_model_len, max_pos)
         self.kv = KVCacheManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, cfg, num_blocks, bs, dtype, config.device, config.attention_backend)
+        self.runner = ModelRunner(self.model, cfg, num_blocks, bs, dtype, config.device, config.attention_backend,
+                                  cpu_kernels=config.cpu_kernels)
         self.runner.eos_token_ids = self.eos_token_ids
         torch.manual_seed(config.seed)  # unseeded requests draw from the global generator
 

@@ -23,7 +23,8 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cfg: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: str = "cpu", attention_backend: str = "sdpa"):
+                 dtype: torch.dtype, device: str = "cpu", attention_backend: str = "sdpa",
+                 cpu_kernels: bool = True):
         self.model, self.cfg = model, cfg
         self.block_size, self.device, self.dtype = block_size, device, dtype
         self.attention_backend = attention_backend
@@ -32,6 +33,12 @@ class ModelRunner:
         # garbage would still poison the weighted sum.
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg["num_hidden_layers"])]
         self.sampler = Sampler()
+        # The compiled paged-decode kernel serves fp32 CPU decode unless the naive reference is asked for.
+        self.decode_kernel = None
+        if cpu_kernels and device == "cpu" and dtype == torch.float32 and attention_backend != "naive":
+            from forwardpass.attention.cpu_kernel import load_paged_decode
+
+            self.decode_kernel = load_paged_decode()
         self.eos_token_ids: list[int] = []
         self.last_forward_hook = None  # callable(model_ctx) for observers (e.g. MoE routing stats)
         # callable(batch, ctx) run just before the forward, e.g. LoRA's row -> adapter mapping
@@ -71,6 +78,7 @@ class ModelRunner:
             num_decode=num_decode,
             prefills=prefills,
             backend=self.attention_backend,
+            decode_kernel=self.decode_kernel,
         )
         if num_decode:
             ctx.decode_block_tables = torch.nn.utils.rnn.pad_sequence(decode_tables, batch_first=True).to(self.device)
