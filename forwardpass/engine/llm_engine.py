@@ -248,16 +248,17 @@ class LLMEngine:
         return seq.output_text[: len(seq.output_text) - hold] if hold > 0 else seq.output_text
 
     def _logprob_dicts(self, seq: Sequence) -> list[dict[int, Logprob]] | None:
+        """vLLM-shaped logprobs, converted once per token (cached on the sequence), not once per step."""
         if seq.params.logprobs is None:
             return None
+        cache = seq.logprob_dicts
         decode = (lambda t: self.tokenizer.decode([t], skip_special_tokens=False)) if self.tokenizer else (lambda t: None)
-        out = []
-        for lp in seq.logprobs:
+        for lp in seq.logprobs[len(cache):]:
             d = {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id))}
             for rank, (tid, val) in enumerate(lp.top, start=1):
                 d.setdefault(tid, Logprob(val, rank, decode(tid)))
-            out.append(d)
-        return out
+            cache.append(d)
+        return list(cache)
 
     def _make_output(self, request_id: str) -> RequestOutput:
         seqs = self.requests[request_id]

@@ -48,7 +48,8 @@ class Sequence:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     num_preemptions: int = 0
     output_text: str = ""
-    logprobs: list[Any] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)  # sampler's TokenLogprobs, one per output token
+    logprob_dicts: list[Any] = field(default_factory=list)  # the same as vLLM-style dicts, built once each
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
