@@ -633,7 +633,7 @@ class AsyncLLMEngine:
                 logger.error("engine dead: %s", reason)
         err = EngineDeadError(f"the engine has stopped: {self._dead}")
         for state in list(self._requests.values()):
-            if not state.finished:
+            if not state.finished and state.error is None:  # keep a real cause already delivered
                 self._fail(state, err)
         for fut in self._calls.values():
             if not fut.done():
