@@ -23,7 +23,7 @@ from benchmarks.common import median, qwen3_checkpoint, save  # noqa: E402
 def bench_forwardpass(path, prompt, new_tokens, runs):
     from forwardpass import LLM, SamplingParams
 
-    llm = LLM(path, max_model_len=1024, enable_prefix_caching=False, kv_cache_memory=512 << 20)
+    llm = LLM(path, max_model_len=1024, enable_prefix_caching=False, kv_cache_memory=512 << 20, cpu_kernels=True)
     params = SamplingParams(temperature=0, max_tokens=new_tokens + 1, ignore_eos=True)
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
     prefill, decode = [], []

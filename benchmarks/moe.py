@@ -68,7 +68,7 @@ def active_params(cfg) -> int:
 def bench_forwardpass(path, prompts, new_tokens, runs):
     from forwardpass import LLM, SamplingParams
 
-    llm = LLM(path, max_model_len=1024, enable_prefix_caching=False, kv_cache_memory=256 << 20)
+    llm = LLM(path, max_model_len=1024, enable_prefix_caching=False, kv_cache_memory=256 << 20, cpu_kernels=True)
     params = SamplingParams(temperature=0, max_tokens=new_tokens + 1, ignore_eos=True)
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
     rates = []

@@ -29,7 +29,7 @@ SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidd
 def run_forwardpass(path, prompts, out_len, batch, runs):
     from forwardpass import LLM, SamplingParams
 
-    llm = LLM(path, max_num_seqs=batch, max_num_batched_tokens=4096, enable_prefix_caching=False,
+    llm = LLM(path, max_num_seqs=batch, max_num_batched_tokens=4096, enable_prefix_caching=False, cpu_kernels=True,
               max_model_len=1024, kv_cache_memory=1 << 30)
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)

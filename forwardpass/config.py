@@ -41,7 +41,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decode tokens)
     enable_prefix_caching: bool = True
     attention_backend: str = "sdpa"  # how attention scores are computed: "sdpa" or "naive"
-    cpu_kernels: bool = True  # compiled C++ paged-decode kernel on CPU (falls back to PyTorch if unavailable)
+    # compiled C++ paged-decode kernel on CPU: "auto" (use it once built; build in the background
+    # without waiting), True (build now and wait, e.g. for benchmarks), False (PyTorch path only)
+    cpu_kernels: bool | str = "auto"
     seed: int = 0
     max_stats_records: int = 10_000  # per-step records kept in memory
 

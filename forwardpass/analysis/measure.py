@@ -127,6 +127,7 @@ def measure(
         "max_num_batched_tokens": max(2048, max(batches) * prompt_tokens),
         "kv_cache_memory": max(1 << 28, int(1.25 * kv_per_token * tokens_needed)),
         "max_model_len": prompt_tokens + new_tokens + 16,
+        "cpu_kernels": True,  # measure the engine's fast path, waiting for a first-time kernel build
     }
     kwargs.update(engine_kwargs or {})
     llm = factory(model=str(path), **kwargs)

@@ -7,6 +7,8 @@ prefill chunk that stops short of the prompt's end samples nothing.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from forwardpass.attention.context import AttentionContext, PrefillSpan
@@ -24,7 +26,7 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cfg: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: str = "cpu", attention_backend: str = "sdpa",
-                 cpu_kernels: bool = True):
+                 cpu_kernels: bool | str = "auto"):
         self.model, self.cfg = model, cfg
         self.block_size, self.device, self.dtype = block_size, device, dtype
         self.attention_backend = attention_backend
@@ -34,16 +36,32 @@ class ModelRunner:
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg["num_hidden_layers"])]
         self.sampler = Sampler()
         # The compiled paged-decode kernel serves fp32 CPU decode unless the naive reference is asked for.
+        # cpu_kernels=True waits for a first-time build (~30 s); "auto" never waits: it uses the PyTorch
+        # path until a background build is done (checked once a second).
         self.decode_kernel = None
-        if cpu_kernels and device == "cpu" and dtype == torch.float32 and attention_backend != "naive":
-            from forwardpass.attention.cpu_kernel import load_paged_decode
-
-            self.decode_kernel = load_paged_decode()
+        self._kernel_mode = cpu_kernels if device == "cpu" and dtype == torch.float32 else False
+        if attention_backend == "naive":
+            self._kernel_mode = False
+        self._kernel_checked = 0.0
+        self._poll_kernel()
         self.eos_token_ids: list[int] = []
         self.last_forward_hook = None  # callable(model_ctx) for observers (e.g. MoE routing stats)
         # callable(batch, ctx) run just before the forward, e.g. LoRA's row -> adapter mapping
         # (forwardpass/lora/manager.py); rows are laid out in batch.seqs order, num_new_tokens each
         self.before_forward_hook = None
+
+    def _poll_kernel(self) -> None:
+        if self._kernel_mode is False or self.decode_kernel is not None:
+            return
+        now = time.monotonic()
+        if now - self._kernel_checked < 1.0:
+            return
+        self._kernel_checked = now
+        from forwardpass.attention.cpu_kernel import load_paged_decode
+
+        self.decode_kernel = load_paged_decode(wait=self._kernel_mode is True)
+        if self.decode_kernel is None and self._kernel_mode is True:
+            self._kernel_mode = False  # the build failed (already logged): stop asking
 
     # ----- batch construction --------------------------------------------------------------------
     def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionContext, list[int]]:
@@ -94,6 +112,7 @@ class ModelRunner:
         """Run the batch; return the sequences that got a new token and the sampler's output for them.
 
         Advances ``num_computed_tokens`` of every scheduled sequence (the caller appends tokens)."""
+        self._poll_kernel()
         input_ids, positions, ctx, sample_rows = self._prepare(batch)
         if self.before_forward_hook is not None:
             self.before_forward_hook(batch, ctx)
