@@ -102,7 +102,7 @@ class LLM:
         bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm or len(ids) < 2)
         with bar:
             while pending:
-                for out in self.engine.step():
+                for out in self.engine.step(only_finished=True):
                     if out.finished and out.request_id in pending:
                         results[out.request_id] = out
                         pending.discard(out.request_id)

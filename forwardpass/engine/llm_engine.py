@@ -153,7 +153,9 @@ class LLMEngine:
         return len(self.requests)
 
     # ----- the step ------------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self, only_finished: bool = False) -> list[RequestOutput]:
+        """One forward pass. Returns the outputs of requests that advanced (all of them for streaming
+        callers; ``only_finished=True`` skips building outputs nobody reads, as ``LLM.generate`` does)."""
         start = time.monotonic()
         batch = self.scheduler.schedule()
         touched: dict[str, None] = {}
@@ -169,7 +171,8 @@ class LLMEngine:
         for i, seq in enumerate(sampled):
             self._append(seq, out.token_ids[i], out.logprobs[i], now)
             touched[seq.request_id] = None
-        outputs = [self._make_output(rid) for rid in touched if rid in self.requests]
+        outputs = [self._make_output(rid) for rid in touched if rid in self.requests
+                   and (not only_finished or all(s.is_finished for s in self.requests[rid]))]
         for o in outputs:
             if o.finished:
                 del self.requests[o.request_id]

@@ -68,42 +68,47 @@ class ModelRunner:
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
-        slots: list[torch.Tensor] = []
+        slots: list[int] = []
         sample_rows: list[int] = []
-        num_decode = 0
-        decode_tables, decode_lens, prefills = [], [], []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills = []
         row = 0
+        # Plain Python ints for the per-token bookkeeping: at batch 64 a few small tensors per
+        # sequence cost more than the whole decode attention of a small model.
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed_tokens
             end = start + n
+            table = seq.block_table
             ids.extend(seq.token_ids[start:end])
-            table = torch.tensor(seq.block_table, dtype=torch.long)
-            p = torch.arange(start, end, dtype=torch.long)
-            pos.append(p)
-            slots.append(table[p // bs] * bs + p % bs)
+            pos.extend(range(start, end))
             if n == 1:
-                num_decode += 1
+                slots.append(table[start // bs] * bs + start % bs)
                 decode_tables.append(table)
                 decode_lens.append(end)
             else:
-                prefills.append(PrefillSpan(q_start=row, q_len=n, context_len=end, block_table=table))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                prefills.append(PrefillSpan(q_start=row, q_len=n, context_len=end,
+                                            block_table=torch.tensor(table, dtype=torch.long, device=self.device)))
             if end == seq.num_tokens:
                 sample_rows.append(row + n - 1)
             row += n
         ctx = AttentionContext(
             kv_caches=self.kv_caches,
-            slot_mapping=torch.cat(slots).to(self.device),
-            num_decode=num_decode,
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            num_decode=len(decode_lens),
             prefills=prefills,
             backend=self.attention_backend,
             decode_kernel=self.decode_kernel,
         )
-        if num_decode:
-            ctx.decode_block_tables = torch.nn.utils.rnn.pad_sequence(decode_tables, batch_first=True).to(self.device)
+        if decode_lens:
+            width = max(len(t) for t in decode_tables)
+            padded = [t + [0] * (width - len(t)) for t in decode_tables]  # pad with any valid block id
+            ctx.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=self.device)
             ctx.decode_seq_lens = torch.tensor(decode_lens, dtype=torch.long, device=self.device)
             ctx.decode_max_len = max(decode_lens)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        positions = torch.cat(pos).to(self.device)
+        positions = torch.tensor(pos, dtype=torch.long, device=self.device)
         return input_ids, positions, ctx, sample_rows
 
     # ----- one step ------------------------------------------------------------------------------
