@@ -140,3 +140,21 @@ def test_generation_stops_at_context_window(path):
     out = llm.generate([list(range(3, 33))], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
                        use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 10 and out.outputs[0].finish_reason == "length"
+
+
+def test_step_records_carry_the_analyzers_flops_and_bytes(path):
+    """Measured time becomes achieved FLOP/s and GB/s: the FLOPs and bytes attributed to each step
+    agree with the roofline analyzer's per-op accounting of the same prefill and decode step."""
+    from forwardpass import analyze
+
+    prompt = random_prompts(1, [48], seed=21)[0]
+    llm = LLM(path, num_kv_blocks=64, enable_prefix_caching=False)
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    prefill, decode = llm.engine.stats[0], llm.engine.stats[1]  # decode: context 49 after the step
+    report = analyze(str(path), hardware="h100", prefill_tokens=48, context=49, batches=(1,),
+                     weight_dtype="fp32", act_dtype="fp32", kv_dtype="fp32").to_dict()
+    assert prefill.flops == pytest.approx(report["prefill"]["flops"], rel=0.05)
+    assert decode.flops == pytest.approx(report["decode"][0]["flops"], rel=0.05)
+    # the analyzer also counts activation round trips between ops; weights and KV dominate both
+    assert decode.bytes == pytest.approx(report["decode"][0]["bytes"], rel=0.15)
+    assert decode.achieved_flops_per_s > 0 and decode.to_dict()["achieved_bytes_per_s"] > 0

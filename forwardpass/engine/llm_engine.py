@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
+from forwardpass.engine.cost import StepCostModel
 from forwardpass.engine.kv_cache import KVCacheManager
 from forwardpass.engine.model_runner import ModelRunner, kv_bytes_per_block
 from forwardpass.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
@@ -85,6 +86,11 @@ class LLMEngine:
         self.stats: deque[StepRecord] = deque(maxlen=config.max_stats_records)
         self.step_counter = 0
         self.stat_listeners: list = []  # callables(StepRecord)
+        try:  # FLOPs / bytes per step for achieved FLOP/s and GB/s; optional, never fatal
+            self.cost_model = StepCostModel(cfg, torch.empty((), dtype=dtype).element_size())
+        except Exception as exc:  # noqa: BLE001 - an exotic config the analyzer can't read
+            logger.warning("no FLOP/byte accounting for this model: %s", exc)
+            self.cost_model = None
         # MoE models: per-step tokens per expert per layer (deque of RoutingRecord, step ids as in
         # self.stats), filled by a runner.last_forward_hook; None for models without MoE layers.
         self.routing_stats = RoutingStats.attach(self, config.max_stats_records)
@@ -160,6 +166,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         touched: dict[str, None] = {}
         num_prefill = num_decode = 0
+        spans = [(seq.num_computed_tokens, n) for seq, n in zip(batch.seqs, batch.num_new_tokens)]
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             # a one-token step of a sequence that has generated before is a decode step
             if n == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens:
@@ -186,6 +193,8 @@ class LLMEngine:
             prefix_cache_queries=self.kv.prefix_queries, prefix_cache_hits=self.kv.prefix_hits,
             num_preemptions=batch.num_preempted, total_preemptions=self.scheduler.num_preemptions,
         )
+        if self.cost_model is not None:
+            record.flops, record.bytes = self.cost_model.step(spans, len(sampled))
         self.stats.append(record)
         for listener in self.stat_listeners:
             listener(record)

@@ -22,6 +22,16 @@ class StepRecord:
     prefix_cache_hits: int  # cumulative tokens served from it
     num_preemptions: int  # this step
     total_preemptions: int
+    flops: float = 0.0  # attributed by engine/cost.py (the analyzer's accounting)
+    bytes: float = 0.0  # weights + KV read and written
+
+    @property
+    def achieved_flops_per_s(self) -> float:
+        return self.flops / self.duration_s if self.duration_s else 0.0
+
+    @property
+    def achieved_bytes_per_s(self) -> float:
+        return self.bytes / self.duration_s if self.duration_s else 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -30,4 +40,6 @@ class StepRecord:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["prefix_cache_hit_rate"] = self.prefix_cache_hit_rate
+        d["achieved_flops_per_s"] = self.achieved_flops_per_s
+        d["achieved_bytes_per_s"] = self.achieved_bytes_per_s
         return d

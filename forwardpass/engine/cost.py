@@ -1,0 +1,48 @@
+"""FLOPs and bytes of one engine step, from the same model shape the roofline analyzer uses.
+
+Each step record carries these so measured time turns into achieved FLOP/s and GB/s (and MFU/MBU
+against ``forwardpass.analysis.hardware``). The accounting is the analyzer's, per step rather than per
+idealized batch: matmul FLOPs are 2 per active parameter per token, attention 4·head_dim·heads per
+(query, key) pair, the LM head runs only on sampled rows; bytes are every weight read once per
+forward (MoE: only the experts the step's tokens can touch, under uniform routing), plus K/V read
+over each sequence's context and written for each new token. Norms, activations and softmax are
+left out (a few percent at most; see ``analysis/roofline.py`` for the per-op version).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from forwardpass.analysis.roofline import ModelShape
+
+
+class StepCostModel:
+    def __init__(self, config, dtype_bytes: int):
+        self.shape = s = ModelShape.from_config(config)
+        self.dtype_bytes = dtype_bytes
+        per_layer_norms = s.layers * s.norm_params + s.hidden
+        # parameters a token multiplies through, except embedding lookup and LM head
+        self.matmul_params = s.active_params - s.embedding_params - s.lm_head_params - per_layer_norms
+        self.all_body_params = s.params - s.embedding_params - s.lm_head_params
+        self.kv_bytes_per_token = s.kv_bytes_per_token(dtype_bytes)
+
+    def step(self, spans: Sequence[tuple[int, int]], num_sampled: int) -> tuple[float, float]:
+        """(FLOPs, bytes) of a forward pass over ``spans`` = [(tokens already cached, new tokens)]."""
+        s = self.shape
+        tokens = sum(n for _, n in spans)
+        if tokens == 0:
+            return 0.0, 0.0
+        pairs = 0
+        kv_read = 0
+        for cached, n in spans:
+            pairs += n * cached + n * (n + 1) // 2  # causal (query, key) pairs
+            kv_read += s.kv_positions(cached + n)
+        flops = 2.0 * self.matmul_params * tokens + 4.0 * s.layers * s.q_dim * pairs
+        flops += 2.0 * s.hidden * s.vocab * num_sampled
+        body = self.all_body_params
+        if s.is_moe:  # experts no token of this step was routed to are not read
+            untouched = s.num_experts - s.unique_experts(tokens)
+            body -= untouched * s.expert_params * s.moe_layers
+        weights = body + (s.vocab * s.hidden if num_sampled else 0)  # LM head (= embedding when tied)
+        nbytes = weights * self.dtype_bytes + (kv_read + tokens) * self.kv_bytes_per_token
+        return flops, float(nbytes)
