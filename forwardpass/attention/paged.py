@@ -24,14 +24,21 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
     flat[1].index_copy_(0, slot_mapping, v)
 
 
-def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read one sequence's first ``length`` keys/values as ``[1, Hkv, length, D]``."""
-    block_size = kv_cache.shape[2]
+def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read the first ``length`` keys/values of each sequence as ``[B, Hkv, length, D]`` each.
+
+    ``block_tables`` is ``[B, max_blocks]`` (or one sequence's ``[max_blocks]``, giving ``B = 1``).
+    index_select over whole blocks is a row memcpy; advanced indexing (``cache[:, tables]``) takes
+    torch's generic gather path and was 3x slower, the largest cost of a batch-64 decode step.
+    """
+    tables = block_tables.view(-1, block_tables.shape[-1])
+    b = tables.shape[0]
+    block_size, hkv, d = kv_cache.shape[2], kv_cache.shape[3], kv_cache.shape[4]
     nblocks = -(-length // block_size)
-    kv = kv_cache[:, block_table[:nblocks]]  # [2, nb, bs, Hkv, D]
-    kv = kv.flatten(1, 2)[:, :length]  # [2, L, Hkv, D]
-    kv = kv.transpose(1, 2).unsqueeze(1)  # [2, 1, Hkv, L, D]
-    return kv[0], kv[1]
+    flat = tables[:, :nblocks].reshape(-1)
+    k = kv_cache[0].index_select(0, flat).view(b, nblocks * block_size, hkv, d)[:, :length].transpose(1, 2)
+    v = kv_cache[1].index_select(0, flat).view(b, nblocks * block_size, hkv, d)[:, :length].transpose(1, 2)
+    return k, v
 
 
 def paged_decode_attention(
@@ -47,13 +54,7 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """One query per sequence. q: ``[B, Hq, D]`` → ``[B, Hq, D]``; each attends to its ``seq_lens[b]`` keys."""
     b = q.shape[0]
-    block_size, hkv, d = kv_cache.shape[2], kv_cache.shape[3], kv_cache.shape[4]
-    nblocks = -(-max_len // block_size)
-    # index_select over whole blocks is a row memcpy; advanced indexing (cache[:, tables]) takes
-    # torch's generic gather path and was 3x slower, the largest cost of a batch-64 decode step.
-    flat = block_tables[:, :nblocks].reshape(-1)
-    k = kv_cache[0].index_select(0, flat).view(b, nblocks * block_size, hkv, d)[:, :max_len].transpose(1, 2)
-    v = kv_cache[1].index_select(0, flat).view(b, nblocks * block_size, hkv, d)[:, :max_len].transpose(1, 2)
+    k, v = gather_kv(kv_cache, block_tables, max_len)
     pad_mask = None
     if b > 1 or sliding_window is not None:
         pos = torch.arange(max_len, device=q.device)[None, :]
