@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from forwardpass.attention.mask import build_mask
 from forwardpass.attention.naive import naive_attention
 from forwardpass.attention.sdpa import sdpa_attention
 from forwardpass.errors import ConfigError
@@ -68,5 +69,3 @@ def attention(
 
 
 __all__ = ["attention", "available_backends", "build_mask", "get_backend", "register_backend"]
-
-from forwardpass.attention.mask import build_mask  # noqa: E402

@@ -153,11 +153,6 @@ class KVCacheManager:
         seq.block_table = []
         self._seq_hashes.pop(seq.seq_id, None)
 
-    def reset_prefix_cache(self) -> None:
-        for block_id in self.free_queue:
-            self.blocks[block_id].hash = self.blocks[block_id].key = None
-        self.cached = {h: b for h, b in self.cached.items() if self.blocks[b].ref_count > 0}
-
     # ----- invariants ----------------------------------------------------------------------------
     def check_invariants(self, live_seqs: list[Sequence] | None = None) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent. Tests call this after every run."""

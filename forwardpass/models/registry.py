@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from forwardpass.errors import UnsupportedArchitectureError
 
@@ -38,6 +39,3 @@ def resolve_model_class(architecture: str):
         )
     module, cls = target.split(":")
     return getattr(importlib.import_module(module), cls)
-
-
-import importlib.util  # noqa: E402
