@@ -7,21 +7,11 @@ import torch
 
 from forwardpass import LLM, SamplingParams
 from tests.helpers.checkpoints import VARIANTS, random_prompts
+from tests.helpers.oracle import hf_greedy, hf_model
 
 transformers = pytest.importorskip("transformers")
 
 PROMPT_LENGTHS = [70, 9, 33, 97]  # includes prompts longer than 64 tokens and than the mistral window
-
-
-def hf_model(path):
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
@@ -57,7 +47,7 @@ def test_prefill_logits_match_transformers(variant):
 
 
 def test_batch_equals_each_alone(variant):
-    name, path, llm = variant
+    name, _path, llm = variant
     prompts = random_prompts(4, PROMPT_LENGTHS, seed=3)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     together = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]

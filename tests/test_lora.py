@@ -13,6 +13,7 @@ from forwardpass import LLM, LoRARequest, SamplingParams
 from forwardpass.errors import ValidationError
 from forwardpass.lora.adapter import LoRAAdapterError
 from tests.helpers.checkpoints import random_prompts
+from tests.helpers.oracle import hf_greedy, hf_model
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -21,17 +22,6 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 # name -> (rank, alpha, use_rslora, seed)
 ADAPTERS = {"r8": (8, 16, False, 1), "r16_rs": (16, 8, True, 2)}
 NEW_TOKENS = 16
-
-
-def hf_model(path):
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def hf_greedy(model, prompt, n):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def make_adapter(base_path, directory, rank, alpha, rslora, seed, targets=TARGETS):

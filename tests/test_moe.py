@@ -13,6 +13,7 @@ from forwardpass import LLM, SamplingParams
 from forwardpass.layers.moe import grouped_experts, reference_experts, route
 from tests.helpers.checkpoints import random_prompts
 from tests.helpers.moe_checkpoints import MOE_VARIANTS, make_moe_checkpoint
+from tests.helpers.oracle import hf_greedy, hf_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,17 +31,6 @@ def moe_checkpoint(tmp_path_factory):
         return cache[variant]
 
     return make
-
-
-def hf_model(path):
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 # ----- kernels ------------------------------------------------------------------------------------
