@@ -23,6 +23,7 @@ from forwardpass.errors import (
     ModelLoadError,
     WeightShapeError,
 )
+from forwardpass.loader.jsonfile import read_json_object
 
 
 class ConfigModule(nn.Module):
@@ -88,13 +89,7 @@ class ConfigModule(nn.Module):
 def read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise MissingFileError(f"{path} is missing")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"{path} is not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path} must hold a JSON object")
-    return data
+    return read_json_object(path)
 
 
 def find_weights(directory: Path) -> Path:

@@ -6,11 +6,11 @@ HF leaves implicit (``head_dim``, ``num_key_value_heads``) is derived in exactly
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from forwardpass.errors import MissingFileError, ModelLoadError, ModelNotFoundError
+from forwardpass.errors import MissingFileError, ModelNotFoundError
+from forwardpass.loader.jsonfile import read_json_object
 
 
 class ModelConfig(dict):
@@ -57,12 +57,7 @@ def load_model_config(path: str | Path) -> ModelConfig:
         raise MissingFileError(
             f"{cfg_path} is missing: a model directory needs config.json (as written by save_pretrained)"
         )
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"{cfg_path} is not valid JSON ({exc}); re-save the model with save_pretrained") from exc
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"{cfg_path} must hold a JSON object")
+    raw = read_json_object(cfg_path, fix="re-save the model with save_pretrained")
     # Some composite configs (e.g. multimodal) nest the language model under text_config.
     if "text_config" in raw and "hidden_size" not in raw:
         merged = dict(raw["text_config"])

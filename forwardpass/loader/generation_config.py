@@ -7,12 +7,12 @@ it used, and greedy is requested per call with temperature=0.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from forwardpass.errors import ModelLoadError
 from forwardpass.loader.config import ModelConfig, load_model_config
+from forwardpass.loader.jsonfile import read_json_object
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 
@@ -53,16 +53,7 @@ def load_generation_config(
     """Read ``generation_config.json`` (optional) and merge its stop tokens with config.json's."""
     model_dir = Path(model_dir)
     path = model_dir / GENERATION_CONFIG_FILE
-    raw: dict = {}
-    if path.is_file():
-        try:
-            raw = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelLoadError(
-                f"{path} is not valid JSON ({exc}); fix or delete generation_config.json"
-            ) from exc
-        if not isinstance(raw, dict):
-            raise ModelLoadError(f"{path} must hold a JSON object; fix or delete generation_config.json")
+    raw = read_json_object(path, fix="fix or delete generation_config.json") if path.is_file() else {}
 
     if model_config is None and (model_dir / "config.json").is_file():
         model_config = load_model_config(model_dir)

@@ -11,7 +11,6 @@ whatever tokenizer.json's post-processor says: like transformers 5, the config's
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from tokenizers import AddedToken
 from forwardpass.errors import ChatTemplateError, ModelNotFoundError, TokenizerError
 from forwardpass.loader.chat_template import render_chat_template
 from forwardpass.loader.detokenizer import IncrementalDetokenizer
+from forwardpass.loader.jsonfile import read_json_object
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer"]
 
@@ -30,15 +30,7 @@ _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token"
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TokenizerError(
-            f"{path} is not valid JSON ({exc}); re-save the tokenizer with save_pretrained"
-        ) from exc
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path} must hold a JSON object; re-save the tokenizer with save_pretrained")
-    return data
+    return read_json_object(path, error=TokenizerError, fix="re-save the tokenizer with save_pretrained")
 
 
 def _as_added_token(value: Any) -> AddedToken | None:

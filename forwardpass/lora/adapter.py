@@ -17,7 +17,6 @@ another architecture.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import torch
 from torch import nn
 
 from forwardpass.layers.linear import Linear, MergedLinear
+from forwardpass.loader.jsonfile import read_json_object
 from forwardpass.lora.errors import LoRAAdapterError
 
 CONFIG_FILE = "adapter_config.json"
@@ -72,13 +72,7 @@ def read_adapter_config(path: str | Path) -> dict:
     if not cfg_path.is_file():
         raise LoRAAdapterError(f"{cfg_path} is missing: a PEFT adapter directory needs {CONFIG_FILE}",
                                param="lora_request")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LoRAAdapterError(f"{cfg_path} is not valid JSON ({exc})", param="lora_request") from exc
-    if not isinstance(cfg, dict):
-        raise LoRAAdapterError(f"{cfg_path} must hold a JSON object", param="lora_request")
-    return cfg
+    return read_json_object(cfg_path, error=LoRAAdapterError, param="lora_request")
 
 
 def check_adapter_config(cfg: dict, where: str) -> None:
