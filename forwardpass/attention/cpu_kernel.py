@@ -63,7 +63,7 @@ def load_paged_decode(wait: bool = True):
             if _background.poll() is None:
                 return None
         _kernel = _build_and_load()
-    except Exception as exc:  # compiler or headers missing, ...: fall back, loudly once
+    except Exception as exc:  # noqa: BLE001 - compiler or headers missing, ...: fall back, loudly once
         _failed = True
         logger.warning("C++ paged-decode kernel unavailable (%s); using the PyTorch path", exc)
     return _kernel

@@ -23,7 +23,7 @@ def naive_attention(
     sliding_window: int | None = None,
     key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    b, hq, nq, d = q.shape
+    _, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     if hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")

@@ -47,9 +47,9 @@ class LLMEngine:
         )
         self.generation_defaults: GenerationDefaults = load_generation_config(self.model_dir, cfg)
         self.eos_token_ids = list(self.generation_defaults.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            if self.tokenizer.eos_token_id not in self.eos_token_ids:
-                self.eos_token_ids.append(self.tokenizer.eos_token_id)
+        tok_eos = self.tokenizer.eos_token_id if self.tokenizer is not None else None
+        if tok_eos is not None and tok_eos not in self.eos_token_ids:
+            self.eos_token_ids.append(tok_eos)
 
         # ----- KV budget ---------------------------------------------------------------------------
         bs = config.block_size
@@ -287,7 +287,7 @@ class LLMEngine:
             arrival_time=first.arrival_time, first_scheduled_time=first.first_scheduled_time,
             first_token_time=min((s.first_token_time for s in seqs if s.first_token_time), default=None),
             last_token_time=max((s.last_token_time for s in seqs if s.last_token_time), default=None),
-            finished_time=max((s.finished_time or 0 for s in seqs)) if all(s.is_finished for s in seqs) else None,
+            finished_time=max(s.finished_time or 0 for s in seqs) if all(s.is_finished for s in seqs) else None,
             num_cached_tokens=first.num_cached_tokens, num_preemptions=sum(s.num_preemptions for s in seqs),
         )
         return RequestOutput(
@@ -298,10 +298,7 @@ class LLMEngine:
 
     # ----- invariants ----------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        live = list(self.scheduler.running)
-        for seq in self.scheduler.waiting:
-            live.append(seq)
-        self.kv.check_invariants(live)
+        self.kv.check_invariants([*self.scheduler.running, *self.scheduler.waiting])
         for seq in self.scheduler.waiting:
             assert seq.status is SequenceStatus.WAITING and not seq.block_table, "a waiting sequence holds blocks"
         if not self.has_unfinished_requests():
