@@ -40,6 +40,20 @@ def qwen3_checkpoint(name: str = "qwen3-0.6b-random", **overrides) -> Path:
     return path
 
 
+def hf_generate_timer(model, ids: torch.Tensor):
+    """``timed(n)``: seconds transformers ``generate`` takes for exactly ``n`` greedy tokens per row of ``ids``
+    (equal-length rows, so no padding; EOS ignored, like ``ignore_eos=True`` on our side)."""
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, eos_token_id=None, pad_token_id=0)
+
+    def timed(n: int) -> float:
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        return time.perf_counter() - t
+
+    return timed
+
+
 def median(xs):
     return statistics.median(xs)
 

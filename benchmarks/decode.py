@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import median, qwen3_checkpoint, save  # noqa: E402
+from benchmarks.common import hf_generate_timer, median, qwen3_checkpoint, save
 
 
 def bench_forwardpass(path, prompt, new_tokens, runs):
@@ -42,14 +41,7 @@ def bench_transformers(path, prompt, new_tokens, runs):
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    ids = torch.tensor([prompt])
-    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, eos_token_id=None, pad_token_id=0)
-
-    def timed(n):
-        t = time.perf_counter()
-        with torch.no_grad():
-            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-        return time.perf_counter() - t
+    timed = hf_generate_timer(model, torch.tensor([prompt]))
 
     timed(4)  # warm-up
     prefill, decode = [], []

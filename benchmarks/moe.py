@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import CACHE, median, save
+from benchmarks.common import CACHE, hf_generate_timer, median, save
 
 SHAPE = {
     "vocab_size": 32000, "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 8,
@@ -91,14 +91,7 @@ def bench_transformers(path, prompts, new_tokens, runs):
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    ids = torch.tensor(prompts)
-    kw = {"attention_mask": torch.ones_like(ids), "do_sample": False, "eos_token_id": None, "pad_token_id": 0}
-
-    def timed(n):
-        t = time.perf_counter()
-        with torch.no_grad():
-            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-        return time.perf_counter() - t
+    timed = hf_generate_timer(model, torch.tensor(prompts))
 
     timed(2)  # warm-up
     rates = []
