@@ -280,8 +280,10 @@ class _RequestState:
     started: bool = False  # produced its first output
     finished: bool = False
     error: BaseException | None = None
+    version: int = 0  # outputs merged so far; a stream yields when this moves past what it has seen
 
     def merge(self, d: RequestOutput) -> None:
+        self.version += 1
         if d.prompt_token_ids:
             self.prompt_token_ids = d.prompt_token_ids
         reset = d.extra.get("text_reset", ())
@@ -312,6 +314,7 @@ class RequestStream:
 
     def __init__(self, engine: AsyncLLMEngine, state: _RequestState):
         self.engine, self.state, self._done = engine, state, False
+        self._seen = 0  # state.version at the last output yielded
 
     @property
     def request_id(self) -> str:
@@ -324,14 +327,18 @@ class RequestStream:
         if self._done:
             raise StopAsyncIteration
         state = self.state
-        await state.event.wait()
-        state.event.clear()
-        if state.error is not None:
-            self._done = True
-            raise state.error
-        out = state.snapshot()
-        self._done = out.finished
-        return out
+        while state.version == self._seen and state.error is None:
+            await state.event.wait()
+            state.event.clear()
+        if state.version > self._seen:
+            # Tokens produced before a failure are delivered first; the error comes on the next call.
+            # (Engine steps can outpace the consumer, so output and failure may arrive together.)
+            self._seen = state.version
+            out = state.snapshot()
+            self._done = out.finished
+            return out
+        self._done = True
+        raise state.error
 
     def close(self) -> None:
         """Idempotent; aborts the request in the engine if it has not finished."""
