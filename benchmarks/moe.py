@@ -53,16 +53,13 @@ def checkpoint(kind: str) -> Path:
     return path
 
 
-def active_params(cfg) -> int:
-    """Weights one decode token reads: attention + norms + embeddings/LM head + the chosen experts."""
-    h, d = cfg["hidden_size"], cfg["head_dim"]
-    attn = h * d * (2 * cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"])
-    if "moe_intermediate_size" in cfg and (cfg.get("num_experts") or cfg.get("num_local_experts")):
-        mlp = cfg["num_experts_per_tok"] * 3 * h * cfg["moe_intermediate_size"] + h * (
-            cfg.get("num_experts") or cfg.get("num_local_experts"))
-    else:
-        mlp = 3 * h * cfg["intermediate_size"]
-    return cfg["num_hidden_layers"] * (attn + mlp) + cfg["vocab_size"] * h
+def active_params(spec) -> int:
+    """Weights one decode token reads: attention + embeddings/LM head + the chosen experts (+ routers)."""
+    h = spec.hidden
+    moe_mlp = spec.experts_per_tok * spec.expert_params + h * spec.num_experts
+    dense_mlp = 3 * h * spec.intermediate
+    return (spec.layers * spec.attention_params + spec.moe_layers * moe_mlp + spec.dense_layers * dense_mlp
+            + spec.vocab * h)
 
 
 def bench_forwardpass(path, prompts, new_tokens, runs):
@@ -84,7 +81,7 @@ def bench_forwardpass(path, prompts, new_tokens, runs):
         used = [sum(1 for c in counts if c) for r in llm.engine.routing_stats if r.num_tokens == len(prompts)
                 for counts in r.tokens_per_expert]
         routing = {"mean_experts_used_per_layer_per_decode_step": sum(used) / max(len(used), 1)}
-    return median(rates), total, active_params(llm.engine.model_config), routing
+    return median(rates), total, active_params(model.spec), routing
 
 
 def bench_transformers(path, prompts, new_tokens, runs):

@@ -12,7 +12,6 @@ normal engine (continuous batching, paged KV cache, prefix caching off so repeat
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -81,7 +80,9 @@ def main() -> None:
         path = default_llm_path()
     else:
         path = Path(args.model)
-    vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
+    from forwardpass.loader.spec import load_model_spec
+
+    vocab = load_model_spec(path).vocab
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(10, vocab, (args.num_prompts, args.input_len), generator=g).tolist()
     fp = run_forwardpass(path, prompts, args.output_len, args.batch, args.runs)

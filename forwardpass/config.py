@@ -41,11 +41,17 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decode tokens)
     enable_prefix_caching: bool = True
     attention_backend: str = "sdpa"  # how attention scores are computed: "sdpa" or "naive"
-    # compiled C++ paged-decode kernel on CPU: "auto" (use it once built; build in the background
-    # without waiting), True (build now and wait, e.g. for benchmarks), False (PyTorch path only)
+    # compiled C++ paged-decode kernel on CPU, decided once when the engine is built: "auto" (use it
+    # if already built, else build it in the background for later runs), True (build now and wait,
+    # e.g. for benchmarks), False (PyTorch path only); see attention/cpu_kernel.py
     cpu_kernels: bool | str = "auto"
     seed: int = 0
     max_stats_records: int = 10_000  # per-step records kept in memory
+    # LoRA adapters, applied unmerged so requests with different adapters share a batch
+    enable_lora: bool = False
+    max_loras: int = 1  # distinct adapters in one batch
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # adapters kept loaded (least recently used evicted)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -58,6 +64,9 @@ class EngineConfig:
             raise ConfigError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}", param="kv_cache_memory")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}", param="max_model_len")
+        if self.cpu_kernels not in (True, False, "auto"):
+            raise ConfigError(f"cpu_kernels must be True, False or 'auto', got {self.cpu_kernels!r}",
+                              param="cpu_kernels")
         self.torch_dtype = resolve_dtype(self.dtype, self.device)
 
 

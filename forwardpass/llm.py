@@ -24,7 +24,8 @@ class LLM:
     ``model=None`` uses the embedded default model shipped in ``forwardpass/assets``.
     Engine options (``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, ``num_kv_blocks``,
     ``kv_cache_memory``, ``max_model_len``, ``enable_prefix_caching``, ``attention_backend``,
-    ``seed``) are passed through to :class:`forwardpass.config.EngineConfig`.
+    ``cpu_kernels``, ``seed``, ``enable_lora``, ``max_loras``, ``max_lora_rank``) are passed through to
+    :class:`forwardpass.config.EngineConfig`.
     """
 
     def __init__(self, model: str | Path | None = None, dtype: str = "auto", **engine_kwargs: Any):
@@ -32,15 +33,7 @@ class LLM:
             from forwardpass.assets import default_llm_path
 
             model = default_llm_path()
-        lora_kwargs = {k: engine_kwargs.pop(k) for k in ("enable_lora", "max_loras", "max_lora_rank")
-                       if k in engine_kwargs}
-        config = EngineConfig(dtype=dtype, **engine_kwargs)
-        if lora_kwargs.get("enable_lora"):
-            from forwardpass.lora.engine import LoRALLMEngine
-
-            self.engine: LLMEngine = LoRALLMEngine(model, config, **lora_kwargs)
-        else:
-            self.engine = LLMEngine(model, config)
+        self.engine = LLMEngine(model, EngineConfig(dtype=dtype, **engine_kwargs))
         self._ids = itertools.count()
 
     def get_tokenizer(self):

@@ -17,8 +17,9 @@ from forwardpass.analysis.attention import attention_cost, compare_kernels, form
 from forwardpass.analysis.diffusion import dit_cost, parse_size
 from forwardpass.analysis.hardware import Hardware, get_hardware
 from forwardpass.analysis.presets import PRESETS
-from forwardpass.analysis.roofline import ModelShape, analyze
+from forwardpass.analysis.roofline import analyze, causal_pairs
 from forwardpass.errors import ConfigError, ForwardpassError, MissingFileError, ModelNotFoundError
+from forwardpass.loader.spec import ModelSpec
 
 MiB = 2**20
 FAKE_MEASUREMENT = {
@@ -237,7 +238,7 @@ def test_mixtral_and_mlp_only_layers():
     assert mix.params == pytest.approx(46.7e9, rel=0.01)
     assert mix.active_params == pytest.approx(12.9e9, rel=0.01)
     cfg = dict(PRESETS["qwen3-30b-a3b"], mlp_only_layers=[0, 1], decoder_sparse_step=2)
-    shape = ModelShape.from_config(cfg)
+    shape = ModelSpec.from_config(cfg)
     assert shape.moe_layers == len([i for i in range(48) if i not in (0, 1) and (i + 1) % 2 == 0])
     rep = analyze(cfg, "h100", batches=(1,))
     assert {"gate_proj", "experts.gate_proj", "router"} <= {o.name for o in rep.decode[0].ops}
@@ -246,6 +247,18 @@ def test_mixtral_and_mlp_only_layers():
 def test_sliding_window_caps_kv_reads():
     rep = analyze("mistral-7b", "h100", context=8192, batches=(1,))
     assert rep.decode[0].total.kv_read_bytes == 4096 * rep.kv_bytes_per_token
+
+
+def test_mixed_sliding_layers_are_averaged_over_layers():
+    # Qwen-style: layers from max_window_layers on slide, the first 14 attend to everything
+    cfg = dict(PRESETS["qwen3-0.6b"], use_sliding_window=True, sliding_window=1024, max_window_layers=14)
+    spec = ModelSpec.from_config(cfg)
+    assert spec.layer_windows == (None,) * 14 + (1024,) * 14 and spec.sliding_window is None
+    rep = analyze(cfg, "h100", prefill_tokens=4096, context=8192, batches=(1,))
+    assert rep.decode[0].total.kv_read_bytes == (8192 + 1024) / 2 * rep.kv_bytes_per_token
+    (scores,) = [o for o in rep.prefill.ops if o.name == "attn_scores"]
+    pairs = (causal_pairs(4096) + causal_pairs(4096, 1024)) / 2
+    assert scores.flops == pytest.approx(28 * 2 * 16 * 128 * pairs)
 
 
 def test_naive_attention_costs_more_bytes_in_prefill():

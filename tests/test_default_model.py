@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from forwardpass.assets import default_llm_heldout_text_path, default_llm_path
+from forwardpass.loader.spec import load_model_spec
 
 MODEL_DIR = default_llm_path()
 PROMPT = "Once upon a time"
@@ -51,8 +52,7 @@ def test_default_model_directory_is_complete():
         "generation_config.json",
     ):
         assert (MODEL_DIR / name).is_file(), f"{name} missing from {MODEL_DIR}"
-    cfg = json.loads((MODEL_DIR / "config.json").read_text())
-    assert cfg["architectures"] == ["Qwen3ForCausalLM"]
+    assert load_model_spec(MODEL_DIR).architecture == "Qwen3ForCausalLM"
     assert (MODEL_DIR / "model.safetensors").stat().st_size <= 40 * 2**20
     tc = json.loads((MODEL_DIR / "tokenizer_config.json").read_text())
     assert "<|im_start|>" in tc["chat_template"]

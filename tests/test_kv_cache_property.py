@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forwardpass.engine.kv_cache import KVCacheManager
+from forwardpass.engine.kv_cache_spec import FullAttentionSpec, KVCacheGroup
 from forwardpass.engine.sequence import Sequence
 from forwardpass.sampling.params import SamplingParams
 
@@ -28,22 +29,22 @@ ops = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(ops=ops, num_blocks=st.integers(4, 16))
 def test_block_pool_invariants(ops, num_blocks):
-    kv = KVCacheManager(num_blocks, BLOCK, enable_prefix_caching=True)
+    kv = KVCacheManager([KVCacheGroup(FullAttentionSpec(BLOCK), (0,), num_blocks)], enable_prefix_caching=True)
     live: list[Sequence] = []
     for op, a, b in ops:
         if op == "admit":
             seq = Sequence("r", PREFIXES[a] + [10 + b] * (b % 3), PARAMS)
             cached = kv.find_cached_prefix(seq)
-            assert len(cached) * BLOCK < seq.num_tokens  # at least one token is always left to compute
-            num_new = seq.num_tokens - len(cached) * BLOCK
-            if kv.allocate_slots(seq, num_new, cached):
+            assert cached.num_tokens < seq.num_tokens  # at least one token is always left to compute
+            num_new = seq.num_tokens - cached.num_tokens
+            if kv.allocate_slots(seq, num_new, cached) is not None:
                 seq.num_computed_tokens = seq.num_tokens
                 live.append(seq)
         elif op == "append" and live:
             seq = live[a % len(live)]
             for _ in range(b):  # decode steps: one token computed per step
                 seq.append_token(20 + a)
-                if not kv.allocate_slots(seq, 1):
+                if kv.allocate_slots(seq, 1) is None:
                     seq.token_ids.pop()
                     seq.output_token_ids.pop()
                     break
@@ -53,11 +54,11 @@ def test_block_pool_invariants(ops, num_blocks):
         kv.check_invariants(live)
         # every live sequence's table covers exactly its computed tokens
         for seq in live:
-            assert len(seq.block_table) == kv.blocks_needed(seq.num_computed_tokens)
+            assert len(kv.block_table(seq)) == kv.blocks_needed(seq.num_computed_tokens)
         # shared blocks hold identical token content for every owner
         contents: dict[int, tuple] = {}
         for seq in live:
-            for i, blk in enumerate(seq.block_table[: seq.num_computed_tokens // BLOCK]):
+            for i, blk in enumerate(kv.block_table(seq)[: seq.num_computed_tokens // BLOCK]):
                 tokens = tuple(seq.token_ids[i * BLOCK : (i + 1) * BLOCK])
                 assert contents.setdefault(blk, tokens) == tokens, "two sequences share a block with different tokens"
     for seq in live:

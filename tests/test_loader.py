@@ -30,6 +30,7 @@ from forwardpass.errors import (
 from forwardpass.loader.config import load_model_config
 from forwardpass.loader.detokenizer import _WINDOW, _SpaceCleanupStream
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
+from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.tokenizer import IncrementalDetokenizer, Tokenizer, _clean_up_tokenization
 from forwardpass.loader.weights import WeightSource, find_weight_files, load_into
 from tests.helpers.tokenizer_factory import CHATML_TEMPLATE, make_test_tokenizer
@@ -521,7 +522,9 @@ def test_generation_config_defaults_and_eos_union(tmp_path):
     (tmp_path / "generation_config.json").write_text(
         json.dumps({"eos_token_id": 9, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "do_sample": True})
     )
-    got = load_generation_config(tmp_path, load_model_config(tmp_path))
+    spec = ModelSpec.from_config({"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                  "intermediate_size": 16, "vocab_size": 32, "eos_token_id": [2, 7]})
+    got = load_generation_config(tmp_path, spec)
     assert got == GenerationDefaults(eos_token_ids=[9, 2, 7], temperature=0.6, top_p=0.9, top_k=20)
 
 

@@ -79,7 +79,7 @@ def test_matches_peft_merged_model(llm, adapters, name):
         try:
             ours = model.compute_logits(model(torch.tensor(prompt), torch.arange(len(prompt))))
         finally:
-            manager.clear_batch()
+            manager.end_step()
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
     # and the engine's own path on the last position, through logprobs
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=10), lora_request=request,
@@ -95,17 +95,17 @@ def test_mixed_batch_equals_each_alone(llm, adapters):
     loras = [a, None, b, a, None, b]
     seen = []
     manager = llm.engine.lora_manager
-    original = manager.prepare_batch
+    original = manager.begin_step
 
-    def spy(batch, ctx=None):
-        original(batch, ctx)
-        seen.append(({aid for aid, _ in manager.batch.groups}, sum(s.lora_request is None for s in batch.seqs)))
+    def spy(row_adapters):  # the runner's per-step call: (adapter id or 0, rows) per scheduled chunk
+        original(row_adapters)
+        seen.append(({aid for aid, _ in manager.batch.groups}, sum(aid == 0 for aid, _ in row_adapters)))
 
-    llm.engine.runner.before_forward_hook = spy
+    manager.begin_step = spy
     try:
         together = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, lora_request=loras, use_tqdm=False)]
     finally:
-        llm.engine.runner.before_forward_hook = original
+        del manager.begin_step
     assert any(ids == {a.lora_int_id, b.lora_int_id} and n_base > 0 for ids, n_base in seen), seen
     alone = [llm.generate([p], GREEDY, lora_request=lr, use_tqdm=False)[0].outputs[0].token_ids
              for p, lr in zip(prompts, loras)]
@@ -136,19 +136,20 @@ def test_max_loras_bounds_adapters_per_batch(base, adapters):
     a, b = adapters["r8"][0], adapters["r16_rs"][0]
     llm = LLM(base, enable_lora=True, max_loras=1, max_lora_rank=16, num_kv_blocks=64)
     seen = []
-    original = llm.engine.runner.before_forward_hook
+    manager = llm.engine.lora_manager
+    original = manager.begin_step
 
-    def spy(batch, ctx=None):
-        original(batch, ctx)
-        seen.append({s.lora_id for s in batch.seqs if s.lora_request is not None})
+    def spy(row_adapters):
+        original(row_adapters)
+        seen.append({aid for aid, _ in row_adapters if aid})
 
-    llm.engine.runner.before_forward_hook = spy
+    manager.begin_step = spy
     prompts = random_prompts(4, [25, 30, 22, 28], seed=13)
     loras = [a, b, None, a]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, lora_request=loras, use_tqdm=False)]
     assert seen and all(len(s) <= 1 for s in seen)
-    llm.engine.runner.before_forward_hook = original
+    del manager.begin_step
     alone = [llm.generate([p], params, lora_request=lr, use_tqdm=False)[0].outputs[0].token_ids
              for p, lr in zip(prompts, loras)]
     assert outs == alone

@@ -112,7 +112,7 @@ def test_greedy_and_logits_match_transformers(variant):
 
 def test_batch_equals_each_alone_and_routing_stats(variant):
     name, _, llm = variant
-    cfg = llm.engine.model_config
+    spec = llm.engine.model.spec
     prompts = random_prompts(3, [41, 9, 66], seed=3)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm.engine.routing_stats.clear()
@@ -123,8 +123,7 @@ def test_batch_equals_each_alone_and_routing_stats(variant):
     assert together == alone, name
 
     # one record per forward, per MoE layer: every token is counted top_k times
-    top_k = cfg["num_experts_per_tok"]
-    experts = cfg.get("num_experts") or cfg["num_local_experts"]
+    top_k, experts = spec.experts_per_tok, spec.num_experts
     sparse = [i for i, _ in llm.engine.model.moe_layers()]
     assert stats and all(r.step in step_ids for r in stats)
     assert sum(r.num_tokens for r in stats) == sum(map(len, prompts)) + 3 * 11

@@ -115,10 +115,10 @@ def measure(
         )
     factory = llm_factory or _engine_factory()
 
-    from forwardpass.loader.config import load_model_config
+    from forwardpass.loader.spec import load_model_spec
 
-    cfg = load_model_config(path)
-    kv_per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
+    spec = load_model_spec(path)
+    kv_per_token = spec.kv_bytes_per_token(4)  # fp32 at most
     tokens_needed = max(batches) * (prompt_tokens + new_tokens + 16)
     kwargs = {
         "dtype": _ENGINE_DTYPES[w],
@@ -132,7 +132,7 @@ def measure(
     kwargs.update(engine_kwargs or {})
     llm = factory(model=str(path), **kwargs)
 
-    vocab = int(cfg["vocab_size"])
+    vocab = spec.vocab
     rng = random.Random(0)
 
     def prompts(b: int) -> list[list[int]]:  # fresh, distinct prompts each call: nothing to reuse
@@ -163,7 +163,7 @@ def measure(
             prefill_tps, decode_tps = b * prompt_tokens / t1, b * (new_tokens - 1) / decode_s
             timing = {"method": method, "prefill_s": t1, "generate_s": tn, "decode_s": decode_s}
         rep = analyze(
-            dict(cfg),
+            spec,
             hw,
             prefill_tokens=prompt_tokens,
             prefill_batch=b,

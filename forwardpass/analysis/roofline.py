@@ -19,7 +19,8 @@ Accounting assumptions (also listed in ``RooflineReport.assumptions``):
   K/V once per query head.
 * **KV traffic** uses ``num_key_value_heads``: a decode step at batch B and context L reads
   ``B·L·2·layers·kv_heads·head_dim·kv_bytes`` and writes one position per sequence; prefill writes
-  P positions and reads them back once. Sliding-window models read at most ``sliding_window`` positions.
+  P positions and reads them back once. Sliding-window layers read (and score) at most their window
+  of positions; with some layers sliding and others not, L and the prefill pairs are layer averages.
 * **MoE**: routing is assumed uniform, so T tokens touch ``E·(1 − (1 − k/E)^T)`` distinct experts
   (k at T = 1); only those experts' weights are read and only k experts' FLOPs are spent per token.
 * The **LM head** (2·hidden·vocab FLOPs per token) runs for the last position of each sequence only
@@ -44,6 +45,7 @@ from forwardpass.analysis.hardware import Hardware, get_hardware
 from forwardpass.analysis.ops import MATMUL, OpCost, StageTotals, elementwise, json_number, linear, totals
 from forwardpass.analysis.presets import PRESETS
 from forwardpass.errors import ConfigError, ModelNotFoundError
+from forwardpass.loader.spec import ModelSpec, model_name
 
 WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 ACT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
@@ -79,180 +81,9 @@ _ATTENTION_NOTES = {
 
 
 # --------------------------------------------------------------------------------------------------
-# Model shape
+# Attention pairs (the model's shape and parameter counts are its ModelSpec, forwardpass.loader.spec:
+# the same description the engine builds the model from)
 # --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ModelShape:
-    """The numbers the accounting needs, derived once from a config."""
-
-    name: str
-    architecture: str
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool = False
-    qk_norm: bool = False
-    sliding_window: int | None = None
-    moe_layers: int = 0
-    num_experts: int = 0
-    experts_per_tok: int = 0
-    expert_intermediate: int = 0
-    shared_expert_intermediate: int = 0
-
-    @property
-    def dense_layers(self) -> int:
-        return self.layers - self.moe_layers
-
-    @property
-    def is_moe(self) -> bool:
-        return self.moe_layers > 0
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], name: str = "") -> ModelShape:
-        def need(key: str) -> Any:
-            value = cfg.get(key)
-            if value is None:
-                raise ConfigError(
-                    f"config {name or ''} has no {key!r}; the analyzer needs hidden_size, num_hidden_layers, "
-                    "num_attention_heads, intermediate_size (or moe_intermediate_size) and vocab_size",
-                    param=key,
-                )
-            return value
-
-        hidden = int(need("hidden_size"))
-        layers = int(need("num_hidden_layers"))
-        heads = int(need("num_attention_heads"))
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
-        vocab = int(need("vocab_size"))
-        model_type = str(cfg.get("model_type") or "")
-        archs = cfg.get("architectures") or [""]
-        arch = str(archs[0])
-
-        # Mixture of experts: Qwen2/3-MoE name them num_experts (+ moe_intermediate_size), Mixtral
-        # num_local_experts (experts of intermediate_size).
-        num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
-        moe_layers = 0
-        expert_inter = 0
-        shared_inter = 0
-        k = 0
-        if num_experts > 0:
-            k = int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or 0)
-            if k <= 0 or k > num_experts:
-                raise ConfigError(f"MoE config needs 1 <= num_experts_per_tok <= {num_experts}, got {k}")
-            expert_inter = int(cfg.get("moe_intermediate_size") or need("intermediate_size"))
-            shared_inter = int(cfg.get("shared_expert_intermediate_size") or 0)
-            step = int(cfg.get("decoder_sparse_step") or 1)
-            mlp_only = set(cfg.get("mlp_only_layers") or [])
-            moe_layers = sum(1 for i in range(layers) if i not in mlp_only and (i + 1) % step == 0)
-        intermediate = int(cfg.get("intermediate_size") or 0)
-        if moe_layers < layers and intermediate <= 0:
-            raise ConfigError(
-                f"config {name} has dense layers but no 'intermediate_size'", param="intermediate_size"
-            )
-
-        window = cfg.get("sliding_window")
-        if not window or cfg.get("use_sliding_window") is False:
-            window = None
-        return cls(
-            name=name or str(cfg.get("_name_or_path") or arch or "model"),
-            architecture=arch,
-            hidden=hidden,
-            layers=layers,
-            heads=heads,
-            kv_heads=kv_heads,
-            head_dim=head_dim,
-            intermediate=intermediate,
-            vocab=vocab,
-            tied=bool(cfg.get("tie_word_embeddings", False)),
-            qk_norm=model_type.startswith("qwen3") or arch.startswith("Qwen3"),
-            sliding_window=int(window) if window else None,
-            moe_layers=moe_layers,
-            num_experts=num_experts,
-            experts_per_tok=k,
-            expert_intermediate=expert_inter,
-            shared_expert_intermediate=shared_inter,
-        )
-
-    # ---- parameter counts ----------------------------------------------------------------------
-    @property
-    def q_dim(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def attention_params(self) -> int:
-        """q, k, v, o projections of one layer."""
-        return 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
-
-    @property
-    def norm_params(self) -> int:
-        """The two RMSNorms of one layer (and Qwen3's per-head q/k norms)."""
-        return 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
-
-    @property
-    def expert_params(self) -> int:
-        return 3 * self.hidden * self.expert_intermediate
-
-    @property
-    def router_params(self) -> int:
-        return self.hidden * self.num_experts + (self.hidden if self.shared_expert_intermediate else 0)
-
-    @property
-    def shared_expert_params(self) -> int:
-        return 3 * self.hidden * self.shared_expert_intermediate
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab * self.hidden
-
-    @property
-    def lm_head_params(self) -> int:
-        """Extra LM-head parameters (0 when tied to the embedding, which it then reads)."""
-        return 0 if self.tied else self.vocab * self.hidden
-
-    @property
-    def params(self) -> int:
-        """Total parameters (every expert)."""
-        per_layer = self.attention_params + self.norm_params
-        moe = self.num_experts * self.expert_params + self.router_params + self.shared_expert_params
-        return (
-            self.layers * per_layer
-            + self.dense_layers * 3 * self.hidden * self.intermediate
-            + self.moe_layers * moe
-            + self.embedding_params
-            + self.lm_head_params
-            + self.hidden
-        )
-
-    @property
-    def active_params(self) -> int:
-        """Parameters used per token: only ``experts_per_tok`` experts of each MoE layer."""
-        inactive = (self.num_experts - self.experts_per_tok) * self.expert_params * self.moe_layers
-        return self.params - inactive
-
-    def kv_positions(self, context: int) -> int:
-        """Positions attended (and kept in the cache) at context ``context``."""
-        return min(context, self.sliding_window) if self.sliding_window else context
-
-    def kv_bytes_per_token(self, kv_bytes: float) -> float:
-        return 2 * self.layers * self.kv_dim * kv_bytes
-
-    def unique_experts(self, tokens: float) -> float:
-        """Expected distinct experts touched by ``tokens`` tokens under uniform routing."""
-        if not self.num_experts:
-            return 0.0
-        e, k = self.num_experts, self.experts_per_tok
-        return e * (1.0 - (1.0 - k / e) ** tokens)
-
-
 def causal_pairs(p: int, window: int | None = None) -> int:
     """(query, key) pairs of causal attention over ``p`` positions, with an optional sliding window."""
     if not window or p <= window:
@@ -260,11 +91,18 @@ def causal_pairs(p: int, window: int | None = None) -> int:
     return window * (window + 1) // 2 + (p - window) * window
 
 
+def prefill_pairs(spec: ModelSpec, p: int) -> float:
+    """(query, key) pairs one layer scores in a causal prefill of ``p`` positions, averaged over the
+    layers (each with its own sliding window or none), like ``spec.kv_positions``."""
+    windows = spec.layer_windows or (None,)
+    return sum(causal_pairs(p, w) for w in windows) / len(windows)
+
+
 # --------------------------------------------------------------------------------------------------
 # One forward pass
 # --------------------------------------------------------------------------------------------------
 def forward_ops(
-    shape: ModelShape,
+    shape: ModelSpec,
     stage: str,
     *,
     batch: int,
@@ -433,7 +271,7 @@ class StageReport:
 @dataclass
 class RooflineReport:
     model: str
-    shape: ModelShape
+    shape: ModelSpec
     hardware: Hardware
     weight_dtype: str
     act_dtype: str
@@ -513,16 +351,18 @@ def _op_dict(op: OpCost) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------------------
-def resolve_config(config_or_path: Any) -> tuple[Mapping[str, Any], str]:
-    """A config mapping and a display name, from a mapping, a preset name, a model dir or a config.json."""
-    from forwardpass.loader.config import ModelConfig, _derive, load_model_config
+def resolve_spec(config_or_path: Any) -> ModelSpec:
+    """The spec (named for display) of a ``ModelSpec``, a config mapping, a preset name, a model dir or a
+    config.json."""
+    from forwardpass.loader.config import load_model_config
 
-    if isinstance(config_or_path, Mapping):
-        cfg = _derive(ModelConfig(dict(config_or_path)))
-        return cfg, str(cfg.get("_name_or_path") or cfg.architecture or "config")
+    if isinstance(config_or_path, ModelSpec):
+        return config_or_path
+    if isinstance(config_or_path, Mapping):  # named by its _name_or_path, else its architecture
+        return ModelSpec.from_config(config_or_path)
     text = str(config_or_path)
     if text.lower() in PRESETS:
-        return _derive(ModelConfig(dict(PRESETS[text.lower()]))), text.lower()
+        return ModelSpec.from_config(PRESETS[text.lower()], text.lower())
     path = Path(os.path.expanduser(text))
     try:
         cfg = load_model_config(path)
@@ -530,8 +370,7 @@ def resolve_config(config_or_path: Any) -> tuple[Mapping[str, Any], str]:
         raise ModelNotFoundError(
             f"{exc.message}; or use a built-in shape: {', '.join(PRESETS)}", param="model"
         ) from exc
-    name = path.parent.name if path.is_file() else path.name
-    return cfg, name or str(path)
+    return ModelSpec.from_config(cfg, model_name(path))
 
 
 def _positive(name: str, value: int) -> int:
@@ -574,7 +413,8 @@ def analyze(
     prefill_batch: int = 1,
     remeasure: bool = False,
 ) -> RooflineReport:
-    """Roofline analysis of a model (config mapping, preset name, model dir or config.json) on a device.
+    """Roofline analysis of a model (``ModelSpec``, config mapping, preset name, model dir or config.json)
+    on a device.
 
     ``weight_dtype`` defaults to bf16 (fp32 on ``this-machine``); ``act_dtype`` to the weight dtype for
     float weights, else bf16 (fp32 on this machine); ``kv_dtype`` to ``act_dtype``. ``memory_budget``
@@ -583,8 +423,8 @@ def analyze(
     prefilled together (one forward pass).
     """
     hw = get_hardware(hardware, remeasure=remeasure)
-    cfg, name = resolve_config(config_or_path)
-    shape = ModelShape.from_config(cfg, name)
+    shape = resolve_spec(config_or_path)
+    name = shape.name
     w, a, kv = resolve_dtypes(hw, weight_dtype, act_dtype, kv_dtype)
     if attention not in _ATTENTION_NOTES:
         raise ConfigError(f"unknown attention {attention!r}; choose fused or naive", param="attention")
@@ -611,7 +451,7 @@ def analyze(
             batch=prefill_batch,
             new_tokens=prefill_tokens,
             kv_len=prefill_tokens,
-            pairs_per_seq=causal_pairs(prefill_tokens, shape.sliding_window),
+            pairs_per_seq=prefill_pairs(shape, prefill_tokens),
             **common,
         ),
         prefill_tokens,

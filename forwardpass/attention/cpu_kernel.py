@@ -1,11 +1,18 @@
 """Builds and loads the C++ paged-decode kernel (``csrc/paged_decode.cpp``).
 
 Compiled with torch's cpp_extension (a C++ compiler and ninja; ~30 s once, then cached in
-``$TORCH_EXTENSIONS_DIR`` / ``~/.cache/torch_extensions``). The engine never waits for the build: when
-the kernel is not built yet, ``load_paged_decode(wait=False)`` starts the build in a background
-process (so a first ``forwardpass generate`` still answers within seconds) and the engine uses the
-PyTorch formulation in ``paged.py`` until the kernel is ready. If the build fails, the fallback stays,
-with one warning in the log. ``FORWARDPASS_CPU_KERNEL=0`` disables the kernel.
+``$TORCH_EXTENSIONS_DIR`` / ``~/.cache/torch_extensions``).
+
+An engine decides once, when it is built, whether it uses the kernel (:func:`resolve_decode_kernel`),
+and keeps that choice for its lifetime: the kernel and the PyTorch path in ``paged.py`` agree only to
+rounding, so swapping one for the other mid-run would let identical greedy requests diverge depending
+on wall-clock time. ``cpu_kernels``:
+
+* ``True`` — build now if needed and wait (benchmarks, ``roofline --measure``);
+* ``"auto"`` — use the kernel if it is already built; otherwise start the build in a background
+  process for later runs and use the PyTorch path. The first decision in a process is remembered,
+  so every ``"auto"`` engine of that process computes the same way;
+* ``False`` — the PyTorch path. ``FORWARDPASS_CPU_KERNEL=0`` disables the kernel everywhere.
 """
 
 from __future__ import annotations
@@ -67,6 +74,24 @@ def load_paged_decode(wait: bool = True):
         _failed = True
         logger.warning("C++ paged-decode kernel unavailable (%s); using the PyTorch path", exc)
     return _kernel
+
+
+_auto_decision: list = []  # the first "auto" decision of this process, remembered
+
+
+def resolve_decode_kernel(mode: bool | str, device: str, dtype, backend: str):
+    """The decode kernel an engine uses for its whole lifetime, or None for the PyTorch path."""
+    import torch
+
+    if mode is False or backend == "naive" or device != "cpu" or dtype != torch.float32:
+        return None
+    if mode is True:
+        return load_paged_decode(wait=True)
+    if mode != "auto":
+        raise ValueError(f"cpu_kernels must be True, False or 'auto', got {mode!r}")
+    if not _auto_decision:
+        _auto_decision.append(load_paged_decode(wait=False))
+    return _auto_decision[0]
 
 
 if __name__ == "__main__":  # the background build

@@ -31,15 +31,9 @@ def run(args: argparse.Namespace) -> int:
 
     timer = Timer()
     loras = parse_lora_specs(args.lora)
-    config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len)
-    if loras:
-        from forwardpass.lora.engine import LoRALLMEngine
-
-        kwargs = lora_engine_kwargs(loras, args.max_lora_rank)
-        kwargs.pop("enable_lora")
-        engine = LoRALLMEngine(resolve_model(args.model), config, **kwargs)
-    else:
-        engine = LLMEngine(resolve_model(args.model), config)
+    config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len,
+                          **lora_engine_kwargs(loras, args.max_lora_rank))
+    engine = LLMEngine(resolve_model(args.model), config)
     params = sampling_params_from_args(engine, args)
     first = None
     runs = list(loras.values()) or [None]
@@ -59,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[first text after {first or 0:.2f}s since start; decode {rate:.1f} tok/s]", file=sys.stderr)
     if args.show_routing:
         if engine.routing_stats is None:
-            print(f"[routing: {engine.model_config.architecture or 'this model'} has no MoE layers]", file=sys.stderr)
+            print(f"[routing: {engine.spec.architecture or 'this model'} has no MoE layers]", file=sys.stderr)
         else:
             print(engine.routing_stats.summary(), file=sys.stderr)
     return 0

@@ -64,7 +64,6 @@ def run(args: argparse.Namespace) -> int:
     name = args.served_model_name or (Path(model).resolve().name if args.model else "forwardpass-default")
     # Served names -> adapter (None = the base model); the routes pass a name's adapter to the engine.
     models: dict = {name: None}
-    lora_kwargs = None
     if args.lora:
         from forwardpass.lora.cli import lora_engine_kwargs, parse_lora_specs
 
@@ -72,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         if name in loras:
             raise ValidationError(f"--lora name {name!r} is the base model's served name", param="lora")
         models.update(loras)
-        lora_kwargs = lora_engine_kwargs(loras, args.max_lora_rank)
+        config_kwargs.update(lora_engine_kwargs(loras, args.max_lora_rank))
     server_config = ServerConfig(models=models, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
                                  enable_debug_endpoints=args.enable_debug_endpoints,
                                  shutdown_timeout_s=args.shutdown_timeout)
@@ -83,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
         module, _, attr = args.engine_factory.partition(":")
         factory = getattr(importlib.import_module(module), attr)
-    spec = EngineSpec(model=str(model), config_kwargs=config_kwargs, factory=factory, lora_kwargs=lora_kwargs,
-                      log_level=level,
+    spec = EngineSpec(model=str(model), config_kwargs=config_kwargs, factory=factory, log_level=level,
                       num_threads=args.num_threads)
     run_server(spec, server_config, host=args.host, port=args.port, backend=args.engine_backend,
                max_queued_requests=args.max_queued_requests,

@@ -1,24 +1,32 @@
-"""FLOPs and bytes of one engine step, from the same model shape the roofline analyzer uses.
+"""FLOPs and bytes of one engine step, from the same ``ModelSpec`` the roofline analyzer reads.
 
 Each step record carries these so measured time turns into achieved FLOP/s and GB/s (and MFU/MBU
-against ``forwardpass.analysis.hardware``). The accounting is the analyzer's, per step rather than per
+against the analyzer's hardware table). The accounting is the analyzer's, per step rather than per
 idealized batch: matmul FLOPs are 2 per active parameter per token, attention 4·head_dim·heads per
 (query, key) pair, the LM head runs only on sampled rows; bytes are every weight read once per
 forward (MoE: only the experts the step's tokens can touch, under uniform routing), plus K/V read
 over each sequence's context and written for each new token. Norms, activations and softmax are
-left out (a few percent at most; see ``analysis/roofline.py`` for the per-op version).
+left out (a few percent at most; ``forwardpass/analysis/roofline.py`` has the per-op version).
+
+The engine core is handed a ``StepCost`` at construction (``None``: no accounting); it calls
+``step(spans, num_sampled)`` once per step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
-from forwardpass.analysis.roofline import ModelShape
+from forwardpass.loader.spec import ModelSpec
+
+
+class StepCost(Protocol):
+    def step(self, spans: Sequence[tuple[int, int]], num_sampled: int) -> tuple[float, float]: ...
 
 
 class StepCostModel:
-    def __init__(self, config, dtype_bytes: int):
-        self.shape = s = ModelShape.from_config(config)
+    def __init__(self, spec: ModelSpec, dtype_bytes: int):
+        self.shape = s = spec
         self.dtype_bytes = dtype_bytes
         per_layer_norms = s.layers * s.norm_params + s.hidden
         # parameters a token multiplies through, except embedding lookup and LM head
@@ -36,7 +44,7 @@ class StepCostModel:
         kv_read = 0
         for cached, n in spans:
             pairs += n * cached + n * (n + 1) // 2  # causal (query, key) pairs
-            kv_read += s.kv_positions(cached + n)
+            kv_read += s.kv_positions(cached + n)  # averaged over layers: sliding layers see their window
         flops = 2.0 * self.matmul_params * tokens + 4.0 * s.layers * s.q_dim * pairs
         flops += 2.0 * s.hidden * s.vocab * num_sampled
         body = self.all_body_params

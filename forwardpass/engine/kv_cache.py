@@ -1,62 +1,75 @@
-"""The paged KV cache's bookkeeping: a pool of fixed-size blocks, block tables, prefix sharing.
+"""The paged KV cache's bookkeeping: block tables of every live sequence over one or more layer groups.
 
-Each block is in exactly one of two states:
-
-* **owned**: ``ref_count > 0``, listed in the block tables of ``ref_count`` sequences;
-* **free**: ``ref_count == 0``, in the free queue exactly once. A free block may still carry a prefix
-  hash: its K/V stay valid and a later request with the same prefix takes it back (a cache hit)
-  until the block is handed out for new tokens, which evicts it. The free queue is in LRU order.
-
-Prefix caching identifies a *full* block by a chained hash of (parent block's hash, its token ids,
-extra key such as the LoRA adapter id), so a block is shared only when the whole prefix up to and
-including it is identical. We keep the tokens next to the hash and compare them on a hit, so a hash
-collision can never serve wrong K/V.
+A model's layers are grouped by what they cache (``kv_cache_spec.py``); each group has its own block
+pool (``block_pool.py``) and each sequence one block table per group. Allocation is all-or-nothing
+across groups: a step either gets room in every group or changes nothing. The scheduler is the only
+caller; the model runner receives the resulting block ids in ``SchedulerOutput``.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+from forwardpass.engine.block_pool import BlockKey, BlockPool
+from forwardpass.engine.kv_cache_spec import KVCacheGroup
 from forwardpass.engine.sequence import Sequence
 
-BlockKey = tuple[int, int, tuple[int, ...]]  # (parent hash, extra key, token ids)
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """The longest prefix of a sequence whose K/V are already in every group's pool."""
+
+    num_tokens: int
+    block_ids: tuple[tuple[int, ...], ...]  # per group
 
 
-@dataclass
-class Block:
-    block_id: int
-    ref_count: int = 0
-    hash: int | None = None  # set once the block is full and registered in the prefix cache
-    key: BlockKey | None = None
+NO_PREFIX = CachedPrefix(0, ())
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.cached: dict[int, int] = {}  # block hash -> block id
-        # seq_id -> hashes of that sequence's full blocks, in order (recomputed lazily)
-        self._seq_hashes: dict[int, list[int]] = {}
-        # counters for the per-step records
-        self.prefix_queries = 0  # prompt tokens looked up
+    def __init__(self, groups: Seq[KVCacheGroup], enable_prefix_caching: bool = True):
+        if not groups:
+            raise ValueError("a KV cache needs at least one layer group")
+        sizes = {g.spec.block_size for g in groups}
+        if len(sizes) != 1:
+            raise ValueError(f"every KV cache group must use one block size, got {sorted(sizes)}")
+        self.groups = list(groups)
+        self.block_size = sizes.pop()
+        self.pools = [BlockPool(g.num_blocks) for g in groups]
+        self.enable_prefix_caching = enable_prefix_caching and all(g.spec.supports_prefix_caching for g in groups)
+        self.tables: dict[int, list[list[int]]] = {}  # seq_id -> one block table per group
+        self._seq_hashes: dict[int, list[int]] = {}  # seq_id -> hashes of its full blocks (lazy)
+        self.prefix_queries = 0  # prompt tokens looked up (cumulative, for the step records)
         self.prefix_hits = 0  # of which were served from the cache
 
     # ----- queries -------------------------------------------------------------------------------
     @property
+    def num_blocks(self) -> int:
+        return sum(p.num_blocks for p in self.pools)
+
+    @property
     def num_free_blocks(self) -> int:
-        return len(self.free_queue)
+        return sum(p.num_free for p in self.pools)
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks owned by running sequences (free cached blocks count as free)."""
+        """Fraction of blocks owned by live sequences (free cached blocks count as free)."""
         return 1.0 - self.num_free_blocks / self.num_blocks
 
+    @property
+    def max_tokens_per_sequence(self) -> int:
+        return min(g.num_blocks for g in self.groups) * self.block_size
+
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return self.groups[0].spec.blocks_needed(num_tokens)
+
+    def block_tables(self, seq: Sequence) -> list[list[int]]:
+        return self.tables.get(seq.seq_id, [[] for _ in self.groups])
+
+    def block_table(self, seq: Sequence) -> list[int]:
+        """The block table of the first (for today's models, the only) group."""
+        return self.block_tables(seq)[0]
 
     # ----- prefix cache --------------------------------------------------------------------------
     def _block_key(self, parent: int, seq: Sequence, i: int) -> BlockKey:
@@ -70,62 +83,58 @@ class KVCacheManager:
             hashes.append(hash(self._block_key(parent, seq, len(hashes))))
         return hashes
 
-    def find_cached_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids holding the longest cached prefix of ``seq``'s tokens.
+    def find_cached_prefix(self, seq: Sequence) -> CachedPrefix:
+        """The longest cached prefix of ``seq``'s tokens present in every group.
 
         At least one token is always left to compute (its logits are needed to sample), so a prompt
         that is entirely cached gives back its last full block, which is recomputed.
         """
         if not self.enable_prefix_caching:
-            return []
+            return NO_PREFIX
         max_full = (seq.num_tokens - 1) // self.block_size
         hashes = self._hashes_for(seq, max_full)
-        found: list[int] = []
+        found: list[list[int]] = [[] for _ in self.pools]
         parent = 0
         for i in range(max_full):
-            block_id = self.cached.get(hashes[i])
-            if block_id is None or self.blocks[block_id].key != self._block_key(parent, seq, i):
+            key = self._block_key(parent, seq, i)
+            hits = [pool.lookup(hashes[i], key) for pool in self.pools]
+            if any(b is None for b in hits):
                 break
-            found.append(block_id)
+            for g, b in enumerate(hits):
+                found[g].append(b)  # type: ignore[arg-type]
             parent = hashes[i]
+        num = len(found[0])
         self.prefix_queries += seq.num_tokens
-        self.prefix_hits += len(found) * self.block_size
-        return found
+        self.prefix_hits += num * self.block_size
+        return CachedPrefix(num * self.block_size, tuple(tuple(f) for f in found)) if num else NO_PREFIX
 
     # ----- allocation ----------------------------------------------------------------------------
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] | None = None) -> bool:
-        """Make room for ``num_new_tokens`` more computed tokens of ``seq``; False if blocks ran out.
-
-        ``cached_blocks`` (from ``find_cached_prefix``) become the start of a fresh sequence's block
-        table. Nothing changes when False is returned.
-        """
-        cached_blocks = cached_blocks or []
-        total_tokens = seq.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
-        num_needed = self.blocks_needed(total_tokens) - len(seq.block_table) - len(cached_blocks)
-        # cached blocks that are currently free will leave the free queue when we take them
-        reclaimed = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
-        if num_needed > self.num_free_blocks - reclaimed:
-            return False
-        for block_id in cached_blocks:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
-                del self.free_queue[block_id]
-            block.ref_count += 1
-            seq.block_table.append(block_id)
-        for _ in range(max(num_needed, 0)):
-            seq.block_table.append(self._take_free_block())
-        self._register_full_blocks(seq, total_tokens)
-        return True
-
-    def _take_free_block(self) -> int:
-        block_id, _ = self.free_queue.popitem(last=False)  # least recently freed first
-        block = self.blocks[block_id]
-        if block.hash is not None:  # evict it from the prefix cache
-            if self.cached.get(block.hash) == block_id:
-                del self.cached[block.hash]
-            block.hash = block.key = None
-        block.ref_count = 1
-        return block_id
+    def allocate_slots(
+        self, seq: Sequence, num_new_tokens: int, cached: CachedPrefix = NO_PREFIX
+    ) -> tuple[tuple[int, ...], ...] | None:
+        """Make room for ``num_new_tokens`` more computed tokens of ``seq``; return the block ids
+        appended to each group's table (cached ones first), or None if a pool ran out, in which case
+        nothing changed. ``cached`` (from ``find_cached_prefix``) starts a fresh sequence's tables."""
+        tables = self.block_tables(seq)
+        total = seq.num_computed_tokens + cached.num_tokens + num_new_tokens
+        plans = []
+        for g, (group, pool) in enumerate(zip(self.groups, self.pools)):
+            hits = list(cached.block_ids[g]) if cached.block_ids else []
+            needed = group.spec.blocks_needed(total) - len(tables[g]) - len(hits)
+            if needed > pool.num_free - pool.num_reclaimed(hits):
+                return None
+            plans.append((hits, max(needed, 0)))
+        self.tables[seq.seq_id] = tables
+        appended = []
+        for g, (hits, needed) in enumerate(plans):
+            pool = self.pools[g]
+            for block_id in hits:
+                pool.touch(block_id)
+            new = hits + [pool.take_free() for _ in range(needed)]
+            tables[g].extend(new)
+            appended.append(tuple(new))
+        self._register_full_blocks(seq, total)
+        return tuple(appended)
 
     def _register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Publish the blocks that will be full after this step. Their K/V are written in this
@@ -134,45 +143,34 @@ class KVCacheManager:
             return
         num_full = min(num_tokens, seq.num_tokens) // self.block_size
         hashes = self._hashes_for(seq, num_full)
+        tables = self.tables[seq.seq_id]
         parent = 0
         for i in range(num_full):
-            block = self.blocks[seq.block_table[i]]
-            if block.hash is None:
-                h = hashes[i]
-                block.hash, block.key = h, self._block_key(parent, seq, i)
-                self.cached.setdefault(h, block.block_id)
+            key = self._block_key(parent, seq, i) if any(
+                pool.blocks[t[i]].hash is None for pool, t in zip(self.pools, tables)) else None
+            if key is not None:
+                for pool, table in zip(self.pools, tables):
+                    pool.register(table[i], hashes[i], key)
             parent = hashes[i]
 
     def free(self, seq: Sequence) -> None:
-        """Return ``seq``'s blocks. Tail blocks go to the free queue first so they are evicted first."""
-        for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free_queue[block_id] = None
-        seq.block_table = []
+        """Return all of ``seq``'s blocks to their pools."""
+        for pool, table in zip(self.pools, self.tables.pop(seq.seq_id, [])):
+            pool.release(table)
         self._seq_hashes.pop(seq.seq_id, None)
 
     # ----- invariants ----------------------------------------------------------------------------
-    def check_invariants(self, live_seqs: list[Sequence] | None = None) -> None:
+    def check_invariants(self, live_seqs: Seq[Sequence] | None = None) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent. Tests call this after every run."""
-        assert len(self.free_queue) == len(set(self.free_queue)), "a block is in the free queue twice"
-        owners: dict[int, int] = {}
-        for seq in live_seqs or []:
-            assert len(seq.block_table) == len(set(seq.block_table)), f"seq {seq.seq_id} lists a block twice"
-            for b in seq.block_table:
-                owners[b] = owners.get(b, 0) + 1
-        for block in self.blocks:
-            in_free = block.block_id in self.free_queue
-            if block.ref_count == 0:
-                assert in_free, f"block {block.block_id} has no owner but is not free"
-            else:
-                assert not in_free, f"block {block.block_id} is owned (ref {block.ref_count}) and free"
-            assert block.ref_count >= 0, f"block {block.block_id} has a negative refcount"
-            if live_seqs is not None:
-                assert owners.get(block.block_id, 0) == block.ref_count, (
-                    f"block {block.block_id}: refcount {block.ref_count} but "
-                    f"{owners.get(block.block_id, 0)} owners"
-                )
-        for h, b in self.cached.items():
-            assert self.blocks[b].hash == h, f"prefix cache entry {h} points at block {b} with another hash"
+        owners: list[dict[int, int]] = [{} for _ in self.pools]
+        if live_seqs is not None:
+            live = {s.seq_id for s in live_seqs}
+            stale = set(self.tables) - live
+            assert not stale, f"finished sequences {sorted(stale)} still hold block tables"
+        for tables in self.tables.values():
+            for g, table in enumerate(tables):
+                assert len(table) == len(set(table)), "a block table lists a block twice"
+                for b in table:
+                    owners[g][b] = owners[g].get(b, 0) + 1
+        for g, pool in enumerate(self.pools):
+            pool.check_invariants(owners[g] if live_seqs is not None else None)

@@ -1,86 +1,132 @@
-"""Turns a scheduled batch into tensors, runs one forward pass, and samples the next tokens.
+"""``ModelRunner.execute(SchedulerOutput) -> RunnerOutput``: batch tensors in, sampled ids out.
 
-Layout of the flattened batch (see ``attention/context.py``): the one-token (decode) sequences first,
+The runner owns the KV cache tensors, the sampler, and a mirror of each sequence it has been sent
+(tokens, block tables, seeded generator): ``SchedulerOutput`` brings a sequence's full data once and
+then only new block ids; sampled tokens are appended here as they are sampled. It never touches the
+scheduler's request state: what it computed goes back in ``RunnerOutput``.
+
+Layout of the flattened batch (see ``attention/context.py``): the one-token (decode) chunks first,
 then each prefill chunk. Logits are computed only for rows that end a sequence's known tokens: a
 prefill chunk that stops short of the prompt's end samples nothing.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from forwardpass.attention.context import AttentionContext, PrefillSpan
-from forwardpass.engine.scheduler import ScheduledBatch
-from forwardpass.engine.sequence import Sequence
-from forwardpass.loader.config import ModelConfig
-from forwardpass.sampling.sampler import Sampler, SamplerOutput, SamplingRow
+from forwardpass.engine.batch import EMPTY_RUNNER_OUTPUT, NewSequence, RunnerOutput, SchedulerOutput
+from forwardpass.engine.kv_cache_spec import KVCacheGroup
+from forwardpass.sampling.params import SamplingParams
+from forwardpass.sampling.sampler import Sampler, SamplingRow, make_generator
 
 
-def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg["num_hidden_layers"] * block_size * cfg["num_key_value_heads"] * cfg["head_dim"] * elem
+class BatchAdapters(Protocol):
+    """Per-step adapter mapping (LoRA): which rows of the flattened batch use which adapter."""
+
+    def begin_step(self, row_adapters: list[tuple[int, int]]) -> None:
+        """``[(adapter id or 0, number of rows)]`` for each chunk, in batch order."""
+
+    def end_step(self) -> None: ...
+
+
+class RoutingCounter(Protocol):
+    """Reads the tokens each expert received in the last forward, per MoE layer, in one host copy."""
+
+    def collect(self) -> tuple[tuple[int, ...], ...]: ...
+
+
+@dataclass
+class _RunnerSequence:
+    prompt: list[int]
+    output: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    lora_id: int
+    block_table: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        p = len(self.prompt)
+        if end <= p:
+            return self.prompt[start:end]
+        if start >= p:
+            return self.output[start - p : end - p]
+        return self.prompt[start:] + self.output[: end - p]
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cfg: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: str = "cpu", attention_backend: str = "sdpa",
-                 cpu_kernels: bool | str = "auto"):
-        self.model, self.cfg = model, cfg
-        self.block_size, self.device, self.dtype = block_size, device, dtype
+    def __init__(self, model: torch.nn.Module, groups: Sequence[KVCacheGroup], *, dtype: torch.dtype,
+                 device: str = "cpu", attention_backend: str = "sdpa", eos_token_ids: Sequence[int] = (),
+                 decode_kernel: Callable | None = None, adapters: BatchAdapters | None = None,
+                 routing: RoutingCounter | None = None):
+        if len(groups) != 1:
+            # Attention metadata is built for one block table per sequence; layer groups with their
+            # own tables (sliding-window pages, state slots) extend AttentionContext per group.
+            raise NotImplementedError("the model runner supports one KV cache group")
+        self.model, self.device, self.dtype = model, device, dtype
+        self.block_size = groups[0].spec.block_size
         self.attention_backend = attention_backend
-        shape = (2, num_blocks, block_size, cfg["num_key_value_heads"], cfg["head_dim"])
-        # Zeroed, not empty: padded rows of a gathered decode batch are masked out, but 0 · NaN
-        # garbage would still poison the weighted sum.
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg["num_hidden_layers"])]
+        self.eos_token_ids = list(eos_token_ids)
+        self.decode_kernel = decode_kernel  # fixed for the runner's lifetime: numerics never change mid-run
+        self.adapters, self.routing = adapters, routing
+        group = groups[0]
+        num_layers = 1 + max(i for g in groups for i in g.layer_ids)
+        self.kv_caches: list[torch.Tensor] = [torch.empty(0)] * num_layers
+        for layer in group.layer_ids:
+            # Zeroed, not empty: padded rows of a gathered decode batch are masked out, but 0 · NaN
+            # garbage would still poison the weighted sum.
+            self.kv_caches[layer] = torch.zeros(group.spec.cache_shape(group.num_blocks), dtype=dtype, device=device)
         self.sampler = Sampler()
-        # The compiled paged-decode kernel serves fp32 CPU decode unless the naive reference is asked for.
-        # cpu_kernels=True waits for a first-time build (~30 s); "auto" never waits: it uses the PyTorch
-        # path until a background build is done (checked once a second).
-        self.decode_kernel = None
-        self._kernel_mode = cpu_kernels if device == "cpu" and dtype == torch.float32 else False
-        if attention_backend == "naive":
-            self._kernel_mode = False
-        self._kernel_checked = 0.0
-        self._poll_kernel()
-        self.eos_token_ids: list[int] = []
-        self.last_forward_hook = None  # callable(model_ctx) for observers (e.g. MoE routing stats)
-        # callable(batch, ctx) run just before the forward, e.g. LoRA's row -> adapter mapping
-        # (forwardpass/lora/manager.py); rows are laid out in batch.seqs order, num_new_tokens each
-        self.before_forward_hook = None
+        self.sequences: dict[int, _RunnerSequence] = {}
 
-    def _poll_kernel(self) -> None:
-        if self._kernel_mode is False or self.decode_kernel is not None:
-            return
-        now = time.monotonic()
-        if now - self._kernel_checked < 1.0:
-            return
-        self._kernel_checked = now
-        from forwardpass.attention.cpu_kernel import load_paged_decode
+    # ----- state mirror --------------------------------------------------------------------------
+    def _update_states(self, scheduled: SchedulerOutput) -> None:
+        for seq_id in scheduled.finished_seq_ids:
+            self.sequences.pop(seq_id, None)
+        for new in scheduled.new_sequences:
+            self._add(new)
+        for chunk in scheduled.chunks:
+            self.sequences[chunk.seq_id].block_table.extend(chunk.new_block_ids[0])
 
-        self.decode_kernel = load_paged_decode(wait=self._kernel_mode is True)
-        if self.decode_kernel is None and self._kernel_mode is True:
-            self._kernel_mode = False  # the build failed (already logged): stop asking
+    def _add(self, new: NewSequence) -> None:
+        known = self.sequences.get(new.seq_id)
+        if known is not None:  # resumed after a preemption: new blocks, same generator stream
+            known.block_table = []
+            known.output = list(new.output_token_ids)
+            return
+        gen = make_generator(new.params.seed, new.sample_index) if new.params.seed is not None else None
+        self.sequences[new.seq_id] = _RunnerSequence(list(new.prompt_token_ids), list(new.output_token_ids),
+                                                     new.params, gen, new.lora_id)
 
     # ----- batch construction --------------------------------------------------------------------
-    def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionContext, list[int]]:
+    def _prepare(self, scheduled: SchedulerOutput):
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
         sample_rows: list[int] = []
+        sampled: list[tuple[int, _RunnerSequence]] = []
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
         prefills = []
+        row_adapters: list[tuple[int, int]] = []
         row = 0
         # Plain Python ints for the per-token bookkeeping: at batch 64 a few small tensors per
         # sequence cost more than the whole decode attention of a small model.
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            start = seq.num_computed_tokens
+        for chunk in scheduled.chunks:
+            seq = self.sequences[chunk.seq_id]
+            start, n = chunk.num_computed_tokens, chunk.num_new_tokens
             end = start + n
             table = seq.block_table
-            ids.extend(seq.token_ids[start:end])
+            ids.extend(seq.tokens(start, end))
             pos.extend(range(start, end))
             if n == 1:
                 slots.append(table[start // bs] * bs + start % bs)
@@ -92,6 +138,8 @@ class ModelRunner:
                                             block_table=torch.tensor(table, dtype=torch.long, device=self.device)))
             if end == seq.num_tokens:
                 sample_rows.append(row + n - 1)
+                sampled.append((chunk.seq_id, seq))
+            row_adapters.append((seq.lora_id, n))
             row += n
         ctx = AttentionContext(
             kv_caches=self.kv_caches,
@@ -109,28 +157,29 @@ class ModelRunner:
             ctx.decode_max_len = max(decode_lens)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         positions = torch.tensor(pos, dtype=torch.long, device=self.device)
-        return input_ids, positions, ctx, sample_rows
+        return input_ids, positions, ctx, sample_rows, sampled, row_adapters
 
     # ----- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput | None]:
-        """Run the batch; return the sequences that got a new token and the sampler's output for them.
-
-        Advances ``num_computed_tokens`` of every scheduled sequence (the caller appends tokens)."""
-        self._poll_kernel()
-        input_ids, positions, ctx, sample_rows = self._prepare(batch)
-        if self.before_forward_hook is not None:
-            self.before_forward_hook(batch, ctx)
-        hidden = self.model(input_ids, positions, ctx)
-        if self.last_forward_hook is not None:
-            self.last_forward_hook(ctx)
-        sampled: list[Sequence] = []
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
-            if seq.num_computed_tokens == seq.num_tokens:
-                sampled.append(seq)
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        """Run the scheduled chunks; sample for the sequences whose known tokens are now all computed."""
+        self._update_states(scheduled)
+        if scheduled.is_empty:
+            return EMPTY_RUNNER_OUTPUT
+        input_ids, positions, ctx, sample_rows, sampled, row_adapters = self._prepare(scheduled)
+        if self.adapters is not None:
+            self.adapters.begin_step(row_adapters)
+        try:
+            hidden = self.model(input_ids, positions, ctx)
+        finally:
+            if self.adapters is not None:
+                self.adapters.end_step()  # a direct model call later must not see this step's mapping
+        routing = self.routing.collect() if self.routing is not None else None
         if not sampled:
-            return [], None
+            return RunnerOutput((), (), (), routing)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=hidden.device)])
-        rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator) for s in sampled]
-        return sampled, self.sampler(logits, rows, eos_token_ids=self.eos_token_ids)
+        rows = [SamplingRow(s.params, s.prompt, s.output, s.generator) for _, s in sampled]
+        out = self.sampler(logits, rows, eos_token_ids=self.eos_token_ids)
+        for (_, seq), token in zip(sampled, out.token_ids):
+            seq.output.append(token)
+        return RunnerOutput(tuple(i for i, _ in sampled), tuple(out.token_ids), tuple(out.logprobs), routing)

@@ -1,9 +1,13 @@
-"""Request state. One ``Sequence`` per generated sample; a request with ``n > 1`` owns n of them.
+"""Request state, owned by the scheduler. One ``Sequence`` per sample; a request with ``n > 1`` has n.
 
 The scheduler's single rule (as in vLLM v1) lives on ``num_computed_tokens``: the number of this
 sequence's tokens whose K/V are in the cache. Each step moves it toward ``num_tokens``. A fresh
 prompt, a prompt split into chunks, a decode step and a recompute after preemption are all the
 same thing: "catch up".
+
+Only the scheduler writes these fields (``Scheduler.schedule`` on admission and preemption,
+``Scheduler.update`` for computed tokens, new tokens and finishing). Text, stop strings and logprob
+formatting are not here: they belong to the front end's ``OutputProcessor``.
 """
 
 from __future__ import annotations
@@ -12,10 +16,8 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-import torch
-
+from forwardpass.lora.request import LoRARequest
 from forwardpass.sampling.params import SamplingParams
 
 
@@ -28,33 +30,25 @@ class SequenceStatus(enum.Enum):
 _ids = itertools.count()
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     index: int = 0  # which of the request's n samples this is
-    generator: torch.Generator | None = None
-    lora_request: Any = None  # forwardpass.lora.request.LoRARequest, or None for the base model
+    lora_request: LoRARequest | None = None
     arrival_time: float = field(default_factory=time.monotonic)
 
     seq_id: int = field(default_factory=lambda: next(_ids))
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
-    block_table: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop", "length" or "abort"
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    stop_reason: int | str | None = None  # the stop token id that ended it
     num_preemptions: int = 0
-    output_text: str = ""
-    logprobs: list[Any] = field(default_factory=list)  # sampler's TokenLogprobs, one per output token
-    logprob_dicts: list[Any] = field(default_factory=list)  # the same as vLLM-style dicts, built once each
+    in_runner: bool = False  # the model runner holds this sequence's tokens and block tables
     first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    finished_time: float | None = None
-    detokenizer: Any = None
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)

@@ -2,15 +2,23 @@
 
 On this kind of CPU (AMD, AVX2, no AVX-512) ``F.linear`` goes through MKL's generic path, which reads
 weights at ~18–29 GB/s; oneDNN's ``_linear_pointwise`` reads the same fp32 weights 2–4× faster (see
-../shared/PERFORMANCE-NOTES.md and ``benchmarks/decode.py``). We use oneDNN for fp32 CPU tensors
+``benchmarks/decode.py``). We use oneDNN for fp32 CPU tensors
 and fall back to ``F.linear`` everywhere else (CUDA, other dtypes, autograd).
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+class LinearDelta(Protocol):
+    """Something added to a linear layer's output, computed from its input (a LoRA adapter slot)."""
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -31,16 +39,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class Linear(nn.Module):
-    """A plain linear layer whose weights are filled by the loader (no init work at construction)."""
+    """A plain linear layer whose weights are filled by the loader (no init work at construction).
+
+    ``delta`` is None unless the engine enables LoRA, which gives every adapter-capable projection a
+    slot (``forwardpass/lora/manager.py``) when it builds the engine; the slot adds the low-rank
+    updates of the adapters in the current batch to the base output.
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self.delta: LinearDelta | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        out = linear(x, self.weight, self.bias)
+        return out if self.delta is None else self.delta(x, out)
 
 
 class MergedLinear(Linear):

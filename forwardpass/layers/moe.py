@@ -17,9 +17,11 @@ by ``save_pretrained`` store one tensor per expert (``experts.{e}.gate_proj.weig
 ``w1/w3/w2``); :func:`load_moe_weights` copies them into the stacks (a checkpoint already holding the
 stacked tensors is read directly).
 
-Routing is observable: each ``FusedMoE`` keeps ``tokens_per_expert`` of its last forward, and
-:class:`RoutingStats` (attached to every engine whose model has MoE layers, ``engine.routing_stats``)
-records them per engine step.
+Routing is observable: each ``FusedMoE`` keeps ``tokens_per_expert`` of its last forward as a tensor;
+the model runner reads all layers' counts in one host copy per step (:class:`ModelRoutingCounter`)
+and returns them in its ``RunnerOutput``; the engine core records them in :class:`RoutingStats`
+(``engine.routing_stats``, None for dense models). The grouped CPU path itself needs the counts on
+the host to slice its sorted tokens per expert; a fused GPU kernel would not.
 """
 
 from __future__ import annotations
@@ -55,22 +57,24 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
 # ----- expert computation -------------------------------------------------------------------------
 def grouped_experts(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-    act: Callable = F.silu, counts: list[int] | None = None,
+    act: Callable = F.silu, counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sort (token, expert) pairs by expert → one matmul pair per active expert → weighted scatter-add.
 
-    ``x [T, H]``, ``gate_up [E, 2I, H]``, ``down [E, H, I]``, ``weights``/``ids [T, k]``.
+    ``x [T, H]``, ``gate_up [E, 2I, H]``, ``down [E, H, I]``, ``weights``/``ids [T, k]``; ``counts [E]``
+    (assignments per expert) if the caller has them already.
     """
     k = ids.shape[1]
     flat = ids.reshape(-1)
     if counts is None:
-        counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=gate_up.shape[0])
+    sizes = counts.tolist()  # host copy: the loop below slices the sorted tokens per expert
     order = torch.argsort(flat, stable=True)  # assignment positions, grouped by expert
     token_of = order // k  # the token each sorted assignment belongs to
     xs = x.index_select(0, token_of)  # [T·k, H], contiguous per expert
     outs = []
     start = 0
-    for e, n in enumerate(counts):
+    for e, n in enumerate(sizes):
         if n == 0:
             continue
         h = silu_and_mul(linear(xs[start : start + n], gate_up[e]), act)
@@ -85,7 +89,7 @@ def grouped_experts(
 
 def reference_experts(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-    act: Callable = F.silu, counts: list[int] | None = None,
+    act: Callable = F.silu, counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The plain per-token definition: ``out[t] = Σ_j w[t, j] · expert_{ids[t, j]}(x[t])``."""
     out = torch.zeros_like(x)
@@ -124,11 +128,12 @@ class FusedMoE(nn.Module):
         self.experts = ExpertWeights(num_experts, hidden_size, intermediate_size)
         self.act = get_activation(hidden_act)
         self.impl = impl
-        self.tokens_per_expert: list[int] | None = None  # of the last forward
+        # assignments per expert in the last forward ([E], on the model's device)
+        self.tokens_per_expert: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        counts = torch.bincount(ids.reshape(-1), minlength=self.num_experts).tolist()
+        counts = torch.bincount(ids.reshape(-1), minlength=self.num_experts)
         self.tokens_per_expert = counts
         fn = EXPERT_IMPLS[self.impl]
         return fn(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, self.act, counts)
@@ -217,7 +222,7 @@ class MoECausalLMMixin:
 
     def routing_counts(self) -> list[list[int]]:
         """Tokens each expert received in the last forward, one list per MoE layer."""
-        return [list(moe.tokens_per_expert or [0] * moe.num_experts) for _, moe in moe_layers(self)]
+        return [list(c) for c in ModelRoutingCounter(self).collect()]
 
     def set_moe_impl(self, impl: str) -> None:
         set_moe_impl(self, impl)
@@ -237,27 +242,20 @@ class RoutingRecord:
         return asdict(self)
 
 
+class ModelRoutingCounter:
+    """Reads every MoE layer's counts of the last forward in one host copy (the runner's ``RoutingCounter``)."""
+
+    def __init__(self, model: nn.Module):
+        self.layers = [moe for _, moe in moe_layers(model)]
+
+    def collect(self) -> tuple[tuple[int, ...], ...]:
+        counts = [m.tokens_per_expert if m.tokens_per_expert is not None
+                  else torch.zeros(m.num_experts, dtype=torch.long, device=m.gate.weight.device) for m in self.layers]
+        return tuple(tuple(row) for row in torch.stack(counts).tolist())
+
+
 class RoutingStats(deque):
-    """Per-step :class:`RoutingRecord`s of an engine (bounded like ``engine.stats``)."""
-
-    @classmethod
-    def attach(cls, engine, maxlen: int | None = None) -> RoutingStats | None:
-        """Record routing after every forward of ``engine``'s runner; None if the model has no MoE layers."""
-        model = engine.model
-        if not hasattr(model, "routing_counts") or not moe_layers(model):
-            return None
-        stats = cls(maxlen=maxlen)
-        layers = [i for i, _ in moe_layers(model)]
-        previous = engine.runner.last_forward_hook
-
-        def hook(ctx) -> None:
-            if previous is not None:
-                previous(ctx)
-            stats.append(RoutingRecord(step=engine.step_counter + 1, num_tokens=int(ctx.slot_mapping.numel()),
-                                       layers=layers, tokens_per_expert=model.routing_counts()))
-
-        engine.runner.last_forward_hook = hook
-        return stats
+    """Per-step :class:`RoutingRecord`s of an engine (bounded like ``engine.stats``), filled by the engine core."""
 
     def totals(self) -> dict[int, list[int]]:
         """Decoder layer index → tokens per expert summed over the recorded steps."""

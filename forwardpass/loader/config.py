@@ -1,7 +1,8 @@
-"""config.json → ``ModelConfig``: the raw Hugging Face fields plus the derived ones every consumer needs.
+"""config.json → ``ModelConfig``: the raw Hugging Face fields, read with clear errors.
 
-The engine, the analyzer and the server all read a model through this one function, so a field that
-HF leaves implicit (``head_dim``, ``num_key_value_heads``) is derived in exactly one place.
+Nothing but :class:`forwardpass.loader.spec.ModelSpec` should read these keys: it resolves what HF
+leaves implicit (``head_dim``, ``num_key_value_heads``, sliding-window layers, MoE layout, rope) once.
+Use :func:`forwardpass.loader.spec.load_model_spec` to read a model directory.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from forwardpass.loader.jsonfile import read_json_object
 
 
 class ModelConfig(dict):
-    """A config.json as a dict with attribute access (``cfg.hidden_size``) and derived defaults."""
+    """A config.json as a dict with attribute access (``cfg.hidden_size``), exactly as written."""
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -28,27 +29,10 @@ class ModelConfig(dict):
         return archs[0] if archs else ""
 
 
-def _derive(cfg: ModelConfig) -> ModelConfig:
-    if "hidden_size" in cfg and "num_attention_heads" in cfg:
-        cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
-        if cfg.get("head_dim") is None:
-            cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
-    cfg.setdefault("tie_word_embeddings", False)
-    cfg.setdefault("rms_norm_eps", 1e-6)
-    # transformers >= 5 writes rope settings as one `rope_parameters` dict; older versions wrote
-    # `rope_theta` plus an optional `rope_scaling`. Normalize to the older pair, used everywhere here.
-    rope = cfg.get("rope_parameters")
-    if isinstance(rope, dict):
-        cfg.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
-        if rope.get("rope_type", "default") != "default" and not cfg.get("rope_scaling"):
-            cfg["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
-    cfg.setdefault("rope_theta", 10000.0)
-    cfg.setdefault("rope_scaling", None)
-    return cfg
-
-
 def load_model_config(path: str | Path) -> ModelConfig:
-    """Read ``path/config.json`` (or ``path`` itself if it is a JSON file) with clear errors."""
+    """Read ``path/config.json`` (or ``path`` itself if it is a JSON file) with clear errors.
+
+    Raw keys only (a nested ``text_config`` is un-nested); build a ``ModelSpec`` from it to use it."""
     path = Path(path)
     if not path.exists():
         raise ModelNotFoundError(f"model path {str(path)!r} does not exist; pass a directory written by save_pretrained")
@@ -63,4 +47,4 @@ def load_model_config(path: str | Path) -> ModelConfig:
         merged = dict(raw["text_config"])
         merged.setdefault("architectures", raw.get("architectures"))
         raw = merged
-    return _derive(ModelConfig(raw))
+    return ModelConfig(raw)

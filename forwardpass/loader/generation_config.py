@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forwardpass.errors import ModelLoadError
-from forwardpass.loader.config import ModelConfig, load_model_config
+from forwardpass.errors import ConfigError, ModelLoadError
+from forwardpass.loader.config import load_model_config
 from forwardpass.loader.jsonfile import read_json_object
+from forwardpass.loader.spec import ModelSpec, eos_token_ids
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 
@@ -47,20 +48,21 @@ def _eos_list(value: object, where: str) -> list[int]:
     return list(values)
 
 
-def load_generation_config(
-    model_dir: str | Path, model_config: ModelConfig | None = None
-) -> GenerationDefaults:
-    """Read ``generation_config.json`` (optional) and merge its stop tokens with config.json's."""
+def load_generation_config(model_dir: str | Path, spec: ModelSpec | None = None) -> GenerationDefaults:
+    """Read ``generation_config.json`` (optional) and merge its stop tokens with the model's
+    (``spec.eos_token_ids``; without a spec, those of ``model_dir/config.json`` if there is one)."""
     model_dir = Path(model_dir)
     path = model_dir / GENERATION_CONFIG_FILE
     raw = read_json_object(path, fix="fix or delete generation_config.json") if path.is_file() else {}
 
-    if model_config is None and (model_dir / "config.json").is_file():
-        model_config = load_model_config(model_dir)
-
     eos = _eos_list(raw.get("eos_token_id"), str(path))
-    if model_config is not None:
-        eos += _eos_list(model_config.get("eos_token_id"), str(model_dir / "config.json"))
+    if spec is not None:
+        eos += spec.eos_token_ids
+    elif (model_dir / "config.json").is_file():
+        try:  # the one derivation ModelSpec uses, also for a config.json that is no full decoder config
+            eos += eos_token_ids(load_model_config(model_dir))
+        except ConfigError as exc:
+            raise ModelLoadError(f"{model_dir}: {exc.message}") from exc
     defaults = GenerationDefaults(eos_token_ids=list(dict.fromkeys(eos)))  # dedupe, keep order
 
     for name, kind in _FIELDS.items():

@@ -27,6 +27,7 @@ from torch import nn
 
 from forwardpass.layers.linear import Linear, MergedLinear
 from forwardpass.loader.jsonfile import read_json_object
+from forwardpass.loader.spec import ModelSpec
 from forwardpass.lora.errors import LoRAAdapterError
 
 CONFIG_FILE = "adapter_config.json"
@@ -114,7 +115,7 @@ def _pattern_value(patterns: dict, module: str, default):
     return default
 
 
-def _targets(model: nn.Module) -> dict[str, tuple[str, str | None]]:
+def adapter_targets(model: nn.Module) -> dict[str, tuple[str, str | None]]:
     """Checkpoint (HF) module name → (our module name, slice name in a merged module or None)."""
     packed = getattr(model, "packed_modules", {})
     out: dict[str, tuple[str, str | None]] = {}
@@ -130,9 +131,10 @@ def _targets(model: nn.Module) -> dict[str, tuple[str, str | None]]:
     return out
 
 
-def load_adapter(request, model: nn.Module, model_config, max_lora_rank: int,
+def load_adapter(request, model: nn.Module, spec: ModelSpec, max_lora_rank: int,
                  dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoRAAdapter:
-    """Load ``request`` (a :class:`LoRARequest`) for ``model``, validating everything up front."""
+    """Load ``request`` (a :class:`LoRARequest`) for ``model`` (described by ``spec``), validating
+    everything up front."""
     from safetensors import safe_open
 
     path = Path(request.lora_path)
@@ -141,7 +143,7 @@ def load_adapter(request, model: nn.Module, model_config, max_lora_rank: int,
     check_adapter_config(cfg, where)
 
     base_cls = (cfg.get("auto_mapping") or {}).get("base_model_class")
-    arch = getattr(model_config, "architecture", "")
+    arch = spec.architecture
     if base_cls and arch and base_cls != arch:
         raise _err(where, f"it was trained on a {base_cls} but this model is a {arch}")
 
@@ -152,7 +154,7 @@ def load_adapter(request, model: nn.Module, model_config, max_lora_rank: int,
                               "PeftModel.from_pretrained(base, dir).save_pretrained(dir, safe_serialization=True)")
         raise _err(where, f"{WEIGHTS_FILE} is missing")
 
-    targets = _targets(model)
+    targets = adapter_targets(model)
     target_modules = cfg.get("target_modules")
     if isinstance(target_modules, list):  # a regex string or "all-linear" is checked through the tensors
         leaves = {name.rpartition(".")[2] for name in targets}

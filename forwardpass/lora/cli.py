@@ -1,8 +1,8 @@
-"""``--lora NAME=PATH`` for the commands (``generate`` now, ``serve`` when it exists).
+"""``--lora NAME=PATH`` for the ``generate`` and ``serve`` commands.
 
-Hook for the server: ``requests = parse_lora_specs(args.lora)`` gives ``{name: LoRARequest}`` (ids
-1, 2, ... in the order given); ``lora_engine_kwargs(requests)`` gives the ``LLM`` / engine keyword
-arguments (``enable_lora``, ``max_loras``, ``max_lora_rank``) sized for them. Each name is then a model
+``requests = parse_lora_specs(args.lora)`` gives ``{name: LoRARequest}`` (ids 1, 2, ... in the order
+given); ``lora_engine_kwargs(requests)`` gives the ``EngineConfig`` / ``LLM`` keyword arguments
+(``enable_lora``, ``max_loras``, ``max_lora_rank``) sized for them. Each name is then a model
 name in ``/v1/models``; a request whose ``model`` is that name runs with ``requests[name]``.
 """
 

@@ -1,11 +1,14 @@
 """Adapters in memory and the per-batch row mapping the adapter layers read.
 
-**How a mixed batch is computed.** Before each forward pass the engine calls
-:meth:`LoRAManager.prepare_batch` with the scheduled batch; it groups the flattened rows by adapter
-(``[(adapter id, rows)]``, rows as a slice when contiguous, else an index tensor). Every targeted
-projection carries a forward hook (:class:`LoRALayer`) that, after the untouched base matmul, adds for
-each adapter present in the batch ``B(A·x[rows])`` to ``y[rows]``. Rows without an adapter cost
-nothing; a batch with no adapter costs one empty-list check per projection.
+**How a mixed batch is computed.** When the engine is built with LoRA enabled, the manager gives
+every adapter-capable projection (``layers.linear.Linear``) a :class:`LoRALayer` as its ``delta``
+slot: after the untouched base matmul, ``Linear.forward`` calls it, and it adds for each adapter
+present in the batch ``B(A·x[rows])`` to ``y[rows]``. Before each forward pass the model runner calls
+:meth:`LoRAManager.begin_step` with the adapter of each chunk; it groups the flattened rows by adapter
+(``[(adapter id, rows)]``, rows as a slice when contiguous, else an index tensor), shared by every
+slot, and :meth:`end_step` clears it. Rows without an adapter cost nothing; a batch with no adapter
+costs one empty-list check per projection. The manager is also the scheduler's admission policy
+(:meth:`can_admit`: at most ``max_loras`` distinct adapters run at once).
 
 Trade-off (vs. gathering a per-row ``A``/``B`` and one batched matmul, as in vLLM's punica/SGMV
 kernels): grouping does ``2 × (adapters in the batch)`` small matmuls per projection and never copies
@@ -24,8 +27,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from forwardpass.layers.linear import linear
-from forwardpass.lora.adapter import LoRAAdapter, LoRAAdapterError, load_adapter
+from forwardpass.engine.sequence import Sequence
+from forwardpass.layers.linear import Linear, linear
+from forwardpass.loader.spec import ModelSpec
+from forwardpass.lora.adapter import LoRAAdapter, LoRAAdapterError, adapter_targets, load_adapter
+from forwardpass.lora.request import LoRARequest
 
 logger = logging.getLogger(__name__)
 
@@ -38,17 +44,16 @@ class LoRABatch:
 
 
 class LoRALayer:
-    """Forward hook on one base linear module: adds the adapters' low-rank deltas to its output."""
+    """The delta slot of one base linear module: adds the batch's adapters' low-rank updates to its output."""
 
     def __init__(self, batch: LoRABatch):
         self.batch = batch
         self.weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # adapter id -> (A [R, in], B [out, R])
 
-    def __call__(self, module: nn.Module, inputs: tuple, out: torch.Tensor):
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         groups = self.batch.groups
         if not groups or not self.weights:
-            return None
-        x = inputs[0]
+            return out
         for adapter_id, rows in groups:
             w = self.weights.get(adapter_id)
             if w is None:
@@ -65,28 +70,31 @@ class LoRAManager:
     """Loads adapters on first use (validated against the model), keeps up to ``max_cpu_loras`` of them
     (least recently used evicted; reloaded from disk if needed again), and maps batch rows to adapters."""
 
-    def __init__(self, model: nn.Module, model_config, max_loras: int = 1, max_lora_rank: int = 16,
+    def __init__(self, model: nn.Module, spec: ModelSpec, max_loras: int = 1, max_lora_rank: int = 16,
                  max_cpu_loras: int | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
         if not isinstance(max_loras, int) or max_loras < 1:
             raise LoRAAdapterError(f"max_loras must be a positive integer, got {max_loras!r}", param="max_loras")
         if not isinstance(max_lora_rank, int) or max_lora_rank < 1:
             raise LoRAAdapterError(f"max_lora_rank must be a positive integer, got {max_lora_rank!r}",
                                    param="max_lora_rank")
-        self.model, self.model_config = model, model_config
+        self.model, self.spec = model, spec
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
         self.max_cpu_loras = max(max_cpu_loras or 0, max_loras, 8)
         self.dtype, self.device = dtype, device
         self.batch = LoRABatch()
         self.adapters: OrderedDict[int, LoRAAdapter] = OrderedDict()  # LRU order
-        self.requests: dict[int, object] = {}  # adapter id -> the LoRARequest that named it
-        self.layers: dict[str, LoRALayer] = {}  # our module name -> its hook
-        self._hooks = []
+        self.requests: dict[int, LoRARequest] = {}  # adapter id -> the LoRARequest that named it
+        # our module name -> its slot: every projection an adapter may target gets one now, so the
+        # model's structure is fixed when the engine is built
+        self.layers: dict[str, LoRALayer] = {}
+        for name in adapter_targets(model).values():
+            module = model.get_submodule(name[0])
+            if isinstance(module, Linear) and name[0] not in self.layers:
+                module.delta = self.layers[name[0]] = LoRALayer(self.batch)
 
     # ----- adapters ------------------------------------------------------------------------------
-    def add_adapter(self, request) -> LoRAAdapter:
+    def add_adapter(self, request: LoRARequest) -> LoRAAdapter:
         """Load (or touch) the adapter named by ``request``; raises LoRAAdapterError if unusable."""
-        from forwardpass.lora.request import LoRARequest
-
         if not isinstance(request, LoRARequest):
             raise LoRAAdapterError(f"lora_request must be a forwardpass.LoRARequest, got {type(request).__name__}",
                                    param="lora_request")
@@ -99,7 +107,7 @@ class LoRAManager:
         if aid in self.adapters:
             self.adapters.move_to_end(aid)
             return self.adapters[aid]
-        adapter = load_adapter(request, self.model, self.model_config, self.max_lora_rank, self.dtype, self.device)
+        adapter = load_adapter(request, self.model, self.spec, self.max_lora_rank, self.dtype, self.device)
         self.requests[aid] = request
         self._install(aid, adapter)
         self._evict(keep={aid})
@@ -111,16 +119,12 @@ class LoRAManager:
         self.requests.pop(lora_id, None)
         return self._uninstall(lora_id)
 
-    def list_adapters(self) -> list:
+    def list_adapters(self) -> list[LoRARequest]:
         return [self.requests[i] for i in self.adapters]
 
     def _install(self, aid: int, adapter: LoRAAdapter) -> None:
         for name, weights in adapter.modules.items():
-            layer = self.layers.get(name)
-            if layer is None:
-                layer = self.layers[name] = LoRALayer(self.batch)
-                self._hooks.append(self.model.get_submodule(name).register_forward_hook(layer))
-            layer.weights[aid] = (weights.A, weights.B)
+            self.layers[name].weights[aid] = (weights.A, weights.B)
         self.adapters[aid] = adapter
 
     def _uninstall(self, aid: int) -> bool:
@@ -139,29 +143,28 @@ class LoRAManager:
                 self._uninstall(aid)  # the request stays known: reloaded from disk if used again
 
     # ----- per step ------------------------------------------------------------------------------
-    def can_admit(self, seq, running) -> bool:
+    def can_admit(self, seq: Sequence, running: list[Sequence]) -> bool:
         """Scheduler admission rule: at most ``max_loras`` distinct adapters among running sequences."""
         if seq.lora_request is None:
             return True
         active = {s.lora_id for s in running if s.lora_request is not None}
         return seq.lora_id in active or len(active) < self.max_loras
 
-    def prepare_batch(self, batch, ctx=None) -> None:
-        """Map the rows of the flattened batch (in ``batch.seqs`` order) to adapters."""
+    def begin_step(self, row_adapters: list[tuple[int, int]]) -> None:
+        """Map the rows of the flattened batch to adapters: ``[(adapter id or 0, rows)]`` per chunk."""
         spans: dict[int, list[list[int]]] = {}
         row = 0
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            if seq.lora_request is not None:
-                aid = seq.lora_id
+        for aid, n in row_adapters:
+            if aid:
                 if aid not in self.adapters:  # evicted since it was validated: load it again
-                    self.add_adapter(seq.lora_request)
+                    self.add_adapter(self.requests[aid])
                 runs = spans.setdefault(aid, [])
                 if runs and runs[-1][1] == row:
                     runs[-1][1] = row + n  # adjacent rows: extend the run
                 else:
                     runs.append([row, row + n])
             row += n
-        groups = []
+        groups: list[tuple[int, slice | torch.Tensor]] = []
         for aid, runs in spans.items():
             self.adapters.move_to_end(aid)
             if len(runs) == 1:
@@ -170,5 +173,5 @@ class LoRAManager:
                 groups.append((aid, torch.cat([torch.arange(a, b) for a, b in runs]).to(self.device)))
         self.batch.groups = groups
 
-    def clear_batch(self) -> None:
+    def end_step(self) -> None:
         self.batch.groups = []

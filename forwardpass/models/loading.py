@@ -1,4 +1,5 @@
-"""Build a model from a directory: config → class from the registry → weights, tensor by tensor.
+"""Build a model from a directory: config.json → ``ModelSpec`` → class from the registry → weights,
+tensor by tensor.
 
 Parameters are allocated empty and each checkpoint tensor is read from the memory-mapped safetensors
 file straight into its parameter (or its slice of a merged parameter), so the process never holds a
@@ -13,7 +14,8 @@ import torch
 from torch import nn
 
 from forwardpass.errors import MissingFileError
-from forwardpass.loader.config import ModelConfig, load_model_config
+from forwardpass.loader.config import load_model_config
+from forwardpass.loader.spec import ModelSpec, model_name
 from forwardpass.loader.weights import WeightSource, find_weight_files, load_into
 from forwardpass.models.registry import resolve_model_class
 
@@ -44,27 +46,31 @@ def load_weights(model: nn.Module, source: WeightSource) -> None:
             load_into(target, source, ckpt_name)
 
 
-def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: str = "cpu") -> nn.Module:
-    cls = resolve_model_class(cfg.architecture)
+def build_model(spec: ModelSpec, dtype: torch.dtype = torch.float32, device: str = "cpu") -> nn.Module:
+    """The model class of ``spec.architecture`` built from ``spec``, parameters allocated, not loaded."""
+    cls = resolve_model_class(spec.architecture)
     with torch.device(device):
         prev = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
-            model = cls(cfg)
+            model = cls(spec)
         finally:
             torch.set_default_dtype(prev)
     return model.eval().requires_grad_(False)
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """Return ``(model, config)`` for a Hugging Face model directory."""
+def load_model(
+    model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> tuple[nn.Module, ModelSpec]:
+    """Return ``(model, spec)`` for a Hugging Face model directory."""
     cfg = load_model_config(model_dir)
     if not cfg.architecture:
         raise MissingFileError(f"{Path(model_dir) / 'config.json'} has no 'architectures' entry naming the model class")
-    resolve_model_class(cfg.architecture)  # fail on an unknown architecture before touching weights
+    resolve_model_class(cfg.architecture)  # fail on an unknown architecture before reading its fields
+    spec = ModelSpec.from_config(cfg, name=model_name(model_dir))
     find_weight_files(model_dir)
     source = WeightSource.from_dir(model_dir)
-    model = build_model(cfg, dtype, device)
+    model = build_model(spec, dtype, device)
     with torch.no_grad():
         load_weights(model, source)
-    return model, cfg
+    return model, spec

@@ -1,7 +1,7 @@
-"""Mistral: the Llama decoder with sliding-window attention on every layer (``sliding_window``)."""
+"""Mistral: the Llama decoder with sliding-window attention on every layer (``spec.layer_windows``)."""
 
 from forwardpass.models.llama import LlamaForCausalLM
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    pass  # the sliding window is read from config.json by layer_sliding_windows()
+    pass  # ModelSpec gives every layer the config's sliding_window

@@ -1,10 +1,7 @@
 """Qwen2: the Llama decoder with bias on q/k/v (not on o_proj)."""
 
-from forwardpass.loader.config import ModelConfig
-from forwardpass.models.llama import DecoderFlavor, LlamaForCausalLM
+from forwardpass.models.llama import LlamaForCausalLM
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
-    @classmethod
-    def flavor_for(cls, cfg: ModelConfig) -> DecoderFlavor:
-        return DecoderFlavor(qkv_bias=True, o_bias=False)
+    pass  # ModelSpec sets qkv_bias (and never o_bias) for Qwen2

@@ -1,0 +1,99 @@
+"""``build_engine_core(model_dir, EngineConfig)``: load the model and wire the engine core together.
+
+Every plug-in is decided here and handed to a constructor: the KV cache layout (from the model spec
+and the memory budget), the decode kernel (fixed for the engine's lifetime), LoRA (the model's linear
+layers get an adapter slot; the manager is the scheduler's admission policy and the runner's per-step
+adapter mapping), MoE routing counts, and the per-step cost model.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from forwardpass.attention.cpu_kernel import resolve_decode_kernel
+from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
+from forwardpass.engine.core import EngineCore
+from forwardpass.engine.cost import StepCostModel
+from forwardpass.engine.kv_cache import KVCacheManager
+from forwardpass.engine.kv_cache_spec import layer_specs, plan_groups
+from forwardpass.engine.model_runner import ModelRunner
+from forwardpass.engine.scheduler import Scheduler
+from forwardpass.errors import ConfigError
+from forwardpass.layers.moe import ModelRoutingCounter, RoutingStats, moe_layers
+from forwardpass.loader.generation_config import load_generation_config
+from forwardpass.loader.spec import ModelSpec
+from forwardpass.loader.tokenizer import Tokenizer
+from forwardpass.lora.manager import LoRAManager
+from forwardpass.models.loading import load_model
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_eos_token_ids(model_dir: Path, spec: ModelSpec) -> tuple[list[int], object]:
+    """Stop tokens: generation_config.json's and config.json's, plus the tokenizer's EOS token."""
+    defaults = load_generation_config(model_dir, spec)
+    eos = list(defaults.eos_token_ids)
+    if (model_dir / "tokenizer.json").exists():
+        tok_eos = Tokenizer.from_dir(model_dir).eos_token_id
+        if tok_eos is not None and tok_eos not in eos:
+            eos.append(tok_eos)
+    return eos, defaults
+
+
+def build_engine_core(model: str | Path, config: EngineConfig | None = None, *,
+                      model_and_spec: tuple[torch.nn.Module, ModelSpec] | None = None,
+                      core_cls: type[EngineCore] = EngineCore) -> EngineCore:
+    model_dir = Path(model)
+    config = config or EngineConfig()
+    dtype = config.torch_dtype
+    t0 = time.perf_counter()
+    net, spec = model_and_spec or load_model(model_dir, dtype, config.device)
+    logger.info("loaded %s in %.2fs", model_dir, time.perf_counter() - t0)
+    eos, defaults = resolve_eos_token_ids(model_dir, spec)
+
+    # ----- KV budget -------------------------------------------------------------------------------
+    groups = plan_groups(layer_specs(spec, config.block_size, dtype),
+                         config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY, config.num_kv_blocks)
+    num_blocks = groups[0].num_blocks
+    capacity = num_blocks * config.block_size
+    max_pos = spec.max_position_embeddings or capacity
+    max_model_len = config.max_model_len if config.max_model_len is not None else min(max_pos, capacity)
+    if max_model_len > capacity or num_blocks < 1:
+        per_block = sum(g.page_bytes for g in groups)
+        raise ConfigError(
+            f"the KV cache holds {capacity} tokens ({num_blocks} blocks of {config.block_size}, {per_block} bytes "
+            f"each) but one sequence of max_model_len={max_model_len} tokens must fit: raise kv_cache_memory / "
+            f"num_kv_blocks or lower max_model_len",
+            param="max_model_len",
+        )
+    if max_model_len > max_pos:
+        logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d", max_model_len, max_pos)
+
+    # ----- plug-ins --------------------------------------------------------------------------------
+    lora = None
+    if config.enable_lora:
+        lora = LoRAManager(net, spec, max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
+                           max_cpu_loras=config.max_cpu_loras, dtype=dtype, device=config.device)
+    has_moe = bool(moe_layers(net))
+    routing_stats = RoutingStats(maxlen=config.max_stats_records) if has_moe else None
+    try:  # FLOPs / bytes per step for achieved FLOP/s and GB/s; optional, never fatal
+        cost = StepCostModel(spec, torch.empty((), dtype=dtype).element_size())
+    except Exception as exc:  # noqa: BLE001 - an exotic config the accounting can't read
+        logger.warning("no FLOP/byte accounting for this model: %s", exc)
+        cost = None
+
+    kv = KVCacheManager(groups, config.enable_prefix_caching)
+    scheduler = Scheduler(kv, max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                          max_model_len=max_model_len, eos_token_ids=eos, admission=lora)
+    kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
+    runner = ModelRunner(net, groups, dtype=dtype, device=config.device, attention_backend=config.attention_backend,
+                         eos_token_ids=eos, decode_kernel=kernel, adapters=lora,
+                         routing=ModelRoutingCounter(net) if has_moe else None)
+    torch.manual_seed(config.seed)  # unseeded requests draw from the global generator
+    return core_cls(model_dir=model_dir, config=config, model=net, spec=spec, kv=kv, scheduler=scheduler,
+                    runner=runner, max_model_len=max_model_len, generation_defaults=defaults, eos_token_ids=eos,
+                    lora=lora, routing_stats=routing_stats, cost=cost)

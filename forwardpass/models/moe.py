@@ -1,0 +1,25 @@
+"""The decoder layer of the Llama-family MoE architectures (Mixtral, Qwen3-MoE): a sparse MoE block
+(router + stacked experts, ``layers/moe.FusedMoE``) in the layers the spec lists in ``moe_layer_ids``,
+the dense gated MLP in the others.
+
+``ModelSpec`` resolves the layout from config.json once: which layers are sparse (``decoder_sparse_step``,
+``mlp_only_layers``), how many experts (``num_experts`` / ``num_local_experts``), how wide
+(``moe_intermediate_size``, or Mixtral's ``intermediate_size``), top-k and whether the chosen experts'
+weights are renormalized (always for Mixtral, ``norm_topk_prob`` for Qwen).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from forwardpass.layers.moe import FusedMoE
+from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.llama import DecoderLayer
+
+
+class MoEDecoderLayer(DecoderLayer):
+    def build_mlp(self, spec: ModelSpec, layer_idx: int) -> nn.Module:
+        if layer_idx not in spec.moe_layer_ids:
+            return super().build_mlp(spec, layer_idx)
+        return FusedMoE(spec.hidden, spec.num_experts, spec.expert_intermediate, spec.experts_per_tok,
+                        renormalize=spec.renormalize_topk, hidden_act=spec.hidden_act)
