@@ -11,7 +11,7 @@ import pytest
 
 from forwardpass import LLM, SamplingParams
 from forwardpass.engine.async_engine import AsyncLLMEngine, EngineSpec
-from forwardpass.engine.llm_engine import LLMEngine
+from forwardpass.engine.core import EngineCore
 from forwardpass.errors import EngineDeadError, ForwardpassError, QueueFullError, ValidationError
 from tests.helpers.checkpoints import random_prompts
 
@@ -69,13 +69,13 @@ async def assert_all_free(engine):
 
 
 # ----- engine factories (module level: the process backend pickles them) -----------------------------
-class SlowEngine(LLMEngine):
+class SlowEngine(EngineCore):
     def step(self):
         time.sleep(0.3)
         return super().step()
 
 
-class FaultyStepEngine(LLMEngine):
+class FaultyStepEngine(EngineCore):
     """The 3rd step raises; afterwards the engine works."""
 
     def step(self):
@@ -85,7 +85,7 @@ class FaultyStepEngine(LLMEngine):
         return super().step()
 
 
-class BrokenEngine(LLMEngine):
+class BrokenEngine(EngineCore):
     """Every step raises and the invariant check fails: the loop must die, not hang."""
 
     def step(self):

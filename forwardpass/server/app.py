@@ -34,7 +34,7 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        if not engine.info:
+        if engine.info is None:
             await engine.start()
         yield
         await engine.shutdown(timeout=config.shutdown_timeout_s)

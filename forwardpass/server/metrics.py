@@ -81,8 +81,8 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         s = self.engine.snapshot
-        self.running.set(s.get("num_running", 0))
-        self.waiting.set(s.get("num_waiting", 0))
-        self.kv_usage.set(s.get("kv_usage", 0.0))
-        self.free_blocks.set(s.get("num_free_blocks", 0))
+        self.running.set(s.num_running)
+        self.waiting.set(s.num_waiting)
+        self.kv_usage.set(s.kv_usage)
+        self.free_blocks.set(s.num_free_blocks)
         return generate_latest(self.registry)

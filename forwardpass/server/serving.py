@@ -68,7 +68,7 @@ class Serving:
 
     def encode(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, list):
-            vocab = self.engine.info["vocab_size"]
+            vocab = self.engine.info.vocab_size
             if any(t >= vocab for t in prompt):
                 raise ValidationError(f"prompt token ids must be in [0, {vocab})", param="prompt")
             return prompt
@@ -95,7 +95,7 @@ class Serving:
         streams: list[RequestStream] = []
         try:
             for i, (ids, params) in enumerate(zip(prompts, params_list)):
-                streams.append(await self.engine.add_request(ids, params, f"{rid}-{i}", lora))
+                streams.append(await self.engine.add_request(ids, params, f"{rid}-{i}", lora, output_kind="delta"))
         except BaseException:
             for s in streams:
                 s.close()
@@ -149,8 +149,8 @@ class Serving:
         """Final outputs of every stream; a client that disconnects meanwhile aborts them all."""
         async def last(stream):
             out = None
-            async for out in stream:
-                pass
+            async for delta in stream:
+                out = delta if out is None else _merged(out, delta)
             return out
 
         work = asyncio.ensure_future(asyncio.gather(*(last(s) for s in streams)))
@@ -199,7 +199,6 @@ class _Ctx:
     def __init__(self, rid, model, created, n, tokenizer, top_k: int = 0):
         self.rid, self.model, self.created, self.n, self.tokenizer, self.top_k = rid, model, created, n, tokenizer, top_k
         self.sent_text: dict[int, int] = {}
-        self.sent_tokens: dict[int, int] = {}
 
     def chunk(self, obj: str, choices: list, include_usage: bool) -> dict:
         d = {"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": choices,
@@ -213,10 +212,10 @@ class _Ctx:
         return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
 
     def deltas(self, idx: int, c):
-        """(new text, new logprob entries, text offset, new token count) of choice ``idx`` since the last chunk."""
-        t0, k0 = self.sent_text.get(idx, 0), self.sent_tokens.get(idx, 0)
-        self.sent_text[idx], self.sent_tokens[idx] = len(c.text), len(c.token_ids)
-        return c.text[t0:], (c.logprobs[k0:] if c.logprobs is not None else None), t0, len(c.token_ids) - k0
+        """(new text, new logprob entries, text offset, new token count) of choice ``idx``; ``c`` is a delta."""
+        t0 = self.sent_text.get(idx, 0)
+        self.sent_text[idx] = t0 + len(c.text)
+        return c.text, c.logprobs, t0, len(c.token_ids)
 
 
 def _completion_chunks(ctx: _Ctx, i: int, out: RequestOutput):
@@ -238,6 +237,18 @@ def _chat_chunks(ctx: _Ctx, i: int, out: RequestOutput):
         if c.finish_reason:
             yield {"index": c.index, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason,
                    "stop_reason": c.stop_reason}
+
+
+def _merged(acc: RequestOutput, delta: RequestOutput) -> RequestOutput:
+    """Fold a delta output into the accumulated one (the lists of an output are its own: extended in place)."""
+    for a, d in zip(acc.outputs, delta.outputs):
+        a.text += d.text
+        a.token_ids.extend(d.token_ids)
+        if a.logprobs is not None and d.logprobs is not None:
+            a.logprobs.extend(d.logprobs)
+        a.cumulative_logprob, a.finish_reason, a.stop_reason = d.cumulative_logprob, d.finish_reason, d.stop_reason
+    acc.finished, acc.metrics = delta.finished, delta.metrics
+    return acc
 
 
 def _usage(outs: list[RequestOutput]) -> dict:

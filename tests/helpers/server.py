@@ -39,9 +39,9 @@ FATAL_FAULT_SEED = 131313  # ... makes a step fail and break the KV invariants: 
 
 
 def _fault_engine_class():
-    from forwardpass.engine.llm_engine import LLMEngine
+    from forwardpass.engine.core import EngineCore
 
-    class FaultInjectingEngine(LLMEngine):
+    class FaultInjectingEngine(EngineCore):
         broken = False
 
         def step(self):
@@ -62,7 +62,9 @@ def _fault_engine_class():
 
 
 def FaultInjectingEngine(model, config):
-    return _fault_engine_class()(model, config)
+    from forwardpass.engine.builder import build_engine_core
+
+    return build_engine_core(model, config, core_cls=_fault_engine_class())
 
 
 class ServerProcess:
