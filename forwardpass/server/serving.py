@@ -167,7 +167,7 @@ class Serving:
                 s.close()
 
     async def _stream(self, streams, ctx: _Ctx, include_usage: bool, make_chunks) -> AsyncIterator[str]:
-        finals: dict[int, RequestOutput] = {}
+        totals: dict[int, RequestOutput] = {}  # each stream's deltas folded together, for usage
         try:
             if make_chunks is _chat_chunks:  # the role comes first, once per choice
                 for j in range(ctx.n):
@@ -179,11 +179,10 @@ class Serving:
                     yield ctx.sse(ctx.chunk(
                         "chat.completion.chunk" if make_chunks is _chat_chunks else "text_completion",
                         [choice], include_usage))
-                if out.finished:
-                    finals[i] = out
+                totals[i] = out if i not in totals else _merged(totals[i], out)
             if include_usage:
                 obj = "chat.completion.chunk" if make_chunks is _chat_chunks else "text_completion"
-                yield ctx.sse({**ctx.chunk(obj, [], False), "usage": _usage(list(finals.values()))})
+                yield ctx.sse({**ctx.chunk(obj, [], False), "usage": _usage(list(totals.values()))})
         except Exception as exc:  # noqa: BLE001 - reported in-band: the status line is already sent
             yield sse_error(exc)
         finally:
