@@ -272,7 +272,7 @@ def test_this_machine_defaults_to_fp32():
     rep = analyze("qwen3-0.6b", fake_machine(), prefill_tokens=128, context=192, batches=(1, 16))
     assert (rep.weight_dtype, rep.act_dtype, rep.kv_dtype) == ("fp32", "fp32", "fp32")
     d1 = rep.decode_at(1)
-    # ~2.4 GB of fp32 weights per token at 37.5 GB/s → ~15.7 tok/s at most (PERFORMANCE-NOTES)
+    # ~2.4 GB of fp32 weights per token at 37.5 GB/s → ~15.7 tok/s at most (read bandwidth measured on the development machine)
     assert d1.total.weight_bytes == pytest.approx(2.38e9, rel=0.02)
     assert d1.tokens_per_s == pytest.approx(15.7, rel=0.08)
     assert d1.bound == "memory"

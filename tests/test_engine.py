@@ -158,3 +158,35 @@ def test_step_records_carry_the_analyzers_flops_and_bytes(path):
     # the analyzer also counts activation round trips between ops; weights and KV dominate both
     assert decode.bytes == pytest.approx(report["decode"][0]["bytes"], rel=0.15)
     assert decode.achieved_flops_per_s > 0 and decode.to_dict()["achieved_bytes_per_s"] > 0
+
+
+def test_numerics_fixed_at_construction_whatever_the_timing(path, monkeypatch):
+    """Two engines built the same way give bit-identical greedy logprobs over 200 steps, even when the
+    compiled decode kernel "finishes building" in the middle of the first run: an engine decides its
+    decode path once, when it is built (and every "auto" engine of a process decides the same)."""
+    from forwardpass.attention import cpu_kernel
+
+    asked = []
+
+    def kernel_ready_now(wait=True):  # a kernel that would change every result if it were swapped in
+        asked.append(wait)
+        return lambda q, *args: torch.zeros_like(q)
+
+    prompt = random_prompts(1, [20], seed=5)[0]
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True, logprobs=2)
+
+    def run(engine, switch_after=None):
+        engine.add_request("r", prompt, params)
+        steps, final = 0, None
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                final = out
+            steps += 1
+            if steps == switch_after:
+                monkeypatch.setattr(cpu_kernel, "load_paged_decode", kernel_ready_now)
+        return [[(t, lp.logprob) for t, lp in d.items()] for d in final.outputs[0].logprobs]
+
+    first = run(LLM(path, num_kv_blocks=64, cpu_kernels="auto").engine, switch_after=100)
+    second = run(LLM(path, num_kv_blocks=64, cpu_kernels="auto").engine)
+    assert len(first) == 200 and first == second  # exact float equality
+    assert asked == []  # nobody looked for a kernel mid-run or for the second engine

@@ -75,6 +75,10 @@ def build_engine(spec: EngineSpec) -> EngineCore:
     return factory(spec.model, config)
 
 
+class _EngineBroken(Exception):
+    """A failed step left the engine inconsistent; the loop ends (the front end has been told)."""
+
+
 class Inbox(Protocol):
     def get(self, block: bool = True, timeout: float | None = None) -> EngineCommand: ...
 
@@ -100,6 +104,8 @@ class EngineLoop:
             eos_token_ids=tuple(core.eos_token_ids), max_num_seqs=core.config.max_num_seqs))])
         try:
             self._loop()
+        except _EngineBroken:
+            return  # already reported, together with the requests it failed
         except BaseException as exc:
             logger.exception("engine loop crashed")
             self.emit([EngineDead(f"engine loop crashed: {type(exc).__name__}: {exc}")])
@@ -160,10 +166,14 @@ class EngineLoop:
         rids = tuple(self.core.scheduler.requests)
         logger.exception("engine step failed; failing the %d requests in the engine", len(rids))
         self.core.abort(list(rids))
-        events.append(RequestsFailed(rids, portable(exc)))
-        self.emit(events[:])  # the requests learn the real cause even if the check below ends the loop
-        events.clear()
-        self.core.check_invariants()  # if the fault broke the KV pool, this ends the loop: engine dead
+        events.append(RequestsFailed(rids, portable(exc)))  # the requests learn the real cause
+        try:
+            self.core.check_invariants()
+        except AssertionError as broken:  # the fault broke the KV pool: the engine cannot go on
+            # in the same message, so no request can see the engine alive after this failure
+            events.append(EngineDead(f"the KV cache is inconsistent after a failed step: {broken}"))
+            self.emit(events)
+            raise _EngineBroken from broken
 
     def _snapshot(self) -> Snapshot:
         s, kv = self.core.scheduler, self.core.kv

@@ -48,7 +48,7 @@ class SampleState:
         if self.finished or not self.params.stop:
             return self.text
         hold = max(len(s) for s in self.params.stop) - 1
-        return self.text[: len(self.text) - hold] if hold > 0 else self.text
+        return self.text[: max(0, len(self.text) - hold)] if hold > 0 else self.text
 
     def add_text(self, new: str) -> None:
         self.text += new
