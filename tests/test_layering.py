@@ -42,8 +42,13 @@ def test_only_the_spec_reads_model_config_keys():
 def test_the_repository_stands_alone():
     """No file points outside the repository (to notes that users do not have)."""
     outside = "../" + "shared"
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     for name in files:
         path = REPO / name
-        if path.suffix in {".py", ".md", ".toml", ".txt", ".cfg", ".sh", ".json", ".html", ""} and path.is_file():
+        if (
+            path.suffix in {".py", ".md", ".toml", ".txt", ".cfg", ".sh", ".json", ".html", ""}
+            and path.is_file()
+        ):
             assert outside not in path.read_text(errors="ignore"), name

@@ -29,8 +29,13 @@ def run(tok, ids, parts, params, finish_last=True):
     streamed, stopped, start = "", [], 0
     for i, n in enumerate(parts):
         last = i == len(parts) - 1
-        delta = TokenDelta("r", 0, tuple(ids[start:start + n]), None,
-                           finish_reason="length" if last and finish_last else None)
+        delta = TokenDelta(
+            "r",
+            0,
+            tuple(ids[start : start + n]),
+            None,
+            finish_reason="length" if last and finish_last else None,
+        )
         start += n
         _, stop = proc.process([delta])
         stopped += stop
@@ -55,7 +60,9 @@ def test_stop_string_found_for_every_split_of_the_deltas(tok):
         head = tok.decode(ids[:k])
         if STOP not in head and any(head.endswith(STOP[:j]) for j in range(1, len(STOP))):
             spanning += 1  # this split cuts the stop string in two deltas
-        out, streamed, stopped = run(tok, ids, [k, len(ids) - k], SamplingParams(stop=[STOP]), finish_last=False)
+        out, streamed, stopped = run(
+            tok, ids, [k, len(ids) - k], SamplingParams(stop=[STOP]), finish_last=False
+        )
         assert out.text == TEXT[: TEXT.index(STOP)] == streamed, k
         assert out.finish_reason == "stop" and out.stop_reason == STOP
         assert stopped == [("r", 0)]  # the core must be told to stop computing this sample
@@ -90,7 +97,9 @@ def test_earliest_of_several_stop_strings_wins(tok):
 def test_no_stop_before_min_tokens(tok):
     ids = tok.encode(TEXT, add_special_tokens=False)
     before = len(tok.encode(TEXT[: TEXT.index(STOP) + len(STOP)], add_special_tokens=False))
-    out, _, _ = run(tok, ids, [1] * len(ids), SamplingParams(stop=[STOP], min_tokens=before + 2, max_tokens=None))
+    out, _, _ = run(
+        tok, ids, [1] * len(ids), SamplingParams(stop=[STOP], min_tokens=before + 2, max_tokens=None)
+    )
     assert out.finish_reason == "length" and out.text == TEXT
 
 
@@ -115,7 +124,9 @@ def test_logprobs_and_n_samples():
     assert touched == [state] and not state.finished
     out = state.make_output()
     assert [c.token_ids for c in out.outputs] == [[], [7]]
-    assert [list(d) for d in out.outputs[1].logprobs] == [[7, 3]]  # the sampled token first, then the top ones
+    assert [list(d) for d in out.outputs[1].logprobs] == [
+        [7, 3]
+    ]  # the sampled token first, then the top ones
     assert out.outputs[1].logprobs[0][7].rank == 2 and out.outputs[1].logprobs[0][3].rank == 1
     assert out.outputs[1].cumulative_logprob == -0.5
     proc.process([TokenDelta("r", 0, (9,), (lp,), finish_reason="stop", stop_reason=9)])

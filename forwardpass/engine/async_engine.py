@@ -23,34 +23,25 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from forwardpass.engine.core_loop import EngineSpec
+from forwardpass.engine.front_end import FrontEnd
 from forwardpass.engine.output_processor import OutputProcessor
 from forwardpass.engine.outputs import RequestOutput
 from forwardpass.engine.protocol import (
     Abort,
     AddRequest,
-    Admitted,
-    DebugReply,
     DebugRequest,
     EngineCommand,
-    EngineDead,
     EngineEvent,
     EngineInfo,
-    Ready,
-    RequestsFailed,
     Shutdown,
     Snapshot,
-    StartupFailed,
-    StepOutput,
-    Stopped,
-    StopSamples,
 )
 from forwardpass.engine.request_stream import FrontRequest, RequestStream, RequestTiming
-from forwardpass.engine.stats import StepRecord
 from forwardpass.engine.transport import TRANSPORTS, ProcessTransport, ThreadTransport
 from forwardpass.errors import EngineDeadError, QueueFullError, RequestAbortedError, ValidationError
 from forwardpass.loader.tokenizer import Tokenizer
@@ -77,37 +68,31 @@ class AsyncLLMEngine:
         self.spec, self.backend, self.max_queued_requests = spec, backend, max_queued_requests
         self.model_dir = Path(spec.model)
         self.tokenizer: Tokenizer | None = None
-        self.info: EngineInfo | None = None
-        self.snapshot = Snapshot(0, 0, 0.0, 0)
-        self.stat_listeners: list[Callable[[StepRecord], None]] = []
-        self.finish_listeners: list[Callable[[RequestOutput, RequestTiming], None]] = []
-        self._requests: dict[str, FrontRequest] = {}
-        self._processor = OutputProcessor(None)
-        self._calls: dict[int, asyncio.Future] = {}
+        self.front = FrontEnd(self._send)  # state the engine loop's events update (on the event loop)
+        self.stat_listeners, self.finish_listeners = self.front.stat_listeners, self.front.finish_listeners
+        self._requests = self.front.requests
         self._call_ids = itertools.count()
-        self._dead: str | None = None
         self._accepting = False
         self._transport: ThreadTransport | ProcessTransport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready: asyncio.Future | None = None
 
     # ----- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         """Start the engine loop and wait until the model is loaded; raises the engine's startup error."""
         self._loop = loop = asyncio.get_running_loop()
-        self._ready = loop.create_future()
+        ready = self.front.ready = loop.create_future()
         if (self.model_dir / "tokenizer.json").exists():
             self.tokenizer = Tokenizer.from_dir(self.model_dir)
-        self._processor = OutputProcessor(self.tokenizer)
+        self.front.processor = OutputProcessor(self.tokenizer)
         self._transport = TRANSPORTS[self.backend](self.spec, self._post)
-        await self._ready
+        await ready
         self._accepting = True
 
     def _post(self, events: list[EngineEvent]) -> None:
         """Called from the transport's thread: hand the events to the event loop."""
         assert self._loop is not None
         try:
-            self._loop.call_soon_threadsafe(self._dispatch, events)
+            self._loop.call_soon_threadsafe(self.front.dispatch, events)
         except RuntimeError:
             pass  # the event loop is closed: nobody is left to tell
 
@@ -115,24 +100,33 @@ class AsyncLLMEngine:
         """Stop accepting, let running requests finish for up to ``timeout`` s, abort the rest, stop."""
         self._accepting = False
         deadline = time.monotonic() + timeout
-        while self._requests and time.monotonic() < deadline and self._dead is None:
+        while self._requests and time.monotonic() < deadline and self.front.dead is None:
             await asyncio.sleep(0.05)
         for req in list(self._requests.values()):
             req.fail(EngineDeadError("the server is shutting down"))
-        if self._dead is None:
+        if self.front.dead is None:
             self._send(Shutdown())
         if self._transport is not None:
             await asyncio.get_running_loop().run_in_executor(
-                None, self._transport.join, max(1.0, deadline - time.monotonic()))
-        self._dead = self._dead or "the engine has been shut down"
+                None, self._transport.join, max(1.0, deadline - time.monotonic())
+            )
+        self.front.dead = self.front.dead or "the engine has been shut down"
+
+    @property
+    def info(self) -> EngineInfo | None:
+        return self.front.info
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.front.snapshot
 
     @property
     def is_dead(self) -> bool:
-        return self._dead is not None
+        return self.front.dead is not None
 
     @property
     def dead_reason(self) -> str | None:
-        return self._dead
+        return self.front.dead
 
     @property
     def max_model_len(self) -> int:
@@ -152,8 +146,13 @@ class AsyncLLMEngine:
         return self.info.default_params.clone()
 
     # ----- requests --------------------------------------------------------------------------------
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
-                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        lora_request: LoRARequest | None = None,
+    ) -> AsyncIterator[RequestOutput]:
         """Yield the request's cumulative output each time it advances; the last one has ``finished``.
 
         Raises the engine's ``ValidationError`` (bad prompt), ``QueueFullError``, ``EngineDeadError``, or
@@ -166,8 +165,14 @@ class AsyncLLMEngine:
         finally:
             stream.close()
 
-    async def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str,
-                          lora_request: LoRARequest | None = None, output_kind: str = "cumulative") -> RequestStream:
+    async def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        lora_request: LoRARequest | None = None,
+        output_kind: str = "cumulative",
+    ) -> RequestStream:
         """Submit a request and wait until the engine has admitted it (or raised its validation error).
 
         Iterate the returned stream for outputs; call ``close()`` when done with it, which aborts the
@@ -178,15 +183,19 @@ class AsyncLLMEngine:
         if request_id in self._requests:
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
         if self.num_queued >= self.max_queued_requests:
-            raise QueueFullError(f"the waiting queue is full ({self.max_queued_requests} requests); retry later")
+            raise QueueFullError(
+                f"the waiting queue is full ({self.max_queued_requests} requests); retry later"
+            )
         text = prompt if isinstance(prompt, str) else None
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValidationError(f"{self.model_dir} has no tokenizer.json: send prompt token ids", param="prompt")
+                raise ValidationError(
+                    f"{self.model_dir} has no tokenizer.json: send prompt token ids", param="prompt"
+                )
             prompt = self.tokenizer.encode(prompt)
         assert self._loop is not None
         timing = RequestTiming(arrival=time.monotonic())
-        state = self._processor.add_request(request_id, text, prompt, params, timing.arrival)
+        state = self.front.processor.add_request(request_id, text, prompt, params, timing.arrival)
         req = self._requests[request_id] = FrontRequest(state, self._loop.create_future(), timing)
         self._send(AddRequest(request_id, prompt, params, lora_request, timing.arrival))
         stream = RequestStream(self, req, delta=output_kind == "delta")
@@ -205,8 +214,8 @@ class AsyncLLMEngine:
         if not req.state.finished and req.error is None and not self.is_dead:
             self._send(Abort((rid,)))
         del self._requests[rid]
-        self._processor.abort([rid])
-        self._finish(req)
+        self.front.processor.abort([rid])
+        self.front.finish(req)
 
     async def abort(self, request_id: str) -> None:
         """Abort a request: its stream raises ``RequestAbortedError``; the engine frees its blocks."""
@@ -221,14 +230,14 @@ class AsyncLLMEngine:
         self._check_alive()
         assert self._loop is not None
         call_id = next(self._call_ids)
-        fut = self._calls[call_id] = self._loop.create_future()
+        fut = self.front.calls[call_id] = self._loop.create_future()
         self._send(DebugRequest(call_id))
         return await fut
 
     # ----- internals -------------------------------------------------------------------------------
     def _check_alive(self) -> None:
-        if self._dead is not None:
-            raise EngineDeadError(f"the engine is not running: {self._dead}")
+        if self.front.dead is not None:
+            raise EngineDeadError(f"the engine is not running: {self.front.dead}")
 
     def _check_accepting(self) -> None:
         self._check_alive()
@@ -238,84 +247,3 @@ class AsyncLLMEngine:
     def _send(self, command: EngineCommand) -> None:
         if self._transport is not None:
             self._transport.send(command)
-
-    def _finish(self, req: FrontRequest) -> None:
-        if not req.ack.done() or req.ack.exception() is not None:
-            return  # never admitted: nothing to account for
-        timing = req.timing
-        timing.finished = time.monotonic()
-        timing.status = "finished" if req.state.finished else ("failed" if req.error is not None else "aborted")
-        out = req.state.make_output()
-        for listener in self.finish_listeners:
-            try:
-                listener(out, timing)
-            except Exception:
-                logger.exception("finish listener failed")
-
-    def _dispatch(self, events: list[EngineEvent]) -> None:
-        for event in events:
-            match event:
-                case StepOutput(deltas=deltas, record=record):
-                    self._on_step(deltas, record)
-                case Admitted(request_id=rid, error=error):
-                    req = self._requests.get(rid)
-                    if req is not None and not req.ack.done():
-                        if error is None:
-                            req.ack.set_result(None)
-                        else:
-                            req.fail(error)
-                case RequestsFailed(request_ids=rids, error=error):
-                    for rid in rids:
-                        if (req := self._requests.get(rid)) is not None:
-                            req.fail(error)
-                case Snapshot():
-                    self.snapshot = event
-                case DebugReply(call_id=call_id, result=result):
-                    fut = self._calls.pop(call_id, None)
-                    if fut is not None and not fut.done():
-                        (fut.set_exception if isinstance(result, BaseException) else fut.set_result)(result)
-                case Ready(info=info):
-                    self.info = info
-                    self.snapshot = Snapshot(0, 0, 0.0, info.num_blocks)
-                    if self._ready is not None and not self._ready.done():
-                        self._ready.set_result(None)
-                case StartupFailed(error=error):
-                    self._dead = f"startup failed: {error}"
-                    if self._ready is not None and not self._ready.done():
-                        self._ready.set_exception(error)
-                case EngineDead(reason=reason):
-                    self._mark_dead(reason)
-                case Stopped():
-                    self._mark_dead("the engine has stopped")
-
-    def _on_step(self, deltas: tuple, record: StepRecord) -> None:
-        touched, stopped = self._processor.process(deltas)
-        if stopped:
-            self._send(StopSamples(tuple(stopped)))
-        for state in touched:
-            req = self._requests.get(state.request_id)
-            if req is None or req.error is not None:
-                continue
-            req.timing.on_output()
-            req.started = True
-            req.version += 1
-            req.event.set()
-        self.snapshot = Snapshot(record.num_running, record.num_waiting, record.kv_usage, record.num_free_blocks)
-        for listener in self.stat_listeners:
-            listener(record)
-
-    def _mark_dead(self, reason: str) -> None:
-        if self._dead is None:
-            self._dead = reason
-            if "shut down" not in reason and "stopped" not in reason:
-                logger.error("engine dead: %s", reason)
-        err = EngineDeadError(f"the engine has stopped: {self._dead}")
-        for req in list(self._requests.values()):
-            if not req.state.finished and req.error is None:  # keep a real cause already delivered
-                req.fail(err)
-        for fut in self._calls.values():
-            if not fut.done():
-                fut.set_exception(err)
-        self._calls.clear()
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(err)

@@ -58,7 +58,6 @@ class SchedulerOutput:
         return not self.chunks
 
 
-
 @dataclass(frozen=True)
 class RunnerOutput:
     """Sampled tokens of the sequences whose known tokens were all computed this step."""

@@ -24,7 +24,7 @@ from forwardpass.engine.model_runner import ModelRunner
 from forwardpass.engine.scheduler import Scheduler
 from forwardpass.errors import ConfigError
 from forwardpass.layers.moe import ModelRoutingCounter, RoutingStats, moe_layers
-from forwardpass.loader.generation_config import load_generation_config
+from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.lora.manager import LoRAManager
@@ -33,7 +33,7 @@ from forwardpass.models.loading import load_model
 logger = logging.getLogger(__name__)
 
 
-def resolve_eos_token_ids(model_dir: Path, spec: ModelSpec) -> tuple[list[int], object]:
+def resolve_eos_token_ids(model_dir: Path, spec: ModelSpec) -> tuple[list[int], GenerationDefaults]:
     """Stop tokens: generation_config.json's and config.json's, plus the tokenizer's EOS token."""
     defaults = load_generation_config(model_dir, spec)
     eos = list(defaults.eos_token_ids)
@@ -44,9 +44,13 @@ def resolve_eos_token_ids(model_dir: Path, spec: ModelSpec) -> tuple[list[int], 
     return eos, defaults
 
 
-def build_engine_core(model: str | Path, config: EngineConfig | None = None, *,
-                      model_and_spec: tuple[torch.nn.Module, ModelSpec] | None = None,
-                      core_cls: type[EngineCore] = EngineCore) -> EngineCore:
+def build_engine_core(
+    model: str | Path,
+    config: EngineConfig | None = None,
+    *,
+    model_and_spec: tuple[torch.nn.Module, ModelSpec] | None = None,
+    core_cls: type[EngineCore] = EngineCore,
+) -> EngineCore:
     model_dir = Path(model)
     config = config or EngineConfig()
     dtype = config.torch_dtype
@@ -56,8 +60,11 @@ def build_engine_core(model: str | Path, config: EngineConfig | None = None, *,
     eos, defaults = resolve_eos_token_ids(model_dir, spec)
 
     # ----- KV budget -------------------------------------------------------------------------------
-    groups = plan_groups(layer_specs(spec, config.block_size, dtype),
-                         config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY, config.num_kv_blocks)
+    groups = plan_groups(
+        layer_specs(spec, config.block_size, dtype),
+        config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY,
+        config.num_kv_blocks,
+    )
     num_blocks = groups[0].num_blocks
     capacity = num_blocks * config.block_size
     max_pos = spec.max_position_embeddings or capacity
@@ -71,13 +78,22 @@ def build_engine_core(model: str | Path, config: EngineConfig | None = None, *,
             param="max_model_len",
         )
     if max_model_len > max_pos:
-        logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d", max_model_len, max_pos)
+        logger.warning(
+            "max_model_len %d exceeds the model's max_position_embeddings %d", max_model_len, max_pos
+        )
 
     # ----- plug-ins --------------------------------------------------------------------------------
     lora = None
     if config.enable_lora:
-        lora = LoRAManager(net, spec, max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
-                           max_cpu_loras=config.max_cpu_loras, dtype=dtype, device=config.device)
+        lora = LoRAManager(
+            net,
+            spec,
+            max_loras=config.max_loras,
+            max_lora_rank=config.max_lora_rank,
+            max_cpu_loras=config.max_cpu_loras,
+            dtype=dtype,
+            device=config.device,
+        )
     has_moe = bool(moe_layers(net))
     routing_stats = RoutingStats(maxlen=config.max_stats_records) if has_moe else None
     try:  # FLOPs / bytes per step for achieved FLOP/s and GB/s; optional, never fatal
@@ -87,13 +103,39 @@ def build_engine_core(model: str | Path, config: EngineConfig | None = None, *,
         cost = None
 
     kv = KVCacheManager(groups, config.enable_prefix_caching)
-    scheduler = Scheduler(kv, max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-                          max_model_len=max_model_len, eos_token_ids=eos, admission=lora)
+    scheduler = Scheduler(
+        kv,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        eos_token_ids=eos,
+        admission=lora,
+    )
     kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
-    runner = ModelRunner(net, groups, dtype=dtype, device=config.device, attention_backend=config.attention_backend,
-                         eos_token_ids=eos, decode_kernel=kernel, adapters=lora,
-                         routing=ModelRoutingCounter(net) if has_moe else None)
+    runner = ModelRunner(
+        net,
+        groups,
+        dtype=dtype,
+        device=config.device,
+        attention_backend=config.attention_backend,
+        eos_token_ids=eos,
+        decode_kernel=kernel,
+        adapters=lora,
+        routing=ModelRoutingCounter(net) if has_moe else None,
+    )
     torch.manual_seed(config.seed)  # unseeded requests draw from the global generator
-    return core_cls(model_dir=model_dir, config=config, model=net, spec=spec, kv=kv, scheduler=scheduler,
-                    runner=runner, max_model_len=max_model_len, generation_defaults=defaults, eos_token_ids=eos,
-                    lora=lora, routing_stats=routing_stats, cost=cost)
+    return core_cls(
+        model_dir=model_dir,
+        config=config,
+        model=net,
+        spec=spec,
+        kv=kv,
+        scheduler=scheduler,
+        runner=runner,
+        max_model_len=max_model_len,
+        generation_defaults=defaults,
+        eos_token_ids=eos,
+        lora=lora,
+        routing_stats=routing_stats,
+        cost=cost,
+    )

@@ -40,11 +40,23 @@ class EngineCoreOutput:
 
 
 class EngineCore:
-    def __init__(self, *, model_dir: Path, config: EngineConfig, model: torch.nn.Module, spec: ModelSpec,
-                 kv: KVCacheManager, scheduler: Scheduler, runner: ModelRunner, max_model_len: int,
-                 generation_defaults: GenerationDefaults, eos_token_ids: list[int],
-                 lora: LoRAManager | None = None, routing_stats: RoutingStats | None = None,
-                 cost: StepCost | None = None):
+    def __init__(
+        self,
+        *,
+        model_dir: Path,
+        config: EngineConfig,
+        model: torch.nn.Module,
+        spec: ModelSpec,
+        kv: KVCacheManager,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        max_model_len: int,
+        generation_defaults: GenerationDefaults,
+        eos_token_ids: list[int],
+        lora: LoRAManager | None = None,
+        routing_stats: RoutingStats | None = None,
+        cost: StepCost | None = None,
+    ):
         self.model_dir, self.config, self.model, self.spec = model_dir, config, model, spec
         self.kv, self.scheduler, self.runner = kv, scheduler, runner
         self.max_model_len = max_model_len
@@ -56,17 +68,31 @@ class EngineCore:
     # ----- requests ------------------------------------------------------------------------------
     def default_sampling_params(self) -> SamplingParams:
         d = self.generation_defaults
-        kwargs = {k: v for k, v in (("temperature", d.temperature), ("top_p", d.top_p), ("top_k", d.top_k),
-                                    ("min_p", d.min_p), ("repetition_penalty", d.repetition_penalty)) if v is not None}
-        return SamplingParams(**kwargs)
+        p = SamplingParams()
+        return SamplingParams(
+            temperature=p.temperature if d.temperature is None else d.temperature,
+            top_p=p.top_p if d.top_p is None else d.top_p,
+            top_k=p.top_k if d.top_k is None else d.top_k,
+            min_p=p.min_p if d.min_p is None else d.min_p,
+            repetition_penalty=p.repetition_penalty if d.repetition_penalty is None else d.repetition_penalty,
+        )
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-                    lora_request: LoRARequest | None = None, arrival_time: float | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        lora_request: LoRARequest | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
         """Validate and queue a request; raises a ``ForwardpassError`` naming the bad field."""
         if request_id in self.scheduler.requests:
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
         if not isinstance(params, SamplingParams):
-            raise ValidationError(f"params must be SamplingParams, got {type(params).__name__}", param="params")
+            raise ValidationError(
+                f"params must be SamplingParams, got {type(params).__name__}", param="params"
+            )
         if not prompt_token_ids:
             raise ValidationError("the prompt is empty", param="prompt")
         vocab = self.spec.vocab
@@ -80,13 +106,18 @@ class EngineCore:
             )
         if lora_request is not None:
             if self.lora_manager is None:
-                raise ValidationError("this engine was not started with LoRA enabled (enable_lora=True)",
-                                      param="lora")
+                raise ValidationError(
+                    "this engine was not started with LoRA enabled (enable_lora=True)", param="lora"
+                )
             self.lora_manager.add_adapter(lora_request)  # a bad adapter fails this request now
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         ids = list(prompt_token_ids)
-        self.scheduler.add_request([Sequence(request_id, ids, params, index=i, lora_request=lora_request,
-                                             arrival_time=arrival) for i in range(params.n)])
+        self.scheduler.add_request(
+            [
+                Sequence(request_id, ids, params, index=i, lora_request=lora_request, arrival_time=arrival)
+                for i in range(params.n)
+            ]
+        )
 
     def abort(self, request_ids: list[str]) -> None:
         """Stop requests now and return their KV blocks to the pool. Unknown ids are ignored."""
@@ -113,9 +144,14 @@ class EngineCore:
         record = self._record(scheduled, len(result.seq_ids), start)
         self.stats.append(record)
         if self.routing_stats is not None and result.routing_counts is not None:
-            self.routing_stats.append(RoutingRecord(
-                step=self.step_counter, num_tokens=scheduled.total_num_tokens,
-                layers=list(self.spec.moe_layer_ids), tokens_per_expert=[list(c) for c in result.routing_counts]))
+            self.routing_stats.append(
+                RoutingRecord(
+                    step=self.step_counter,
+                    num_tokens=scheduled.total_num_tokens,
+                    layers=list(self.spec.moe_layer_ids),
+                    tokens_per_expert=[list(c) for c in result.routing_counts],
+                )
+            )
         return EngineCoreOutput(deltas, record)
 
     def _record(self, scheduled: SchedulerOutput, num_sampled: int, start: float) -> StepRecord:
@@ -127,19 +163,31 @@ class EngineCore:
             spans = [(c.num_computed_tokens, c.num_new_tokens) for c in scheduled.chunks]
             flops, nbytes = self.cost.step(spans, num_sampled)
         return StepRecord(
-            step=self.step_counter, start_time=start, duration_s=time.monotonic() - start,
-            num_running=len(s.running), num_waiting=len(s.waiting),
-            num_seqs_scheduled=len(scheduled.chunks), num_prefill_tokens=num_prefill, num_decode_tokens=num_decode,
-            num_sampled=num_sampled, kv_usage=kv.usage, num_free_blocks=kv.num_free_blocks,
-            prefix_cache_queries=kv.prefix_queries, prefix_cache_hits=kv.prefix_hits,
-            num_preemptions=scheduled.num_preempted, total_preemptions=s.num_preemptions,
-            flops=flops, bytes=nbytes,
+            step=self.step_counter,
+            start_time=start,
+            duration_s=time.monotonic() - start,
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            num_seqs_scheduled=len(scheduled.chunks),
+            num_prefill_tokens=num_prefill,
+            num_decode_tokens=num_decode,
+            num_sampled=num_sampled,
+            kv_usage=kv.usage,
+            num_free_blocks=kv.num_free_blocks,
+            prefix_cache_queries=kv.prefix_queries,
+            prefix_cache_hits=kv.prefix_hits,
+            num_preemptions=scheduled.num_preempted,
+            total_preemptions=s.num_preemptions,
+            flops=flops,
+            bytes=nbytes,
         )
 
     # ----- LoRA (vLLM's engine methods) ----------------------------------------------------------
     def _lora(self) -> LoRAManager:
         if self.lora_manager is None:
-            raise ValidationError("this engine was not started with LoRA enabled (enable_lora=True)", param="lora")
+            raise ValidationError(
+                "this engine was not started with LoRA enabled (enable_lora=True)", param="lora"
+            )
         return self.lora_manager
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
@@ -157,8 +205,11 @@ class EngineCore:
         live = self.scheduler.live_sequences()
         self.kv.check_invariants(live)
         for seq in self.scheduler.waiting:
-            assert seq.status is SequenceStatus.WAITING and not any(self.kv.block_tables(seq)), \
+            assert seq.status is SequenceStatus.WAITING and not any(self.kv.block_tables(seq)), (
                 "a waiting sequence holds blocks"
+            )
         if not self.has_unfinished_requests():
             assert not live, "no request is unfinished but sequences are still scheduled"
-            assert self.kv.num_free_blocks == self.kv.num_blocks, "all requests are done but blocks are still owned"
+            assert self.kv.num_free_blocks == self.kv.num_blocks, (
+                "all requests are done but blocks are still owned"
+            )

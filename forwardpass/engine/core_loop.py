@@ -56,7 +56,7 @@ class EngineSpec:
 
     model: str
     config_kwargs: dict[str, Any] = field(default_factory=dict)
-    factory: Callable[..., EngineCore] | type[EngineCore] | None = None
+    factory: Callable[[str, EngineConfig], EngineCore] | type[EngineCore] | None = None
     log_level: int = logging.WARNING
     num_threads: int | None = None  # torch compute threads of the engine (None: torch's default)
 
@@ -70,7 +70,7 @@ def build_engine(spec: EngineSpec) -> EngineCore:
     factory = spec.factory
     if factory is None:
         return build_engine_core(spec.model, config)
-    if isinstance(factory, type) and issubclass(factory, EngineCore):
+    if isinstance(factory, type):  # an EngineCore subclass
         return build_engine_core(spec.model, config, core_cls=factory)
     return factory(spec.model, config)
 
@@ -86,8 +86,13 @@ class Inbox(Protocol):
 
 
 class EngineLoop:
-    def __init__(self, spec: EngineSpec, inbox: Inbox, emit: Callable[[list[EngineEvent]], None],
-                 alive: Callable[[], bool]):
+    def __init__(
+        self,
+        spec: EngineSpec,
+        inbox: Inbox,
+        emit: Callable[[list[EngineEvent]], None],
+        alive: Callable[[], bool],
+    ):
         self.spec, self.inbox, self.emit, self.alive = spec, inbox, emit, alive
 
     def run(self) -> None:
@@ -98,10 +103,21 @@ class EngineLoop:
             self.emit([StartupFailed(portable(exc))])
             return
         self.core = core
-        self.emit([Ready(EngineInfo(
-            max_model_len=core.max_model_len, vocab_size=core.spec.vocab, num_blocks=core.kv.num_blocks,
-            block_size=core.config.block_size, default_params=core.default_sampling_params(),
-            eos_token_ids=tuple(core.eos_token_ids), max_num_seqs=core.config.max_num_seqs))])
+        self.emit(
+            [
+                Ready(
+                    EngineInfo(
+                        max_model_len=core.max_model_len,
+                        vocab_size=core.spec.vocab,
+                        num_blocks=core.kv.num_blocks,
+                        block_size=core.config.block_size,
+                        default_params=core.default_sampling_params(),
+                        eos_token_ids=tuple(core.eos_token_ids),
+                        max_num_seqs=core.config.max_num_seqs,
+                    )
+                )
+            ]
+        )
         try:
             self._loop()
         except _EngineBroken:
@@ -123,8 +139,13 @@ class EngineLoop:
                         return
                     case AddRequest(request_id=rid):
                         try:
-                            core.add_request(rid, cmd.prompt_token_ids, cmd.params, lora_request=cmd.lora_request,
-                                             arrival_time=cmd.arrival_time)
+                            core.add_request(
+                                rid,
+                                cmd.prompt_token_ids,
+                                cmd.params,
+                                lora_request=cmd.lora_request,
+                                arrival_time=cmd.arrival_time,
+                            )
                         except Exception as exc:  # noqa: BLE001 - validation errors go back to the caller
                             events.append(Admitted(rid, portable(exc)))
                         else:
@@ -183,10 +204,15 @@ class EngineLoop:
         core = self.core
         snap = self._snapshot()
         info: dict[str, Any] = {
-            "num_running": snap.num_running, "num_waiting": snap.num_waiting, "kv_usage": snap.kv_usage,
-            "num_free_blocks": snap.num_free_blocks, "num_blocks": core.kv.num_blocks,
-            "num_requests": len(core.scheduler.requests), "total_preemptions": core.scheduler.num_preemptions,
-            "invariants_ok": True, "invariant_error": None,
+            "num_running": snap.num_running,
+            "num_waiting": snap.num_waiting,
+            "kv_usage": snap.kv_usage,
+            "num_free_blocks": snap.num_free_blocks,
+            "num_blocks": core.kv.num_blocks,
+            "num_requests": len(core.scheduler.requests),
+            "total_preemptions": core.scheduler.num_preemptions,
+            "invariants_ok": True,
+            "invariant_error": None,
         }
         try:
             core.check_invariants()

@@ -26,7 +26,7 @@ class StepCost(Protocol):
 
 class StepCostModel:
     def __init__(self, spec: ModelSpec, dtype_bytes: int):
-        self.shape = s = spec
+        self.spec = s = spec
         self.dtype_bytes = dtype_bytes
         per_layer_norms = s.layers * s.norm_params + s.hidden
         # parameters a token multiplies through, except embedding lookup and LM head
@@ -36,18 +36,18 @@ class StepCostModel:
 
     def step(self, spans: Sequence[tuple[int, int]], num_sampled: int) -> tuple[float, float]:
         """(FLOPs, bytes) of a forward pass over ``spans`` = [(tokens already cached, new tokens)]."""
-        s = self.shape
+        s = self.spec
         tokens = sum(n for _, n in spans)
         if tokens == 0:
             return 0.0, 0.0
         pairs = 0
-        kv_read = 0
+        kv_read = 0.0
         for cached, n in spans:
             pairs += n * cached + n * (n + 1) // 2  # causal (query, key) pairs
             kv_read += s.kv_positions(cached + n)  # averaged over layers: sliding layers see their window
         flops = 2.0 * self.matmul_params * tokens + 4.0 * s.layers * s.q_dim * pairs
         flops += 2.0 * s.hidden * s.vocab * num_sampled
-        body = self.all_body_params
+        body = float(self.all_body_params)
         if s.is_moe:  # experts no token of this step was routed to are not read
             untouched = s.num_experts - s.unique_experts(tokens)
             body -= untouched * s.expert_params * s.moe_layers

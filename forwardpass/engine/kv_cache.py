@@ -37,7 +37,9 @@ class KVCacheManager:
         self.groups = list(groups)
         self.block_size = sizes.pop()
         self.pools = [BlockPool(g.num_blocks) for g in groups]
-        self.enable_prefix_caching = enable_prefix_caching and all(g.spec.supports_prefix_caching for g in groups)
+        self.enable_prefix_caching = enable_prefix_caching and all(
+            g.spec.supports_prefix_caching for g in groups
+        )
         self.tables: dict[int, list[list[int]]] = {}  # seq_id -> one block table per group
         self._seq_hashes: dict[int, list[int]] = {}  # seq_id -> hashes of its full blocks (lazy)
         self.prefix_queries = 0  # prompt tokens looked up (cumulative, for the step records)
@@ -146,8 +148,11 @@ class KVCacheManager:
         tables = self.tables[seq.seq_id]
         parent = 0
         for i in range(num_full):
-            key = self._block_key(parent, seq, i) if any(
-                pool.blocks[t[i]].hash is None for pool, t in zip(self.pools, tables)) else None
+            key = (
+                self._block_key(parent, seq, i)
+                if any(pool.blocks[t[i]].hash is None for pool, t in zip(self.pools, tables))
+                else None
+            )
             if key is not None:
                 for pool, table in zip(self.pools, tables):
                     pool.register(table[i], hashes[i], key)

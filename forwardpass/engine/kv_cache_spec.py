@@ -86,12 +86,15 @@ class KVCacheGroup:
 
 def layer_specs(model: ModelSpec, block_size: int, dtype: torch.dtype) -> list[KVCacheSpec]:
     """The cache spec of each decoder layer of ``model``."""
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=model.kv_heads, head_dim=model.head_dim,
-                             dtype=dtype)
+    spec = FullAttentionSpec(
+        block_size=block_size, num_kv_heads=model.kv_heads, head_dim=model.head_dim, dtype=dtype
+    )
     return [spec] * model.layers
 
 
-def plan_groups(specs: list[KVCacheSpec], memory_bytes: int | None, num_blocks: int | None) -> list[KVCacheGroup]:
+def plan_groups(
+    specs: list[KVCacheSpec], memory_bytes: int | None, num_blocks: int | None
+) -> list[KVCacheGroup]:
     """Group layers with equal specs; give each group the same number of blocks, from a block count
     or from a memory budget (every group must hold the same number of tokens, so the budget is
     divided by the bytes one block costs in all groups together)."""

@@ -30,7 +30,9 @@ from forwardpass.sampling.params import SamplingParams
 
 
 class LLMEngine:
-    def __init__(self, model: str | Path, config: EngineConfig | None = None, *, core: EngineCore | None = None):
+    def __init__(
+        self, model: str | Path, config: EngineConfig | None = None, *, core: EngineCore | None = None
+    ):
         self.model_dir = Path(model)
         self.core = core or build_engine_core(self.model_dir, config)
         self.config = self.core.config
@@ -83,17 +85,29 @@ class LLMEngine:
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValidationError(f"{self.model_dir} has no tokenizer.json: pass prompt token ids instead of text")
+                raise ValidationError(
+                    f"{self.model_dir} has no tokenizer.json: pass prompt token ids instead of text"
+                )
             return self.tokenizer.encode(prompt)
         return list(prompt)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None, *,
-                    lora_request: LoRARequest | None = None, arrival_time: float | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        lora_request: LoRARequest | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
         params = params or self.default_sampling_params()
         token_ids = self.encode_prompt(prompt)
-        self.core.add_request(request_id, token_ids, params, lora_request=lora_request, arrival_time=arrival_time)
-        self.output_processor.add_request(request_id, prompt if isinstance(prompt, str) else None, token_ids, params,
-                                          arrival_time)
+        self.core.add_request(
+            request_id, token_ids, params, lora_request=lora_request, arrival_time=arrival_time
+        )
+        self.output_processor.add_request(
+            request_id, prompt if isinstance(prompt, str) else None, token_ids, params, arrival_time
+        )
 
     def abort(self, request_id: str | list[str]) -> None:
         """Stop a request now and return its KV blocks to the pool. Unknown ids are ignored."""

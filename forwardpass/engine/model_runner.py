@@ -63,10 +63,19 @@ class _RunnerSequence:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, groups: Sequence[KVCacheGroup], *, dtype: torch.dtype,
-                 device: str = "cpu", attention_backend: str = "sdpa", eos_token_ids: Sequence[int] = (),
-                 decode_kernel: Callable | None = None, adapters: BatchAdapters | None = None,
-                 routing: RoutingCounter | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        groups: Sequence[KVCacheGroup],
+        *,
+        dtype: torch.dtype,
+        device: str = "cpu",
+        attention_backend: str = "sdpa",
+        eos_token_ids: Sequence[int] = (),
+        decode_kernel: Callable | None = None,
+        adapters: BatchAdapters | None = None,
+        routing: RoutingCounter | None = None,
+    ):
         if len(groups) != 1:
             # Attention metadata is built for one block table per sequence; layer groups with their
             # own tables (sliding-window pages, state slots) extend AttentionContext per group.
@@ -83,7 +92,9 @@ class ModelRunner:
         for layer in group.layer_ids:
             # Zeroed, not empty: padded rows of a gathered decode batch are masked out, but 0 · NaN
             # garbage would still poison the weighted sum.
-            self.kv_caches[layer] = torch.zeros(group.spec.cache_shape(group.num_blocks), dtype=dtype, device=device)
+            self.kv_caches[layer] = torch.zeros(
+                group.spec.cache_shape(group.num_blocks), dtype=dtype, device=device
+            )
         self.sampler = Sampler()
         self.sequences: dict[int, _RunnerSequence] = {}
 
@@ -103,11 +114,21 @@ class ModelRunner:
             known.output = list(new.output_token_ids)
             return
         gen = make_generator(new.params.seed, new.sample_index) if new.params.seed is not None else None
-        self.sequences[new.seq_id] = _RunnerSequence(list(new.prompt_token_ids), list(new.output_token_ids),
-                                                     new.params, gen, new.lora_id)
+        self.sequences[new.seq_id] = _RunnerSequence(
+            list(new.prompt_token_ids), list(new.output_token_ids), new.params, gen, new.lora_id
+        )
 
     # ----- batch construction --------------------------------------------------------------------
-    def _prepare(self, scheduled: SchedulerOutput):
+    def _prepare(
+        self, scheduled: SchedulerOutput
+    ) -> tuple[
+        torch.Tensor,
+        torch.Tensor,
+        AttentionContext,
+        list[int],
+        list[tuple[int, _RunnerSequence]],
+        list[tuple[int, int]],
+    ]:
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -134,8 +155,14 @@ class ModelRunner:
                 decode_lens.append(end)
             else:
                 slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-                prefills.append(PrefillSpan(q_start=row, q_len=n, context_len=end,
-                                            block_table=torch.tensor(table, dtype=torch.long, device=self.device)))
+                prefills.append(
+                    PrefillSpan(
+                        q_start=row,
+                        q_len=n,
+                        context_len=end,
+                        block_table=torch.tensor(table, dtype=torch.long, device=self.device),
+                    )
+                )
             if end == seq.num_tokens:
                 sample_rows.append(row + n - 1)
                 sampled.append((chunk.seq_id, seq))
@@ -177,7 +204,7 @@ class ModelRunner:
         routing = self.routing.collect() if self.routing is not None else None
         if not sampled:
             return RunnerOutput((), (), (), routing)
-        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=hidden.device)])
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=hidden.device)])  # type: ignore[operator]
         rows = [SamplingRow(s.params, s.prompt, s.output, s.generator) for _, s in sampled]
         out = self.sampler(logits, rows, eos_token_ids=self.eos_token_ids)
         for (_, seq), token in zip(sampled, out.token_ids):

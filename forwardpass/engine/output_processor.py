@@ -97,21 +97,36 @@ class RequestState:
             k, t = (0, 0) if cursor is None else cursor[s.index]
             if cursor is not None:
                 cursor[s.index] = (len(s.token_ids), len(text))
-            completions.append(CompletionOutput(
-                index=s.index, text=text[t:], token_ids=s.token_ids[k:],
-                cumulative_logprob=s.cumulative_logprob,
-                logprobs=None if s.logprobs is None else s.logprobs[k:],
-                finish_reason=s.finish_reason, stop_reason=s.stop_reason))
+            completions.append(
+                CompletionOutput(
+                    index=s.index,
+                    text=text[t:],
+                    token_ids=s.token_ids[k:],
+                    cumulative_logprob=s.cumulative_logprob,
+                    logprobs=None if s.logprobs is None else s.logprobs[k:],
+                    finish_reason=s.finish_reason,
+                    stop_reason=s.stop_reason,
+                )
+            )
         finished = self.finished
         metrics = RequestMetrics(
-            arrival_time=self.arrival_time, first_scheduled_time=self.first_scheduled_time,
-            first_token_time=self.first_token_time, last_token_time=self.last_token_time,
+            arrival_time=self.arrival_time,
+            first_scheduled_time=self.first_scheduled_time,
+            first_token_time=self.first_token_time,
+            last_token_time=self.last_token_time,
             finished_time=self.finished_time if finished else None,
-            num_cached_tokens=self.num_cached_tokens, num_preemptions=self.num_preemptions)
-        return RequestOutput(request_id=self.request_id, prompt=self.prompt,
-                             prompt_token_ids=self.prompt_token_ids,  # shared, never mutated
-                             outputs=completions, finished=finished, metrics=metrics,
-                             num_cached_tokens=self.num_cached_tokens)
+            num_cached_tokens=self.num_cached_tokens,
+            num_preemptions=self.num_preemptions,
+        )
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,  # shared, never mutated
+            outputs=completions,
+            finished=finished,
+            metrics=metrics,
+            num_cached_tokens=self.num_cached_tokens,
+        )
 
 
 class OutputProcessor:
@@ -119,15 +134,31 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.requests: dict[str, RequestState] = {}
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, arrival_time: float | None = None) -> RequestState:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> RequestState:
         samples = []
         for i in range(params.n):
-            detok = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
-                     if self.tokenizer is not None else None)
-            samples.append(SampleState(i, params, detok, logprobs=[] if params.logprobs is not None else None))
-        state = RequestState(request_id, prompt, prompt_token_ids, samples,
-                             arrival_time if arrival_time is not None else time.monotonic())
+            detok = (
+                IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+                if self.tokenizer is not None
+                else None
+            )
+            samples.append(
+                SampleState(i, params, detok, logprobs=[] if params.logprobs is not None else None)
+            )
+        state = RequestState(
+            request_id,
+            prompt,
+            prompt_token_ids,
+            samples,
+            arrival_time if arrival_time is not None else time.monotonic(),
+        )
         self.requests[request_id] = state
         return state
 
@@ -155,7 +186,11 @@ class OutputProcessor:
             state.num_cached_tokens = d.num_cached_tokens
             state.num_preemptions = max(state.num_preemptions, d.num_preemptions)
             self._append(sample, d)
-            if sample.finish_reason == "stop" and isinstance(sample.stop_reason, str) and d.finish_reason is None:
+            if (
+                sample.finish_reason == "stop"
+                and isinstance(sample.stop_reason, str)
+                and d.finish_reason is None
+            ):
                 stopped.append((d.request_id, d.index))
             touched[d.request_id] = state
         for rid, state in touched.items():
@@ -184,7 +219,9 @@ class OutputProcessor:
     def _logprob_dict(self, lp: TokenLogprobs) -> dict[int, Logprob]:
         """vLLM-shaped logprobs of one position: the sampled token first, then the top ones by rank."""
         tok = self.tokenizer
-        decode = (lambda t: tok.decode([t], skip_special_tokens=False)) if tok is not None else (lambda t: None)
+        decode = (
+            (lambda t: tok.decode([t], skip_special_tokens=False)) if tok is not None else (lambda t: None)
+        )
         d = {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id))}
         for rank, (tid, val) in enumerate(lp.top, start=1):
             d.setdefault(tid, Logprob(val, rank, decode(tid)))

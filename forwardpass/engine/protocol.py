@@ -120,8 +120,17 @@ class Stopped:
     pass
 
 
-EngineEvent = (Ready | StartupFailed | Admitted | StepOutput | RequestsFailed | Snapshot | DebugReply | EngineDead
-               | Stopped)
+EngineEvent = (
+    Ready
+    | StartupFailed
+    | Admitted
+    | StepOutput
+    | RequestsFailed
+    | Snapshot
+    | DebugReply
+    | EngineDead
+    | Stopped
+)
 
 
 def portable(exc: BaseException) -> ForwardpassError:

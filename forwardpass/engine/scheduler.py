@@ -33,8 +33,16 @@ class AdmissionPolicy(Protocol):
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, eos_token_ids: Iterable[int] = (), admission: AdmissionPolicy | None = None):
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: Iterable[int] = (),
+        admission: AdmissionPolicy | None = None,
+    ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -115,14 +123,23 @@ class Scheduler:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             if not seq.in_runner:
-                new.append(NewSequence(seq.seq_id, tuple(seq.prompt_token_ids), tuple(seq.output_token_ids),
-                                       seq.params, seq.index, seq.lora_id))
+                new.append(
+                    NewSequence(
+                        seq.seq_id,
+                        tuple(seq.prompt_token_ids),
+                        tuple(seq.output_token_ids),
+                        seq.params,
+                        seq.index,
+                        seq.lora_id,
+                    )
+                )
                 seq.in_runner = True
             self.running.append(seq)
             # a (re)admitted sequence's whole block table is new to the runner
             tables = tuple(tuple(t) for t in self.kv.block_tables(seq))
-            chosen.append(ScheduledChunk(seq.seq_id, seq.num_computed_tokens, num_new, tables,
-                                         _is_decode(seq, num_new)))
+            chosen.append(
+                ScheduledChunk(seq.seq_id, seq.num_computed_tokens, num_new, tables, _is_decode(seq, num_new))
+            )
             budget -= num_new
 
         self.num_preemptions += preempted
@@ -145,9 +162,19 @@ class Scheduler:
             reason, stop = self._check_stop(seq, token)
             if reason is not None:
                 self._finish(seq, reason, stop)
-            deltas.append(TokenDelta(
-                seq.request_id, seq.index, (token,), None if logprobs is None else (logprobs,), reason, stop,
-                seq.num_cached_tokens, seq.num_preemptions, seq.first_scheduled_time))
+            deltas.append(
+                TokenDelta(
+                    seq.request_id,
+                    seq.index,
+                    (token,),
+                    None if logprobs is None else (logprobs,),
+                    reason,
+                    stop,
+                    seq.num_cached_tokens,
+                    seq.num_preemptions,
+                    seq.first_scheduled_time,
+                )
+            )
         return deltas
 
     # ----- internals -----------------------------------------------------------------------------

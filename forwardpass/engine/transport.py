@@ -35,7 +35,9 @@ class ThreadTransport:
     def __init__(self, spec: EngineSpec, post: Post):
         self._inbox: queue.Queue[EngineCommand] = queue.Queue()
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._main, args=(spec, post), name="forwardpass-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._main, args=(spec, post), name="forwardpass-engine", daemon=True
+        )
         self._thread.start()
 
     def _main(self, spec: EngineSpec, post: Post) -> None:
@@ -69,13 +71,15 @@ class ProcessTransport:
         ctx = multiprocessing.get_context("spawn")
         self._inbox = ctx.Queue()
         recv_conn, send_conn = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_process_main, args=(spec, self._inbox, send_conn),
-                                 name="forwardpass-engine", daemon=True)
+        self._proc = ctx.Process(
+            target=_process_main, args=(spec, self._inbox, send_conn), name="forwardpass-engine", daemon=True
+        )
         self._proc.start()
         send_conn.close()
         self._stopped = threading.Event()
-        self._reader = threading.Thread(target=self._read, args=(recv_conn, post), name="forwardpass-reader",
-                                        daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, args=(recv_conn, post), name="forwardpass-reader", daemon=True
+        )
         self._reader.start()
 
     def _read(self, conn: Connection, post: Post) -> None:
@@ -104,6 +108,7 @@ class ProcessTransport:
         self._inbox.join_thread()
 
 
-TRANSPORTS: dict[str, type[ThreadTransport] | type[ProcessTransport]] = {
-    "thread": ThreadTransport, "process": ProcessTransport,
+TRANSPORTS: dict[str, type[ThreadTransport | ProcessTransport]] = {
+    "thread": ThreadTransport,
+    "process": ProcessTransport,
 }

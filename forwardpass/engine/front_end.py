@@ -1,0 +1,139 @@
+"""The event-loop side state of the async engine: one writer, fed by the engine loop's events.
+
+``FrontEnd.dispatch`` runs on the event loop for every list of events the transport delivers: it
+applies token deltas through the ``OutputProcessor``, wakes the streams of the requests that advanced,
+settles admissions and debug calls, keeps the gauges, and fails requests when the engine dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from forwardpass.engine.batch import TokenDelta
+from forwardpass.engine.output_processor import OutputProcessor
+from forwardpass.engine.outputs import RequestOutput
+from forwardpass.engine.protocol import (
+    Admitted,
+    DebugReply,
+    EngineCommand,
+    EngineDead,
+    EngineEvent,
+    EngineInfo,
+    Ready,
+    RequestsFailed,
+    Snapshot,
+    StartupFailed,
+    StepOutput,
+    Stopped,
+    StopSamples,
+)
+from forwardpass.engine.request_stream import FrontRequest, RequestTiming
+from forwardpass.engine.stats import StepRecord
+from forwardpass.errors import EngineDeadError
+
+logger = logging.getLogger(__name__)
+
+
+class FrontEnd:
+    def __init__(self, send: Callable[[EngineCommand], None]):
+        self.send = send
+        self.info: EngineInfo | None = None
+        self.snapshot = Snapshot(0, 0, 0.0, 0)
+        self.stat_listeners: list[Callable[[StepRecord], None]] = []
+        self.finish_listeners: list[Callable[[RequestOutput, RequestTiming], None]] = []
+        self.requests: dict[str, FrontRequest] = {}
+        self.processor = OutputProcessor(None)
+        self.calls: dict[int, asyncio.Future] = {}
+        self.dead: str | None = None
+        self.ready: asyncio.Future | None = None
+
+    def finish(self, req: FrontRequest) -> None:
+        if not req.ack.done() or req.ack.exception() is not None:
+            return  # never admitted: nothing to account for
+        timing = req.timing
+        timing.finished = time.monotonic()
+        timing.status = (
+            "finished" if req.state.finished else ("failed" if req.error is not None else "aborted")
+        )
+        out = req.state.make_output()
+        for listener in self.finish_listeners:
+            try:
+                listener(out, timing)
+            except Exception:
+                logger.exception("finish listener failed")
+
+    def dispatch(self, events: list[EngineEvent]) -> None:
+        for event in events:
+            match event:
+                case StepOutput(deltas=deltas, record=record):
+                    self._on_step(deltas, record)
+                case Admitted(request_id=rid, error=error):
+                    req = self.requests.get(rid)
+                    if req is not None and not req.ack.done():
+                        if error is None:
+                            req.ack.set_result(None)
+                        else:
+                            req.fail(error)
+                case RequestsFailed(request_ids=rids, error=error):
+                    for rid in rids:
+                        if (req := self.requests.get(rid)) is not None:
+                            req.fail(error)
+                case Snapshot():
+                    self.snapshot = event
+                case DebugReply(call_id=call_id, result=result):
+                    fut = self.calls.pop(call_id, None)
+                    if fut is not None and not fut.done():
+                        if isinstance(result, BaseException):
+                            fut.set_exception(result)
+                        else:
+                            fut.set_result(result)
+                case Ready(info=info):
+                    self.info = info
+                    self.snapshot = Snapshot(0, 0, 0.0, info.num_blocks)
+                    if self.ready is not None and not self.ready.done():
+                        self.ready.set_result(None)
+                case StartupFailed(error=error):
+                    self.dead = f"startup failed: {error}"
+                    if self.ready is not None and not self.ready.done():
+                        self.ready.set_exception(error)
+                case EngineDead(reason=reason):
+                    self.mark_dead(reason)
+                case Stopped():
+                    self.mark_dead("the engine has stopped")
+
+    def _on_step(self, deltas: tuple[TokenDelta, ...], record: StepRecord) -> None:
+        touched, stopped = self.processor.process(deltas)
+        if stopped:
+            self.send(StopSamples(tuple(stopped)))
+        for state in touched:
+            req = self.requests.get(state.request_id)
+            if req is None or req.error is not None:
+                continue
+            req.timing.on_output()
+            req.started = True
+            req.version += 1
+            req.event.set()
+        self.snapshot = Snapshot(
+            record.num_running, record.num_waiting, record.kv_usage, record.num_free_blocks
+        )
+        for listener in self.stat_listeners:
+            listener(record)
+
+    def mark_dead(self, reason: str) -> None:
+        if self.dead is None:
+            self.dead = reason
+            if "shut down" not in reason and "stopped" not in reason:
+                logger.error("engine dead: %s", reason)
+        err = EngineDeadError(f"the engine has stopped: {self.dead}")
+        for req in list(self.requests.values()):
+            if not req.state.finished and req.error is None:  # keep a real cause already delivered
+                req.fail(err)
+        for fut in self.calls.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self.calls.clear()
+        if self.ready is not None and not self.ready.done():
+            self.ready.set_exception(err)
