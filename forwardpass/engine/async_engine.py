@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from forwardpass.engine.core_loop import EngineSpec
 from forwardpass.engine.front_end import FrontEnd
@@ -134,6 +134,11 @@ class AsyncLLMEngine:
         return self.info.max_model_len
 
     @property
+    def vocab_size(self) -> int:
+        assert self.info is not None, "start() the engine first"
+        return self.info.vocab_size
+
+    @property
     def num_unfinished(self) -> int:
         return len(self._requests)
 
@@ -171,7 +176,7 @@ class AsyncLLMEngine:
         params: SamplingParams,
         request_id: str,
         lora_request: LoRARequest | None = None,
-        output_kind: str = "cumulative",
+        output_kind: Literal["cumulative", "delta"] = "cumulative",
     ) -> RequestStream:
         """Submit a request and wait until the engine has admitted it (or raised its validation error).
 

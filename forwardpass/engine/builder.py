@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -20,7 +21,7 @@ from forwardpass.engine.core import EngineCore
 from forwardpass.engine.cost import StepCostModel
 from forwardpass.engine.kv_cache import KVCacheManager
 from forwardpass.engine.kv_cache_spec import layer_specs, plan_groups
-from forwardpass.engine.model_runner import ModelRunner
+from forwardpass.engine.model_runner import CausalLM, ModelRunner
 from forwardpass.engine.scheduler import Scheduler
 from forwardpass.errors import ConfigError
 from forwardpass.layers.moe import ModelRoutingCounter, RoutingStats, moe_layers
@@ -113,7 +114,7 @@ def build_engine_core(
     )
     kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
     runner = ModelRunner(
-        net,
+        cast(CausalLM, net),  # every registered model class has forward + compute_logits
         groups,
         dtype=dtype,
         device=config.device,

@@ -34,6 +34,14 @@ class BatchAdapters(Protocol):
     def end_step(self) -> None: ...
 
 
+class CausalLM(Protocol):
+    """What the runner needs of a model: hidden states of the flattened batch, logits of chosen rows."""
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
 class RoutingCounter(Protocol):
     """Reads the tokens each expert received in the last forward, per MoE layer, in one host copy."""
 
@@ -65,7 +73,7 @@ class _RunnerSequence:
 class ModelRunner:
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: CausalLM,
         groups: Sequence[KVCacheGroup],
         *,
         dtype: torch.dtype,
@@ -204,7 +212,7 @@ class ModelRunner:
         routing = self.routing.collect() if self.routing is not None else None
         if not sampled:
             return RunnerOutput((), (), (), routing)
-        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=hidden.device)])  # type: ignore[operator]
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=hidden.device)])
         rows = [SamplingRow(s.params, s.prompt, s.output, s.generator) for _, s in sampled]
         out = self.sampler(logits, rows, eos_token_ids=self.eos_token_ids)
         for (_, seq), token in zip(sampled, out.token_ids):

@@ -108,7 +108,7 @@ class Sampler:
     ``block``: width of the first level of the two-level draw.
     """
 
-    def __init__(self, candidates: int = 256, block: int = 1024):
+    def __init__(self, candidates: int = 256, block: int = 1024) -> None:
         self.candidates = candidates
         self.block = block
         self._ws = _Workspace()
@@ -145,8 +145,9 @@ class Sampler:
         x.copy_(logits)
         if min_tok:
             # vLLM: stop_token_ids always, EOS unless ignore_eos; ids past the vocab can never be drawn.
+            # (stop_token_ids is a list after SamplingParams.__post_init__; ``or []`` tells the checker.)
             ids = [
-                [t for t in ps[i].stop_token_ids + ([] if ps[i].ignore_eos else list(eos)) if t < V]
+                [t for t in (ps[i].stop_token_ids or []) + ([] if ps[i].ignore_eos else list(eos)) if t < V]
                 for i in min_tok
             ]
             mask_tokens(x, flat_keys(min_tok, [as_ids(t) for t in ids], V, dev))
@@ -274,12 +275,12 @@ class Sampler:
         rank = (raw > chosen[:, None]).sum(-1) + 1
         k_max = max(rows[i].params.logprobs or 0 for i in want)
         top_vals, top_ids = raw.topk(k_max, dim=-1) if k_max else (raw[:, :0], raw[:, :0].long())
-        top_vals = (top_vals - lse[:, None]).tolist()
-        top_ids = top_ids.tolist()
-        chosen_ids = tokens[w].tolist()
+        top_lps: list[list[float]] = (top_vals - lse[:, None]).tolist()
+        top_tok: list[list[int]] = top_ids.tolist()
+        chosen_ids: list[int] = tokens[w].tolist()
         for j, (i, lp, rk) in enumerate(zip(want, (chosen - lse).tolist(), rank.tolist())):
             k = rows[i].params.logprobs or 0
-            top = list(zip(top_ids[j][:k], top_vals[j][:k]))
+            top = list(zip(top_tok[j][:k], top_lps[j][:k]))
             result[i] = TokenLogprobs(token_id=chosen_ids[j], logprob=lp, rank=rk, top=top)
         return result
 

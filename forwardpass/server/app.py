@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import forwardpass
+from forwardpass.engine.async_engine import AsyncLLMEngine
 from forwardpass.errors import EngineDeadError, ValidationError
 from forwardpass.server import errors
 from forwardpass.server.config import ServerConfig
@@ -25,15 +28,17 @@ from forwardpass.server.protocol import (
 )
 from forwardpass.server.serving import ClientDisconnected, Serving
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 503)}
+_T = TypeVar("_T")
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 503)}
 _SSE = {"text/event-stream": {"schema": {"type": "string"}}}
 
 
-def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
+def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig()
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if engine.info is None:
             await engine.start()
         yield
@@ -46,25 +51,27 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
     app.state.engine, app.state.metrics, app.state.serving = engine, metrics, serving
     errors.install(app, config.retry_after_s)
 
-    async def run(coro):
+    async def run(coro: Awaitable[_T]) -> _T | Response:
         try:
             return await coro
         except ClientDisconnected:
             return Response(status_code=499)
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses={**_ERRORS, 200: {"content": _SSE}})
-    async def completions(req: CompletionRequest, request: Request):
+    async def completions(req: CompletionRequest, request: Request) -> Response | dict[str, Any]:
         return await run(serving.completions(req, request))
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
               responses={**_ERRORS, 200: {"content": _SSE}})
-    async def chat_completions(req: ChatCompletionRequest, request: Request):
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response | dict[str, Any]:
         return await run(serving.chat(req, request))
 
     created = int(time.time())
 
-    @app.get("/v1/models")
-    async def models():
+    # Routes that return plain dicts say ``response_model=None``: their return annotation is for the type
+    # checker only, not a response model for FastAPI to validate against and publish.
+    @app.get("/v1/models", response_model=None)
+    async def models() -> dict[str, Any]:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "forwardpass",
              "root": str(engine.model_dir) if lora is None else str(getattr(lora, "path", name)),
@@ -72,21 +79,21 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
             for name, lora in config.models.items()]}
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
-    async def health():
+    async def health() -> JSONResponse:
         if engine.is_dead:
             return errors.error_response(503, f"the engine is not running: {engine.dead_reason}", "engine_dead")
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", response_class=Response)
-    async def get_metrics():
+    async def get_metrics() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/version")
-    async def version():
+    @app.get("/version", response_model=None)
+    async def version() -> dict[str, str]:
         return {"version": forwardpass.__version__}
 
-    @app.post("/tokenize", responses=_ERRORS)
-    async def tokenize(req: TokenizeRequest):
+    @app.post("/tokenize", responses=_ERRORS, response_model=None)
+    async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
         serving.resolve_model(req.model)
         if req.messages is not None:
             ids = serving.chat_prompt(req.messages, req.add_generation_prompt)
@@ -96,8 +103,8 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
             ids = serving.encode(req.prompt, req.add_special_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
 
-    @app.post("/detokenize", responses=_ERRORS)
-    async def detokenize(req: DetokenizeRequest):
+    @app.post("/detokenize", responses=_ERRORS, response_model=None)
+    async def detokenize(req: DetokenizeRequest) -> dict[str, str]:
         serving.resolve_model(req.model)
         tok = engine.tokenizer
         if tok is None:
@@ -107,8 +114,8 @@ def build_app(engine, config: ServerConfig | None = None) -> FastAPI:
         return {"prompt": tok.decode(req.tokens, skip_special_tokens=False)}
 
     if config.enable_debug_endpoints:
-        @app.get("/debug/engine")
-        async def debug_engine():
+        @app.get("/debug/engine", response_model=None)
+        async def debug_engine() -> dict[str, Any]:
             """KV blocks, queue lengths and a ``check_invariants()`` run (enabled by a flag, for tests)."""
             if engine.is_dead:
                 raise EngineDeadError(f"the engine is not running: {engine.dead_reason}")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from forwardpass.lora.request import LoRARequest
 
 #: Request caps (also in the OpenAPI schema, so clients and fuzzers see them).
 MAX_N = 16
@@ -17,7 +20,7 @@ MAX_PROMPTS = 32  # prompts in one /v1/completions batch
 class ServerConfig:
     #: served model name -> adapter (``None`` = the base model). The first name is the default; the
     #: LoRA work can add ``NAME -> LoRARequest`` entries here, which the routes pass to the engine.
-    models: dict[str, Any] = field(default_factory=lambda: {"forwardpass": None})
+    models: dict[str, LoRARequest | None] = field(default_factory=lambda: {"forwardpass": None})
     api_key: str | None = None
     max_request_bytes: int = 4 << 20  # 413 above this
     retry_after_s: int = 1  # Retry-After sent with 503 when the waiting queue is full

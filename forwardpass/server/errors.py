@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,12 +24,14 @@ _HTTP_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                429: "rate_limit_error", 503: "server_overloaded"}
 
 
-def envelope(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict:
+def envelope(
+    message: str, type_: str, param: str | None = None, code: str | int | None = None
+) -> dict[str, dict[str, str | int | None]]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def error_response(status: int, message: str, type_: str | None = None, param: str | None = None,
-                   code: str | int | None = None, headers: dict | None = None) -> JSONResponse:
+                   code: str | int | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(envelope(message, type_ or _HTTP_TYPES.get(status, "api_error"), param, code),
                         status_code=status, headers=headers)
 
@@ -76,18 +79,18 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def install(app: FastAPI, retry_after_s: int) -> None:
     @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError):
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
         return error_response(400, message, "invalid_request_error", param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException):
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
     @app.exception_handler(ForwardpassError)
-    async def _fp(request: Request, exc: ForwardpassError):
+    async def _fp(request: Request, exc: ForwardpassError) -> JSONResponse:
         return from_exception(exc, retry_after_s)
 
     @app.exception_handler(Exception)
-    async def _any(request: Request, exc: Exception):
+    async def _any(request: Request, exc: Exception) -> JSONResponse:
         return from_exception(exc, retry_after_s)

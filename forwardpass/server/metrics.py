@@ -7,6 +7,9 @@ each request when it ends (``AsyncLLMEngine.finish_listeners``), so that after a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -16,6 +19,11 @@ from prometheus_client import (
     generate_latest,
 )
 
+if TYPE_CHECKING:
+    from forwardpass.engine.async_engine import AsyncLLMEngine, RequestTiming
+    from forwardpass.engine.outputs import RequestOutput
+    from forwardpass.engine.stats import StepRecord
+
 disable_created_metrics()  # no *_created series next to every counter and histogram
 
 P = "forwardpass:"
@@ -24,13 +32,13 @@ _ITL = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.
 
 
 class ServerMetrics:
-    def __init__(self, engine, model_name: str):
+    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
         self.engine = engine
         r = self.registry = CollectorRegistry()
         lbl = {"model_name": model_name}
         self.labels = lbl
 
-        def g(name, doc):
+        def g(name: str, doc: str) -> Gauge:
             return Gauge(P + name, doc, list(lbl), registry=r).labels(**lbl)
 
         self.running = g("num_requests_running", "sequences in the running batch")
@@ -48,7 +56,7 @@ class ServerMetrics:
         self.ended = Counter(P + "request_ended", "admitted requests that ended, by how", [*lbl, "status"],
                              registry=r)
 
-        def h(name, doc, buckets):
+        def h(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
             return Histogram(P + name, doc, list(lbl), buckets=buckets, registry=r).labels(**lbl)
 
         self.ttft = h("time_to_first_token_seconds", "arrival to first token", _LATENCY)
@@ -58,11 +66,11 @@ class ServerMetrics:
         engine.stat_listeners.append(self.on_step)
         engine.finish_listeners.append(self.on_finish)
 
-    def on_step(self, record) -> None:
+    def on_step(self, record: StepRecord) -> None:
         if record.num_preemptions:
             self.preemptions.inc(record.num_preemptions)
 
-    def on_finish(self, out, timing) -> None:
+    def on_finish(self, out: RequestOutput, timing: RequestTiming) -> None:
         self.ended.labels(**self.labels, status=timing.status).inc()
         if out.prompt_token_ids:
             self.prompt_tokens.inc(len(out.prompt_token_ids))

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from forwardpass.server.errors import error_bytes
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
-async def _send_error(send, status: int, message: str, code: str | None = None, headers=()) -> None:
+async def _send_error(send: Send, status: int, message: str, code: str | None = None,
+                      headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     body = error_bytes(status, message, code)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -20,11 +24,11 @@ async def _send_error(send, status: int, message: str, code: str | None = None, 
 class APIKeyMiddleware:
     """``Authorization: Bearer KEY`` on every path but /health and /metrics; constant-time compare."""
 
-    def __init__(self, app, api_key: str):
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         given = b""
@@ -41,17 +45,18 @@ class APIKeyMiddleware:
 class BodyLimitMiddleware:
     """Reads the body up front (at most ``limit`` bytes, else 413) and replays it to the app."""
 
-    def __init__(self, app, limit: int):
+    def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             return await self.app(scope, receive, send)
         too_big = f"the request body is larger than this server's limit of {self.limit} bytes"
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.limit:
                 return await _send_error(send, 413, too_big)
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -65,7 +70,7 @@ class BodyLimitMiddleware:
                 break
         replayed = False
 
-        async def replay():
+        async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True

@@ -6,7 +6,7 @@ and documented by the response models at the end of this file.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self, TypeGuard, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -45,7 +45,7 @@ class _SamplingRequest(_Strict):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, v):
+    def _no_logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         if v:
             raise ValueError("logit_bias is not supported by this server")
         return v
@@ -65,7 +65,7 @@ class CompletionRequest(_SamplingRequest):
     best_of: int | None = Field(None, ge=1, le=MAX_N)
 
     @model_validator(mode="after")
-    def _unsupported(self):
+    def _unsupported(self) -> Self:
         if self.echo:
             raise ValueError("echo is not supported by this server")
         if self.suffix:
@@ -78,9 +78,14 @@ class CompletionRequest(_SamplingRequest):
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if p and isinstance(p[0], int):
+        if _is_token_ids(p):
             return [list(p)]
-        return list(p)
+        return list(cast("list[str] | list[list[int]]", p))  # the rest of the validated union
+
+
+def _is_token_ids(p: list[str] | list[int] | list[list[int]]) -> TypeGuard[list[int]]:
+    """One prompt of token ids (pydantic has validated the union: an int first means all ints)."""
+    return bool(p) and isinstance(p[0], int)
 
 
 class TextPart(_Strict):
@@ -116,7 +121,7 @@ class ChatCompletionRequest(_SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="refused")
 
     @model_validator(mode="after")
-    def _unsupported(self):
+    def _unsupported(self) -> Self:
         if self.chat_template is not None or self.chat_template_kwargs is not None:
             raise ValueError("request-supplied chat templates (chat_template, chat_template_kwargs) are refused; "
                              "the model's own chat template is used")
@@ -139,7 +144,7 @@ class TokenizeRequest(_Strict):
     add_generation_prompt: bool = True
 
     @model_validator(mode="after")
-    def _one_of(self):
+    def _one_of(self) -> Self:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
         return self

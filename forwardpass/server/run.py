@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 
 from forwardpass.engine.async_engine import AsyncLLMEngine, EngineSpec
 from forwardpass.server.config import ServerConfig
@@ -24,7 +25,7 @@ def run_server(spec: EngineSpec, config: ServerConfig, *, host: str = "127.0.0.1
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
-        def capture_signals(self):
+        def capture_signals(self) -> Iterator[None]:
             with super().capture_signals():
                 yield
                 # uvicorn re-raises the SIGTERM it handled, so the process would die "killed by signal";
@@ -33,9 +34,11 @@ def run_server(spec: EngineSpec, config: ServerConfig, *, host: str = "127.0.0.1
 
     engine = AsyncLLMEngine(spec, backend=backend, max_queued_requests=max_queued_requests)
     app = build_app(engine, config)
-    server = Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5,
-                                   timeout_graceful_shutdown=config.shutdown_timeout_s,
-                                   access_log=log_level == "debug"))
+    server = Server(uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_keep_alive=5,
+        # uvicorn annotates this ``int | None`` but only hands it to asyncio.wait_for, which takes a float.
+        timeout_graceful_shutdown=config.shutdown_timeout_s,  # type: ignore[arg-type]
+        access_log=log_level == "debug"))
     server.run()
     if not server.started:
         from forwardpass.errors import ForwardpassError

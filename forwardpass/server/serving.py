@@ -12,16 +12,29 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
 
-from forwardpass.engine.async_engine import RequestStream
-from forwardpass.engine.outputs import RequestOutput
+from forwardpass.engine.async_engine import AsyncLLMEngine, RequestStream
+from forwardpass.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from forwardpass.errors import ContextLengthError, ModelNotFoundError, ValidationError
+from forwardpass.sampling.params import SamplingParams
+from forwardpass.server.config import ServerConfig
 from forwardpass.server.errors import sse_error
-from forwardpass.server.protocol import ChatCompletionRequest, CompletionRequest
+from forwardpass.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from forwardpass.server.sse import SSEResponse
+
+if TYPE_CHECKING:
+    from forwardpass.loader.tokenizer import Tokenizer
+    from forwardpass.lora.request import LoRARequest
+
+_T = TypeVar("_T")
+#: One choice's logprobs as the engine gives them: per generated token, ``{token_id: Logprob}``.
+LogprobEntries = Sequence[dict[int, Logprob]]
+#: Turns one engine output (of the request at the given position) into the response's SSE choices.
+ChunkMaker = Callable[["_Ctx", int, RequestOutput], Iterator[dict[str, Any]]]
 
 
 class ClientDisconnected(Exception):
@@ -29,11 +42,11 @@ class ClientDisconnected(Exception):
 
 
 class Serving:
-    def __init__(self, engine, config):
+    def __init__(self, engine: AsyncLLMEngine, config: ServerConfig) -> None:
         self.engine, self.config = engine, config
 
     # ----- admission -----------------------------------------------------------------------------
-    def resolve_model(self, name: str | None):
+    def resolve_model(self, name: str | None) -> tuple[str, LoRARequest | None]:
         """(served name, lora request or None); 404 for a name this server does not serve."""
         name = name or self.config.default_model
         if name not in self.config.models:
@@ -41,9 +54,8 @@ class Serving:
                                      f"{', '.join(self.config.models)}", param="model", code="model_not_found")
         return name, self.config.models[name]
 
-    def sampling_params(self, req, prompt_len: int, max_tokens: int | None, logprobs: int | None, what: str):
-        from forwardpass.sampling.params import SamplingParams
-
+    def sampling_params(self, req: CompletionRequest | ChatCompletionRequest, prompt_len: int,
+                        max_tokens: int | None, logprobs: int | None, what: str) -> SamplingParams:
         limit = self.engine.max_model_len
         if prompt_len >= limit:
             raise ContextLengthError(
@@ -57,7 +69,10 @@ class Serving:
                 f"tokens ({prompt_len} in the {what}, {max_tokens} for the completion); reduce the length of the "
                 f"{what} or max_tokens", param="max_tokens")
         d = self.engine.default_sampling_params()
-        pick = lambda v, default: default if v is None else v
+
+        def pick(v: _T | None, default: _T) -> _T:
+            return default if v is None else v
+
         return SamplingParams(
             n=req.n, temperature=pick(req.temperature, d.temperature), top_p=pick(req.top_p, d.top_p),
             top_k=pick(req.top_k, d.top_k), min_p=pick(req.min_p, d.min_p),
@@ -68,7 +83,7 @@ class Serving:
 
     def encode(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, list):
-            vocab = self.engine.info.vocab_size
+            vocab = self.engine.vocab_size
             if any(t >= vocab for t in prompt):
                 raise ValidationError(f"prompt token ids must be in [0, {vocab})", param="prompt")
             return prompt
@@ -80,7 +95,7 @@ class Serving:
             raise ValidationError("the prompt is empty after tokenization", param="prompt")
         return ids
 
-    def chat_prompt(self, messages, add_generation_prompt: bool = True) -> list[int]:
+    def chat_prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         tok = self.engine.tokenizer
         if tok is None:
             raise ValidationError("this model has no tokenizer, so it has no chat template", param="messages")
@@ -91,7 +106,8 @@ class Serving:
             raise ValidationError("the chat template rendered an empty prompt", param="messages")
         return ids
 
-    async def admit(self, prompts: list[list[int]], params_list, rid: str, lora) -> list[RequestStream]:
+    async def admit(self, prompts: list[list[int]], params_list: list[SamplingParams], rid: str,
+                    lora: LoRARequest | None) -> list[RequestStream]:
         streams: list[RequestStream] = []
         try:
             for i, (ids, params) in enumerate(zip(prompts, params_list)):
@@ -103,7 +119,7 @@ class Serving:
         return streams
 
     # ----- /v1/completions -----------------------------------------------------------------------
-    async def completions(self, req: CompletionRequest, request: Request):
+    async def completions(self, req: CompletionRequest, request: Request) -> SSEResponse | dict[str, Any]:
         model, lora = self.resolve_model(req.model)
         prompts = [self.encode(p) for p in req.prompts()]
         params = [self.sampling_params(req, len(p), req.max_tokens, req.logprobs, "prompt") for p in prompts]
@@ -114,18 +130,19 @@ class Serving:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return SSEResponse(self._stream(streams, ctx, usage, _completion_chunks))
         finals = await self._collect(streams, request)
-        choices = []
+        choices: list[dict[str, Any]] = []
         for i, out in enumerate(finals):
             for c in out.outputs:
                 choices.append({"index": i * req.n + c.index, "text": c.text,
                                 "logprobs": (_completion_logprobs(c.logprobs, 0, req.logprobs)
-                                             if req.logprobs is not None else None),
+                                             if req.logprobs is not None and c.logprobs is not None
+                                             else None),
                                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
         return {"id": rid, "object": "text_completion", "created": ctx.created, "model": model, "choices": choices,
                 "usage": _usage(finals), "system_fingerprint": None}
 
     # ----- /v1/chat/completions ------------------------------------------------------------------
-    async def chat(self, req: ChatCompletionRequest, request: Request):
+    async def chat(self, req: ChatCompletionRequest, request: Request) -> SSEResponse | dict[str, Any]:
         model, lora = self.resolve_model(req.model)
         ids = self.chat_prompt(req.messages)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -147,16 +164,18 @@ class Serving:
     # ----- running them --------------------------------------------------------------------------
     async def _collect(self, streams: list[RequestStream], request: Request) -> list[RequestOutput]:
         """Final outputs of every stream; a client that disconnects meanwhile aborts them all."""
-        async def last(stream):
-            out = None
+        async def last(stream: RequestStream) -> RequestOutput:
+            out: RequestOutput | None = None
             async for delta in stream:
                 out = delta if out is None else _merged(out, delta)
+            assert out is not None  # a stream yields at least one output, or raises
             return out
 
         work = asyncio.ensure_future(asyncio.gather(*(last(s) for s in streams)))
         watcher = asyncio.ensure_future(_wait_disconnect(request))
         try:
-            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            either: set[asyncio.Future[Any]] = {work, watcher}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if not work.done():
                 work.cancel()
                 raise ClientDisconnected()
@@ -166,7 +185,8 @@ class Serving:
             for s in streams:
                 s.close()
 
-    async def _stream(self, streams, ctx: _Ctx, include_usage: bool, make_chunks) -> AsyncIterator[str]:
+    async def _stream(self, streams: list[RequestStream], ctx: _Ctx, include_usage: bool,
+                      make_chunks: ChunkMaker) -> AsyncIterator[str]:
         totals: dict[int, RequestOutput] = {}  # each stream's deltas folded together, for usage
         try:
             if make_chunks is _chat_chunks:  # the role comes first, once per choice
@@ -195,29 +215,30 @@ class Serving:
 class _Ctx:
     """Per-response constants and what has been sent per choice."""
 
-    def __init__(self, rid, model, created, n, tokenizer, top_k: int = 0):
+    def __init__(self, rid: str, model: str, created: int, n: int, tokenizer: Tokenizer | None,
+                 top_k: int = 0) -> None:
         self.rid, self.model, self.created, self.n, self.tokenizer, self.top_k = rid, model, created, n, tokenizer, top_k
         self.sent_text: dict[int, int] = {}
 
-    def chunk(self, obj: str, choices: list, include_usage: bool) -> dict:
-        d = {"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": choices,
-             "system_fingerprint": None}
+    def chunk(self, obj: str, choices: list[dict[str, Any]], include_usage: bool) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
+                             "choices": choices, "system_fingerprint": None}
         if include_usage:
             d["usage"] = None
         return d
 
     @staticmethod
-    def sse(d: dict) -> str:
+    def sse(d: dict[str, Any]) -> str:
         return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
 
-    def deltas(self, idx: int, c):
+    def deltas(self, idx: int, c: CompletionOutput) -> tuple[str, list[dict[int, Logprob]] | None, int, int]:
         """(new text, new logprob entries, text offset, new token count) of choice ``idx``; ``c`` is a delta."""
         t0 = self.sent_text.get(idx, 0)
         self.sent_text[idx] = t0 + len(c.text)
         return c.text, c.logprobs, t0, len(c.token_ids)
 
 
-def _completion_chunks(ctx: _Ctx, i: int, out: RequestOutput):
+def _completion_chunks(ctx: _Ctx, i: int, out: RequestOutput) -> Iterator[dict[str, Any]]:
     for c in out.outputs:
         idx = i * ctx.n + c.index
         text, lps, offset, new = ctx.deltas(idx, c)
@@ -227,7 +248,7 @@ def _completion_chunks(ctx: _Ctx, i: int, out: RequestOutput):
                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
 
 
-def _chat_chunks(ctx: _Ctx, i: int, out: RequestOutput):
+def _chat_chunks(ctx: _Ctx, i: int, out: RequestOutput) -> Iterator[dict[str, Any]]:
     for c in out.outputs:
         text, lps, _, new = ctx.deltas(c.index, c)
         lp = _chat_logprobs(lps, ctx.top_k) if lps else None
@@ -250,21 +271,25 @@ def _merged(acc: RequestOutput, delta: RequestOutput) -> RequestOutput:
     return acc
 
 
-def _usage(outs: list[RequestOutput]) -> dict:
+def _usage(outs: list[RequestOutput]) -> dict[str, int]:
     p = sum(len(o.prompt_token_ids) for o in outs)
     c = sum(len(x.token_ids) for o in outs for x in o.outputs)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
-def _chosen_and_top(d: dict, k: int):
+def _chosen_and_top(d: dict[int, Logprob], k: int) -> tuple[Logprob, list[Logprob]]:
     """The sampled token's Logprob (the dict's first entry) and the k best by rank."""
     chosen = next(iter(d.values()))
-    top = sorted((v for v in d.values() if v.rank is not None and 1 <= v.rank <= k), key=lambda v: v.rank)
-    return chosen, top[:k]
+    ranked = [(v.rank, v) for v in d.values() if v.rank is not None and 1 <= v.rank <= k]
+    ranked.sort(key=lambda rv: rv[0])
+    return chosen, [v for _, v in ranked[:k]]
 
 
-def _completion_logprobs(entries, offset: int, k: int) -> dict:
-    tokens, lps, tops, offsets = [], [], [], []
+def _completion_logprobs(entries: LogprobEntries, offset: int, k: int) -> dict[str, Any]:
+    tokens: list[str] = []
+    lps: list[float] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     for d in entries:
         chosen, top = _chosen_and_top(d, k)
         tok = chosen.decoded_token or ""
@@ -276,12 +301,12 @@ def _completion_logprobs(entries, offset: int, k: int) -> dict:
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _chat_logprobs(entries, k: int) -> dict:
-    def item(v):
+def _chat_logprobs(entries: LogprobEntries | None, k: int) -> dict[str, Any]:
+    def item(v: Logprob) -> dict[str, Any]:
         tok = v.decoded_token or ""
         return {"token": tok, "logprob": v.logprob, "bytes": list(tok.encode("utf-8"))}
 
-    content = []
+    content: list[dict[str, Any]] = []
     for d in entries or []:
         chosen, top = _chosen_and_top(d, k)
         content.append({**item(chosen), "top_logprobs": [item(v) for v in top]})
@@ -294,9 +319,9 @@ async def _merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Reque
         async for out in streams[0]:
             yield 0, out
         return
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, RequestOutput | None, Exception | None]] = asyncio.Queue()
 
-    async def pump(i, s):
+    async def pump(i: int, s: RequestStream) -> None:
         try:
             async for out in s:
                 await queue.put((i, out, None))
@@ -308,13 +333,13 @@ async def _merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Reque
     try:
         remaining = len(tasks)
         while remaining:
-            i, out, exc = await queue.get()
+            i, got, exc = await queue.get()
             if exc is not None:
                 raise exc
-            if out is None:
+            if got is None:
                 remaining -= 1
                 continue
-            yield i, out
+            yield i, got
     finally:
         for t in tasks:
             t.cancel()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterable
+
 import anyio
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 
 class SSEResponse(StreamingResponse):
@@ -13,10 +16,10 @@ class SSEResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content):
+    def __init__(self, content: AsyncIterable[str]) -> None:
         super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tg:
 
             async def stream() -> None:
