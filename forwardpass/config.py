@@ -39,8 +39,12 @@ class EngineConfig:
     max_model_len: int | None = None  # default: min(max_position_embeddings, what the KV budget holds)
     max_num_seqs: int = 64  # sequences in one forward pass at most
     max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decode tokens)
+    # fairness: with every batch slot taken, a newcomer swaps out a sequence that generated this many
+    # tokens or more (see engine/scheduler.py). Off (0) by default: offline batches want throughput,
+    # first come first served; `forwardpass serve` turns it on (--fair-share-tokens, default 32).
+    fair_share_tokens: int = 0
     enable_prefix_caching: bool = True
-    attention_backend: str = "sdpa"  # how attention scores are computed: "sdpa" or "naive"
+    attention_backend: str = "sdpa"  # how attention scores are computed: "sdpa", "naive" or "flash"
     # compiled C++ paged-decode kernel on CPU, decided once when the engine is built: "auto" (use it
     # if already built, else build it in the background for later runs), True (build now and wait,
     # e.g. for benchmarks), False (PyTorch path only); see attention/cpu_kernel.py
@@ -58,6 +62,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}", param=name)
+        if isinstance(self.fair_share_tokens, bool) or not isinstance(self.fair_share_tokens, int) \
+                or self.fair_share_tokens < 0:
+            raise ConfigError(f"fair_share_tokens must be an integer >= 0 (0: off), got {self.fair_share_tokens!r}",
+                              param="fair_share_tokens")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}", param="num_kv_blocks")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:

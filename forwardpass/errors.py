@@ -69,6 +69,10 @@ class UnsafeCheckpointError(ModelLoadError):
     """Only pickle checkpoints (*.bin, *.pt) were found; they are never unpickled."""
 
 
+class UnsafeModelFileError(ModelLoadError):
+    """A model file resolves outside its model directory (e.g. a symlink to /etc/passwd)."""
+
+
 class CorruptWeightsError(ModelLoadError):
     """A safetensors file is truncated or malformed."""
 
@@ -102,6 +106,13 @@ class EngineDeadError(ForwardpassError):
 
     error_type = "engine_dead"
     status_code = 503
+
+
+class RequestTimeoutError(ForwardpassError):
+    """The request did not finish within the server's per-request timeout (``--request-timeout``)."""
+
+    error_type = "timeout_error"
+    status_code = 504
 
 
 class RequestAbortedError(ForwardpassError):

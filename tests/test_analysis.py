@@ -44,7 +44,22 @@ def fake_cache(tmp_path, monkeypatch):
 
     monkeypatch.setattr(hwmod, "measure_this_machine", no_benchmark)
     hwmod.save_measurement(dict(FAKE_MEASUREMENT))
+    from forwardpass.analysis import overhead as ohmod
+
+    monkeypatch.setattr(ohmod, "measure_overhead", no_benchmark)
+    doc = json.loads(hwmod.cache_path().read_text())
+    doc["overhead-cpu"] = FAKE_OVERHEAD.to_dict()
+    hwmod.cache_path().write_text(json.dumps(doc))
     return tmp_path
+
+
+def _fake_overhead():
+    from forwardpass.analysis.overhead import Overhead
+
+    return Overhead(per_step_s=1e-3, per_layer_s=1e-4, method="fake")
+
+
+FAKE_OVERHEAD = _fake_overhead()
 
 
 def fake_machine() -> Hardware:
@@ -386,6 +401,15 @@ def test_cli_this_machine(capsys, fake_cache):
     doc = json.loads(out)
     assert rc == 0 and doc["dtypes"] == {"weight": "fp32", "activation": "fp32", "kv": "fp32"}
     assert doc["hardware"]["bandwidth"] == 37.5e9
+    # the third bound: the cached overhead is added to each stage, and this tiny batch is overhead-bound
+    stages = doc["overhead"]["stages"]
+    assert doc["overhead"]["measured"]["per_layer_s"] == FAKE_OVERHEAD.per_layer_s
+    oh_s = FAKE_OVERHEAD.time_s(28)  # qwen3-0.6b has 28 layers
+    assert all(r["overhead_s"] == pytest.approx(oh_s) for r in stages)
+    assert all(r["time_s"] == pytest.approx(r["roofline_s"] + oh_s) for r in stages)
+    rc, out, _ = _cli(capsys, "qwen3-0.6b", "--hardware", "this-machine", "--prefill", "128", "--context",
+                      "192", "--batch", "1", "--brief")  # fmt: skip
+    assert rc == 0 and "third bound" in out
 
 
 def test_cli_attention_and_dit(capsys, tmp_path):
@@ -517,3 +541,47 @@ def test_microbenchmark_measures_plausible_figures():
     assert 1e9 < data["read_bandwidth"] < 1e12
     assert 1e9 < data["fp32_matmul_flops"] < 1e14
     assert math.isfinite(data["read_bandwidth"]) and data["measured_at"]
+
+
+def test_measure_adds_the_overhead_bound_and_states_its_settings(tmp_path, fake_cache):
+    """The third bound: predicted = roofline + measured overhead; the table says what it ran."""
+    import io
+
+    from rich.console import Console
+
+    from forwardpass.analysis.measure import measure
+    from forwardpass.analysis.report import render_measure
+
+    (tmp_path / "config.json").write_text(json.dumps(PRESETS["qwen3-0.6b"]))
+    res = measure(tmp_path, batches=[4], prompt_tokens=16, new_tokens=6, runs=2, llm_factory=FakeStatsLLM)
+    layers = res.reports[4].shape.layers
+    oh_s = FAKE_OVERHEAD.time_s(layers)
+    assert res.settings["overhead_per_step_s"] == pytest.approx(oh_s)
+    for row in res.rows:
+        stage = res.reports[4].prefill if row["metric"].startswith("prefill") else res.reports[4].decode[0]
+        assert row["predicted"] == pytest.approx(stage.tokens / (stage.time_s + oh_s))
+        assert row["roofline_only"] == pytest.approx(stage.tokens_per_s)
+        assert row["bound"] == ("overhead" if oh_s > stage.time_s else stage.bound)
+    buf = io.StringIO()
+    render_measure(res.rows, out=Console(file=buf, width=200), settings=res.settings)
+    text = buf.getvalue()
+    for needle in ("prompt 16 tokens", "6 new tokens", "median of 2 runs", "overhead", "bound"):
+        assert needle in text
+    no_oh = measure(tmp_path, batches=[4], prompt_tokens=16, new_tokens=6, runs=1, llm_factory=FakeStatsLLM,
+                    overhead=None)
+    assert all(r["predicted"] == pytest.approx(r["roofline_only"]) for r in no_oh.rows)
+
+
+def test_measured_points_sit_beside_the_predicted_ones(tmp_path, fake_cache):
+    from forwardpass.analysis.measure import measure
+    from forwardpass.analysis.overhead import measured_points
+    from forwardpass.analysis.plot import plot_report
+
+    (tmp_path / "config.json").write_text(json.dumps(PRESETS["qwen3-0.6b"]))
+    res = measure(tmp_path, batches=[2], prompt_tokens=16, new_tokens=6, runs=1, llm_factory=FakeStatsLLM)
+    pts = measured_points(res)
+    assert {p.stage for p in pts} == {"predicted", "measured"} and len(pts) == 4
+    fig = plot_report(res.reports[2], tmp_path / "roofline.png", pts)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert "measured" in labels and "predicted (roofline + overhead)" in labels
+    assert (tmp_path / "roofline.png").stat().st_size > 10_000

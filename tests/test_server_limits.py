@@ -23,7 +23,8 @@ LONG = {"prompt": "hello", "max_tokens": 400, "ignore_eos": True, "temperature":
 def server(checkpoint_factory, tmp_path_factory):
     model = make_served_model(tmp_path_factory.mktemp("served"), checkpoint_factory("qwen3"))
     with ServerProcess(model, "--max-num-seqs", "1", "--max-queued-requests", "1", "--max-request-bytes", "4096",
-                       "--num-kv-blocks", "64", api_key=KEY) as srv:
+                       "--num-kv-blocks", "64",
+                       "--fair-share-tokens", "0", api_key=KEY) as srv:  # the running stream keeps its slot
         yield srv
 
 

@@ -45,9 +45,10 @@ class MeasureResult:
     rows: list[dict[str, Any]]  # {batch, metric, predicted, measured, ratio}
     reports: dict[int, RooflineReport] = field(default_factory=dict)
     timings: dict[int, dict[str, Any]] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)  # what was run: stated under the table
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "rows": self.rows, "timings": self.timings}
+        return {"model": self.model, "rows": self.rows, "timings": self.timings, "settings": self.settings}
 
 
 def _engine_factory() -> Callable[..., Any]:
@@ -89,8 +90,12 @@ def measure(
     remeasure: bool = False,
     llm_factory: Callable[..., Any] | None = None,
     engine_kwargs: dict[str, Any] | None = None,
+    overhead: Any = "this-machine",
 ) -> MeasureResult:
-    """Time the engine on ``model`` (a model directory with weights) and compare with the roofline."""
+    """Time the engine on ``model`` (a model directory with weights) and compare with the roofline.
+
+    ``overhead`` (``"this-machine"``, an ``analysis.overhead.Overhead`` or None) is added to each predicted
+    step: the third bound (see ``analysis/overhead.py``)."""
     path = Path(model).expanduser()
     if not path.is_dir():
         raise ModelNotFoundError(
@@ -138,7 +143,16 @@ def measure(
     def prompts(b: int) -> list[list[int]]:  # fresh, distinct prompts each call: nothing to reuse
         return [[rng.randrange(3, vocab) for _ in range(prompt_tokens)] for _ in range(b)]
 
+    from forwardpass.analysis.overhead import resolve_overhead, stage_with_overhead
+
+    oh = resolve_overhead(overhead)
+    oh_s = oh.time_s(spec.layers) if oh is not None else 0.0
     result = MeasureResult(model=path.name, rows=[])
+    result.settings = {
+        "hardware": hw.label, "batches": batches, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
+        "runs": runs, "weight_dtype": w, "engine": {k: v for k, v in kwargs.items() if k != "kv_cache_memory"},
+        "overhead": oh.to_dict() if oh is not None else None, "overhead_per_step_s": oh_s,
+    }
     stats = getattr(getattr(llm, "engine", None), "stats", None)
     for b in batches:
         _generate(llm, prompts(b), 2)  # warm-up
@@ -177,16 +191,16 @@ def measure(
             "new_tokens": new_tokens,
             "prompt_tokens": prompt_tokens,
             "tpot_s": b / decode_tps,
-            "predicted_tpot_s": rep.decode[0].time_s,
+            "predicted_tpot_s": rep.decode[0].time_s + oh_s,
         }
         measured = {"prefill tok/s": prefill_tps, "decode tok/s": decode_tps}
-        predicted = {
-            "prefill tok/s": rep.prefill.tokens_per_s,
-            "decode tok/s": rep.decode[0].tokens_per_s,
-        }
+        stages = {"prefill tok/s": rep.prefill, "decode tok/s": rep.decode[0]}
         for metric, m in measured.items():
-            p = predicted[metric]
+            st = stages[metric]
+            t, bound = stage_with_overhead(st.time_s, st.bound, oh_s)
+            p = st.tokens / t
             result.rows.append(
-                {"batch": b, "metric": metric, "predicted": p, "measured": m, "ratio": m / p if p else None}
+                {"batch": b, "metric": metric, "predicted": p, "measured": m, "ratio": m / p if p else None,
+                 "roofline_only": st.tokens_per_s, "bound": bound}
             )
     return result

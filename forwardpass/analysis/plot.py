@@ -16,6 +16,8 @@ STAGE_COLOURS = {
     "decode": "tab:orange",
     "denoise": "tab:green",
     "attention": "tab:purple",
+    "predicted": "tab:gray",  # --measure: a stage as predicted (roofline + overhead) ...
+    "measured": "tab:red",  # ... and as measured
 }
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 
@@ -140,11 +142,12 @@ def plot_roofline(
     return fig
 
 
-def plot_report(report: Any, path: str | Path | None = None) -> Any:
+def plot_report(report: Any, path: str | Path | None = None, extra: list[Point] | None = None) -> Any:
     """Roofline of a :class:`~forwardpass.analysis.roofline.RooflineReport`: prefill ops and each decode
-    batch's ops (labels on the smallest batch only)."""
+    batch's ops (labels on the smallest batch only), plus ``extra`` points (``--measure``: each stage
+    as predicted with overhead and as measured)."""
     first = min(d.batch for d in report.decode)
-    pts = points_from_ops(report.ops, annotate_batches={first})
+    pts = points_from_ops(report.ops, annotate_batches={first}) + list(extra or [])
     title = (
         f"{report.model} on {report.hardware.label} — weights {report.weight_dtype}, act {report.act_dtype}, "
         f"prefill {report.prefill.tokens}, context {report.decode[0].context}"

@@ -52,7 +52,8 @@ def fmt_ai(x: float) -> str:
 
 
 def _bound(b: str) -> str:
-    return f"[red]{b}[/red]" if b == "memory" else f"[green]{b}[/green]"
+    colour = {"memory": "red", "overhead": "yellow"}.get(b, "green")
+    return f"[{colour}]{b}[/{colour}]"
 
 
 def console() -> Any:
@@ -169,6 +170,19 @@ def render_attention(rows: list[Any], hw: Any = None, out: Any = None) -> None:
             _bound(r.bound) if r.bound else "", fmt_time(r.time_s) if r.bound else "",
         )  # fmt: skip
     c.print(t)
+    _render_flash_tiles(r0, c)
+
+
+def _render_flash_tiles(r0: Any, c: Any) -> None:
+    """Tile sizes and per-tile working set of this package's FlashAttention (attention/flash.py)."""
+    from forwardpass.attention.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, tile_footprint_bytes
+
+    fp32 = tile_footprint_bytes(r0.d, elem=4)
+    c.print(
+        f"flash (attention/flash.py): tiles {DEFAULT_BLOCK_Q} queries × {DEFAULT_BLOCK_K} keys; working set per "
+        f"(head, tile) step {fmt_bytes(fp32)} in fp32 (q, K, V and score tiles, running max/sum, accumulator) — "
+        f"what must stay in SRAM / cache, against {r0.s_bytes / 2**20:.4g} MiB for the full S of one head"
+    )
 
 
 def render_dit(rep: Any, *, show_ops: bool = True, out: Any = None) -> None:
@@ -199,22 +213,46 @@ def render_dit(rep: Any, *, show_ops: bool = True, out: Any = None) -> None:
         c.print(ops_table("Ops of one step (all blocks)", rep.ops))
 
 
-def render_measure(rows: list[dict[str, Any]], out: Any = None) -> None:
+def render_overhead(rows: list[dict[str, Any]], overhead: Any, out: Any = None) -> None:
+    """The third bound: each stage with the measured per-step and per-layer overhead added."""
     from rich.table import Table
 
     c = out or console()
-    t = Table(
-        title="Predicted vs measured (this machine)",
-        title_justify="left",
-        show_edge=False,
-        caption="ratio = measured / predicted: the fraction of the roofline the engine reaches",
-        caption_justify="left",
-    )
-    for name in ("batch", "metric", "predicted", "measured", "measured / predicted"):
-        t.add_column(name, justify="left" if name == "metric" else "right")
+    t = Table(title="With the measured overhead (the third bound)", title_justify="left", show_edge=False,
+              caption=f"overhead {fmt_time(overhead.per_step_s)} per step + {fmt_time(overhead.per_layer_s)} per "
+                      f"layer ({overhead.method})", caption_justify="left")
+    for name in ("stage", "batch", "roofline", "overhead", "predicted", "tokens/s", "bound"):
+        t.add_column(name, justify="left" if name in ("stage", "bound") else "right")
+    for r in rows:
+        t.add_row(r["stage"], str(r["batch"]), fmt_time(r["roofline_s"]), fmt_time(r["overhead_s"]),
+                  fmt_time(r["time_s"]), f"{r['tokens_per_s']:,.1f}", _bound(r["bound"]))
+    c.print(t)
+
+
+def render_measure(rows: list[dict[str, Any]], out: Any = None, settings: dict[str, Any] | None = None) -> None:
+    from rich.table import Table
+
+    c = out or console()
+    caption = "ratio = measured / predicted: the fraction of the prediction the engine reaches"
+    if settings:
+        oh = settings.get("overhead")
+        caption += (
+            f"\nsettings: {settings['hardware']}; batches {settings['batches']}, prompt {settings['prompt_tokens']} "
+            f"tokens, {settings['new_tokens']} new tokens, median of {settings['runs']} runs, weights "
+            f"{settings['weight_dtype']}; engine {settings['engine']}"
+            + (f"\npredicted = roofline + overhead {fmt_time(settings['overhead_per_step_s'])} per step "
+               f"({fmt_time(oh['per_step_s'])} + {fmt_time(oh['per_layer_s'])} per layer, {oh['method']})"
+               if oh else "\npredicted = roofline only (no overhead)")
+        )
+    t = Table(title="Predicted vs measured (this machine)", title_justify="left", show_edge=False,
+              caption=caption, caption_justify="left")
+    for name in ("batch", "metric", "roofline only", "predicted", "measured", "measured / predicted", "bound"):
+        t.add_column(name, justify="left" if name in ("metric", "bound") else "right")
     for r in rows:
         ratio = r["measured"] / r["predicted"] if r["predicted"] else float("nan")
+        ro = r.get("roofline_only")
         t.add_row(
-            str(r["batch"]), r["metric"], f"{r['predicted']:,.2f}", f"{r['measured']:,.2f}", f"{ratio:.2f}"
+            str(r["batch"]), r["metric"], f"{ro:,.2f}" if ro else "-", f"{r['predicted']:,.2f}",
+            f"{r['measured']:,.2f}", f"{ratio:.2f}", _bound(r.get("bound", "-")),
         )
     c.print(t)

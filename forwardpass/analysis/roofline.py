@@ -163,6 +163,11 @@ def forward_ops(
     layer += [scores, softmax, values]
 
     layer.append(linear(stage, "o_proj", T, qd, H, wb=wb, ab=ab))
+    if shape.is_mla:  # multi-latent attention: its own projections, absorbed attention over the latent
+        from forwardpass.analysis.mla import mla_attention_ops
+
+        layer = layer[:1] + mla_attention_ops(shape, stage, tokens=T, batch=batch, kv_len=kv_len,
+                                              pairs=batch * pairs_per_seq, wb=wb, ab=ab, kvb=kvb)
     layer.append(
         elementwise(
             stage, "post_attention_norm", T * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb

@@ -9,9 +9,11 @@
 * ``causal=False``: bidirectional self-attention (encoders, DiT) or cross-attention (k/v from another
   sequence, any Nk);
 * ``sliding_window=W``: a causal query also ignores keys more than ``W - 1`` positions behind it;
-* ``key_padding_mask``: ``[B, Nk]`` bool, True where the key is real (for right-padded batches).
+* ``key_padding_mask``: ``[B, Nk]`` bool, True where the key is real (for right-padded batches);
+* ``softcap=c``: scores become ``tanh(s / c) · c`` before masking (Gemma 2's attention logit cap).
 
 Backends are registered by name; ``naive`` is the reference every other backend is tested against.
+``flash`` (``flash.py``) is the tiled online-softmax algorithm written in PyTorch.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from forwardpass.attention.flash import flash_attention
 from forwardpass.attention.mask import build_mask
 from forwardpass.attention.naive import naive_attention
 from forwardpass.attention.sdpa import sdpa_attention
@@ -30,6 +33,7 @@ AttentionFn = Callable[..., torch.Tensor]
 _BACKENDS: dict[str, AttentionFn] = {
     "naive": naive_attention,
     "sdpa": sdpa_attention,
+    "flash": flash_attention,
 }
 
 
@@ -60,12 +64,15 @@ def attention(
     scale: float | None = None,
     sliding_window: int | None = None,
     key_padding_mask: torch.Tensor | None = None,
+    softcap: float | None = None,
     backend: str = "sdpa",
 ) -> torch.Tensor:
     """Dispatch to the named backend; see the module docstring for shapes and semantics."""
+    extra = {} if softcap is None else {"softcap": softcap}  # backends registered without softcap still work
     return get_backend(backend)(
-        q, k, v, causal=causal, scale=scale, sliding_window=sliding_window, key_padding_mask=key_padding_mask
+        q, k, v, causal=causal, scale=scale, sliding_window=sliding_window, key_padding_mask=key_padding_mask,
+        **extra,
     )
 
 
-__all__ = ["attention", "available_backends", "build_mask", "get_backend", "register_backend"]
+__all__ = ["attention", "available_backends", "build_mask", "flash_attention", "get_backend", "register_backend"]

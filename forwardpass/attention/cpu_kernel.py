@@ -83,7 +83,7 @@ def resolve_decode_kernel(mode: bool | str, device: str, dtype, backend: str):
     """The decode kernel an engine uses for its whole lifetime, or None for the PyTorch path."""
     import torch
 
-    if mode is False or backend == "naive" or device != "cpu" or dtype != torch.float32:
+    if mode is False or backend != "sdpa" or device != "cpu" or dtype != torch.float32:
         return None
     if mode is True:
         return load_paged_decode(wait=True)

@@ -1,8 +1,12 @@
 """The attention step of a decoder layer: store this step's K/V in the paged cache, then attend.
 
 Models call ``CachedAttention(q, k, v, ctx)`` with the flattened batch (``[T, H, D]``); the context
-says which rows belong to which sequence. With ``ctx=None`` the whole input is one causal sequence and
-nothing is cached (used for parity tests and scoring).
+says which rows belong to which sequence, and the layer reads the slot mapping and block tables of
+its own KV cache group (``ctx.for_layer``). With ``ctx=None`` the whole input is one causal sequence
+and nothing is cached (used for parity tests and scoring).
+
+``softcap`` (Gemma 2) caps the attention logits; the compiled decode kernel has no cap, so such
+layers always take the PyTorch path.
 """
 
 from __future__ import annotations
@@ -11,16 +15,19 @@ import torch
 from torch import nn
 
 from forwardpass.attention import attention
-from forwardpass.attention.context import AttentionContext
+from forwardpass.attention.context import AttentionContext, GroupMetadata
 from forwardpass.attention.paged import paged_decode_attention, paged_prefill_attention, write_kv
 
 
 class CachedAttention(nn.Module):
-    def __init__(self, layer_idx: int, scale: float, sliding_window: int | None = None):
+    def __init__(
+        self, layer_idx: int, scale: float, sliding_window: int | None = None, softcap: float | None = None
+    ):
         super().__init__()
         self.layer_idx = layer_idx
         self.scale = scale
         self.sliding_window = sliding_window
+        self.softcap = softcap
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext | None
@@ -28,37 +35,41 @@ class CachedAttention(nn.Module):
         if ctx is None:
             out = attention(
                 q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                causal=True, scale=self.scale, sliding_window=self.sliding_window,
+                causal=True, scale=self.scale, sliding_window=self.sliding_window, softcap=self.softcap,
             )
             return out[0].transpose(0, 1)
         kv_cache = ctx.kv_caches[self.layer_idx]
-        write_kv(kv_cache, k, v, ctx.slot_mapping)
+        meta = ctx.for_layer(self.layer_idx)
+        write_kv(kv_cache, k, v, meta.slot_mapping)
         nd = ctx.num_decode
-        if nd and not ctx.prefills:  # pure decode step: no copy of the output needed
-            return self._decode(q, kv_cache, ctx)
+        if nd and not meta.prefills:  # pure decode step: no copy of the output needed
+            return self._decode(q, kv_cache, ctx, meta)
         out = torch.empty_like(q)
         if nd:
-            out[:nd] = self._decode(q[:nd], kv_cache, ctx)
-        for span in ctx.prefills:
+            out[:nd] = self._decode(q[:nd], kv_cache, ctx, meta)
+        for span in meta.prefills:
             rows = slice(span.q_start, span.q_start + span.q_len)
             if span.context_len == span.q_len:
                 # Nothing cached before this chunk: attend over the fresh K/V directly, no gather.
                 out[rows] = attention(
                     q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None],
-                    causal=True, scale=self.scale, sliding_window=self.sliding_window, backend=ctx.backend,
+                    causal=True, scale=self.scale, sliding_window=self.sliding_window, softcap=self.softcap,
+                    backend=ctx.backend,
                 )[0].transpose(0, 1)
             else:
                 out[rows] = paged_prefill_attention(
                     q[rows], kv_cache, span.block_table, span.context_len,
-                    scale=self.scale, sliding_window=self.sliding_window, backend=ctx.backend,
+                    scale=self.scale, sliding_window=self.sliding_window, softcap=self.softcap, backend=ctx.backend,
                 )
         return out
 
-    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        if ctx.decode_kernel is not None:
-            return ctx.decode_kernel(q.contiguous(), kv_cache, ctx.decode_block_tables, ctx.decode_seq_lens,
+    def _decode(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: AttentionContext, meta: GroupMetadata
+    ) -> torch.Tensor:
+        if ctx.decode_kernel is not None and self.softcap is None:
+            return ctx.decode_kernel(q.contiguous(), kv_cache, meta.decode_block_tables, meta.decode_seq_lens,
                                      self.scale, self.sliding_window or 0)
         return paged_decode_attention(
-            q, kv_cache, ctx.decode_block_tables, ctx.decode_seq_lens, ctx.decode_max_len,
-            scale=self.scale, sliding_window=self.sliding_window, backend=ctx.backend,
+            q, kv_cache, meta.decode_block_tables, meta.decode_seq_lens, meta.decode_max_len,
+            scale=self.scale, sliding_window=self.sliding_window, softcap=self.softcap, backend=ctx.backend,
         )

@@ -22,6 +22,7 @@ def naive_attention(
     scale: float | None = None,
     sliding_window: int | None = None,
     key_padding_mask: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     _, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
@@ -33,6 +34,8 @@ def naive_attention(
         v = v.repeat_interleave(group, dim=1)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # S: [B, H, Nq, Nk]
+    if softcap is not None:  # Gemma 2: squash the logits into (-softcap, softcap)
+        s = torch.tanh(s / softcap) * softcap
     mask = build_mask(
         nq, nk, causal=causal, sliding_window=sliding_window, key_padding_mask=key_padding_mask, device=q.device
     )

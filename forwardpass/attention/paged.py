@@ -50,6 +50,7 @@ def paged_decode_attention(
     *,
     scale: float | None = None,
     sliding_window: int | None = None,
+    softcap: float | None = None,
     backend: str = "sdpa",
 ) -> torch.Tensor:
     """One query per sequence. q: ``[B, Hq, D]`` → ``[B, Hq, D]``; each attends to its ``seq_lens[b]`` keys."""
@@ -61,7 +62,8 @@ def paged_decode_attention(
         pad_mask = pos < seq_lens[:, None]
         if sliding_window is not None:
             pad_mask = pad_mask & (pos >= seq_lens[:, None] - sliding_window)
-    out = attention(q.unsqueeze(2), k, v, causal=False, scale=scale, key_padding_mask=pad_mask, backend=backend)
+    out = attention(q.unsqueeze(2), k, v, causal=False, scale=scale, key_padding_mask=pad_mask, softcap=softcap,
+                    backend=backend)
     return out.squeeze(2)
 
 
@@ -73,12 +75,14 @@ def paged_prefill_attention(
     *,
     scale: float | None = None,
     sliding_window: int | None = None,
+    softcap: float | None = None,
     backend: str = "sdpa",
 ) -> torch.Tensor:
     """A chunk of ``Nq`` queries (the last ``Nq`` positions of a ``context_len`` context), causal.
     q: ``[Nq, Hq, D]`` → ``[Nq, Hq, D]``."""
     k, v = gather_kv(kv_cache, block_table, context_len)
     out = attention(
-        q.transpose(0, 1).unsqueeze(0), k, v, causal=True, scale=scale, sliding_window=sliding_window, backend=backend
+        q.transpose(0, 1).unsqueeze(0), k, v, causal=True, scale=scale, sliding_window=sliding_window,
+        softcap=softcap, backend=backend,
     )
     return out.squeeze(0).transpose(0, 1)

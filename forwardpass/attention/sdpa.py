@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from forwardpass.attention.mask import build_mask
+from forwardpass.attention.naive import naive_attention
 
 
 def sdpa_attention(
@@ -17,7 +18,11 @@ def sdpa_attention(
     scale: float | None = None,
     sliding_window: int | None = None,
     key_padding_mask: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
+    if softcap is not None:  # torch's fused kernels have no logit soft-capping
+        return naive_attention(q, k, v, causal=causal, scale=scale, sliding_window=sliding_window,
+                               key_padding_mask=key_padding_mask, softcap=softcap)
     nq, nk = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
     if causal and nq == nk and sliding_window is None and key_padding_mask is None:

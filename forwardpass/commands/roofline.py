@@ -134,6 +134,12 @@ def _run_model(args: argparse.Namespace) -> int:
         memory_budget=args.memory_budget,
         remeasure=args.remeasure,
     )
+    oh = oh_rows = None
+    if report.hardware.name == "this-machine":  # the third bound: measured here, so only for this machine
+        from forwardpass.analysis.overhead import overhead_rows, this_machine_overhead
+
+        oh = this_machine_overhead(remeasure=args.remeasure)
+        oh_rows = overhead_rows(report, oh)
     measured = None
     if args.measure:
         from forwardpass.analysis.measure import measure
@@ -148,24 +154,30 @@ def _run_model(args: argparse.Namespace) -> int:
             hardware="this-machine",
         )
     if args.plot:
+        from forwardpass.analysis.overhead import measured_points
         from forwardpass.analysis.plot import plot_report
 
-        plot_report(report, args.plot)
+        plot_report(report, args.plot, measured_points(measured) if measured is not None else None)
     if args.json:
         out = report.to_dict()
+        if oh is not None:
+            out["overhead"] = {"measured": oh.to_dict(), "stages": oh_rows}
         if measured is not None:
             out["measure"] = measured.to_dict()
         if args.plot:
             out["plot"] = args.plot
         _emit_json(out)
         return 0
-    from forwardpass.analysis.report import console, render_measure, render_roofline
+    from forwardpass.analysis.report import console, render_measure, render_overhead, render_roofline
 
     c = console()
     render_roofline(report, show_ops=not args.brief, out=c)
+    if oh_rows is not None:
+        c.print()
+        render_overhead(oh_rows, oh, out=c)
     if measured is not None:
         c.print()
-        render_measure(measured.rows, out=c)
+        render_measure(measured.rows, out=c, settings=measured.settings)
     if args.plot:
         c.print(f"\nroofline plot written to {args.plot}")
     return 0

@@ -15,12 +15,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' "
                    "(default: the model directory's name; forwardpass-default for the embedded model)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (not on /health, /metrics)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (not on /health, /metrics); "
+                   "prefer the FORWARDPASS_API_KEY environment variable (a flag is visible in ps)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences in one forward pass at most")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="per-step token budget")
+    p.add_argument("--fair-share-tokens", type=int, default=32,
+                   help="with every batch slot taken, a newcomer swaps out a stream that generated this many "
+                   "tokens (it resumes later, from the prefix cache); 0 disables")
     p.add_argument("--max-queued-requests", type=int, default=1024,
                    help="requests waiting for their first token at most; more get 503 + Retry-After")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache size in blocks")
+    p.add_argument("--max-stats-records", type=int, default=10_000,
+                   help="per-step records the engine keeps for /metrics and the dashboard (~2 KB each)")
     p.add_argument("--kv-cache-memory", type=int, default=None, help="KV-cache size in bytes (default 1 GiB)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-prefix-caching", action="store_true")
@@ -29,7 +35,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="torch compute threads of the engine (default: torch's; use 1 on small, shared machines)")
     p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="413 for larger request bodies")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="on SIGTERM, seconds in-flight requests get to finish")
+                   help="on SIGTERM, seconds in-flight requests get to finish (then: an error event and [DONE])")
+    p.add_argument("--request-timeout", type=float, default=None,
+                   help="fail a request that has not finished after this many seconds (default: no limit)")
+    p.add_argument("--watchdog-timeout", type=float, default=60.0,
+                   help="/health answers 503 when the engine has work but made no progress for this many seconds")
+    p.add_argument("--read-timeout", type=float, default=30.0,
+                   help="a request body not fully received within this many seconds gets a 408")
+    p.add_argument("--chat-template-timeout", type=float, default=2.0,
+                   help="render time limit of the chat template per request (a 400 above it)")
     p.add_argument("--engine-backend", choices=["process", "thread"], default="process",
                    help="run the engine loop in its own process (default) or in a thread of the server")
     from forwardpass.lora.cli import add_lora_args  # light: no torch
@@ -57,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
                                  + ("; the embedded default model is not built yet" if not args.model else ""))
     config_kwargs = {
         "dtype": args.dtype, "device": args.device, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens, "num_kv_blocks": args.num_kv_blocks,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "fair_share_tokens": args.fair_share_tokens, "max_stats_records": args.max_stats_records, "num_kv_blocks": args.num_kv_blocks,
         "kv_cache_memory": args.kv_cache_memory, "block_size": args.block_size,
         "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
     }
@@ -72,9 +87,19 @@ def run(args: argparse.Namespace) -> int:
             raise ValidationError(f"--lora name {name!r} is the base model's served name", param="lora")
         models.update(loras)
         config_kwargs.update(lora_engine_kwargs(loras, args.max_lora_rank))
-    server_config = ServerConfig(models=models, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
+    import os
+
+    for flag, value in (("--request-timeout", args.request_timeout), ("--watchdog-timeout", args.watchdog_timeout),
+                        ("--read-timeout", args.read_timeout), ("--chat-template-timeout", args.chat_template_timeout),
+                        ("--shutdown-timeout", args.shutdown_timeout)):
+        if value is not None and not value > 0:
+            raise ValidationError(f"{flag} must be a positive number of seconds, got {value}", param=flag)
+    api_key = args.api_key or os.environ.get("FORWARDPASS_API_KEY") or None
+    server_config = ServerConfig(models=models, api_key=api_key, max_request_bytes=args.max_request_bytes,
                                  enable_debug_endpoints=args.enable_debug_endpoints,
-                                 shutdown_timeout_s=args.shutdown_timeout)
+                                 shutdown_timeout_s=args.shutdown_timeout, request_timeout_s=args.request_timeout,
+                                 watchdog_timeout_s=args.watchdog_timeout, read_timeout_s=args.read_timeout,
+                                 template_time_limit_s=args.chat_template_timeout)
     level = logging.getLogger().getEffectiveLevel()
     factory = None
     if args.engine_factory:

@@ -13,8 +13,11 @@ Failure handling
 * A failed step fails the requests then in the engine with the cause (``RequestsFailed``); a crash of
   the loop, or the engine process exiting, marks the engine dead: every pending request fails with
   :class:`EngineDeadError` and so does every new one.
-* ``max_queued_requests`` bounds the requests that have not produced a token yet: one more raises
-  :class:`QueueFullError`.
+* ``max_queued_requests`` bounds the sequences (``n`` per request) that have not produced a token
+  yet: one more raises :class:`QueueFullError`.
+* ``request_timeout_s`` fails a request that has not finished in time (:class:`RequestTimeoutError`)
+  and aborts it in the engine; ``stalled_for()`` is the watchdog's input (no event while busy).
+* Tokenization runs in a worker thread (``asyncio.to_thread``), never on the event loop.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from forwardpass.engine.core_loop import EngineSpec
-from forwardpass.engine.front_end import FrontEnd
+from forwardpass.engine.front_end import FrontEnd, FrontEndView
 from forwardpass.engine.output_processor import OutputProcessor
 from forwardpass.engine.outputs import RequestOutput
 from forwardpass.engine.protocol import (
@@ -37,13 +40,17 @@ from forwardpass.engine.protocol import (
     DebugRequest,
     EngineCommand,
     EngineEvent,
-    EngineInfo,
     Shutdown,
-    Snapshot,
 )
 from forwardpass.engine.request_stream import FrontRequest, RequestStream, RequestTiming
 from forwardpass.engine.transport import TRANSPORTS, ProcessTransport, ThreadTransport
-from forwardpass.errors import EngineDeadError, QueueFullError, RequestAbortedError, ValidationError
+from forwardpass.errors import (
+    EngineDeadError,
+    QueueFullError,
+    RequestAbortedError,
+    RequestTimeoutError,
+    ValidationError,
+)
 from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.lora.request import LoRARequest
 from forwardpass.sampling.params import SamplingParams
@@ -53,7 +60,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["AsyncLLMEngine", "EngineSpec", "RequestStream", "RequestTiming"]
 
 
-class AsyncLLMEngine:
+class AsyncLLMEngine(FrontEndView):
     """``await start()``, then ``async for out in generate(prompt, params, request_id): ...``.
 
     Outputs are cumulative by default (``output_kind="delta"``: only what is new since the stream's last
@@ -62,10 +69,12 @@ class AsyncLLMEngine:
     ``(RequestOutput, RequestTiming)`` when a request ends (finished, aborted or failed).
     """
 
-    def __init__(self, spec: EngineSpec, *, backend: str = "process", max_queued_requests: int = 1024):
+    def __init__(self, spec: EngineSpec, *, backend: str = "process", max_queued_requests: int = 1024,
+                 request_timeout_s: float | None = None):
         if backend not in TRANSPORTS:
             raise ValidationError(f"backend must be 'process' or 'thread', got {backend!r}", param="backend")
         self.spec, self.backend, self.max_queued_requests = spec, backend, max_queued_requests
+        self.request_timeout_s = request_timeout_s
         self.model_dir = Path(spec.model)
         self.tokenizer: Tokenizer | None = None
         self.front = FrontEnd(self._send)  # state the engine loop's events update (on the event loop)
@@ -102,8 +111,7 @@ class AsyncLLMEngine:
         deadline = time.monotonic() + timeout
         while self._requests and time.monotonic() < deadline and self.front.dead is None:
             await asyncio.sleep(0.05)
-        for req in list(self._requests.values()):
-            req.fail(EngineDeadError("the server is shutting down"))
+        self.fail_all(EngineDeadError("the server is shutting down"))
         if self.front.dead is None:
             self._send(Shutdown())
         if self._transport is not None:
@@ -112,43 +120,11 @@ class AsyncLLMEngine:
             )
         self.front.dead = self.front.dead or "the engine has been shut down"
 
-    @property
-    def info(self) -> EngineInfo | None:
-        return self.front.info
-
-    @property
-    def snapshot(self) -> Snapshot:
-        return self.front.snapshot
-
-    @property
-    def is_dead(self) -> bool:
-        return self.front.dead is not None
-
-    @property
-    def dead_reason(self) -> str | None:
-        return self.front.dead
-
-    @property
-    def max_model_len(self) -> int:
-        assert self.info is not None, "start() the engine first"
-        return self.info.max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        assert self.info is not None, "start() the engine first"
-        return self.info.vocab_size
-
-    @property
-    def num_unfinished(self) -> int:
-        return len(self._requests)
-
-    @property
-    def num_queued(self) -> int:
-        return sum(1 for r in self._requests.values() if not r.started)
-
-    def default_sampling_params(self) -> SamplingParams:
-        assert self.info is not None, "start() the engine first"
-        return self.info.default_params.clone()
+    def fail_all(self, exc: BaseException) -> None:
+        """End every unfinished request with ``exc`` now (shutdown) and abort them in the engine."""
+        failed = self.front.fail_all(exc)
+        if failed and not self.is_dead:
+            self._send(Abort(tuple(failed)))
 
     # ----- requests --------------------------------------------------------------------------------
     async def generate(
@@ -184,24 +160,25 @@ class AsyncLLMEngine:
         request if it is unfinished. The server uses this form so that bad prompts become a 400 before
         a streaming response starts.
         """
-        self._check_accepting()
-        if request_id in self._requests:
-            raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
-        if self.num_queued >= self.max_queued_requests:
-            raise QueueFullError(
-                f"the waiting queue is full ({self.max_queued_requests} requests); retry later"
-            )
         text = prompt if isinstance(prompt, str) else None
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValidationError(
-                    f"{self.model_dir} has no tokenizer.json: send prompt token ids", param="prompt"
-                )
-            prompt = self.tokenizer.encode(prompt)
+                raise ValidationError(f"{self.model_dir} has no tokenizer.json: send prompt token ids", param="prompt")
+            prompt = await asyncio.to_thread(self.tokenizer.encode, prompt)
+        # checked after the await, with nothing awaited until the request is registered
+        self._check_accepting()
+        if request_id in self._requests:
+            raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
+        if self.num_queued + params.n > self.max_queued_requests:
+            raise QueueFullError(f"the waiting queue is full ({self.max_queued_requests} sequences); retry later")
         assert self._loop is not None
+        if not any(r.running for r in self._requests.values()):
+            self.front.last_event = time.monotonic()  # the watchdog counts from when the engine has work
         timing = RequestTiming(arrival=time.monotonic())
         state = self.front.processor.add_request(request_id, text, prompt, params, timing.arrival)
         req = self._requests[request_id] = FrontRequest(state, self._loop.create_future(), timing)
+        if self.request_timeout_s is not None:
+            req.timer = self._loop.call_later(self.request_timeout_s, self._expire, req)
         self._send(AddRequest(request_id, prompt, params, lora_request, timing.arrival))
         stream = RequestStream(self, req, delta=output_kind == "delta")
         try:
@@ -214,6 +191,8 @@ class AsyncLLMEngine:
     def release(self, req: FrontRequest) -> None:
         """The consumer is done with a request: abort it if it is still running, account for it."""
         rid = req.state.request_id
+        if req.timer is not None:
+            req.timer.cancel()
         if self._requests.get(rid) is not req:
             return
         if not req.state.finished and req.error is None and not self.is_dead:
@@ -240,6 +219,13 @@ class AsyncLLMEngine:
         return await fut
 
     # ----- internals -------------------------------------------------------------------------------
+    def _expire(self, req: FrontRequest) -> None:
+        if req.running and self._requests.get(req.state.request_id) is req:
+            req.fail(RequestTimeoutError(f"the request did not finish within the server's request timeout "
+                                         f"of {self.request_timeout_s:g} s", code="request_timeout"))
+            if not self.is_dead:
+                self._send(Abort((req.state.request_id,)))
+
     def _check_alive(self) -> None:
         if self.front.dead is not None:
             raise EngineDeadError(f"the engine is not running: {self.front.dead}")

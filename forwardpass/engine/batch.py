@@ -67,6 +67,8 @@ class RunnerOutput:
     logprobs: tuple[TokenLogprobs | None, ...]
     # tokens routed to each expert this step, per MoE layer ([layer][expert]); None for dense models
     routing_counts: tuple[tuple[int, ...], ...] | None = None
+    # sequences whose own sampling failed this step, ``(seq_id, reason)``: only their requests fail
+    failed: tuple[tuple[int, str], ...] = ()
 
 
 EMPTY_RUNNER_OUTPUT = RunnerOutput((), (), ())

@@ -20,7 +20,7 @@ from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from forwardpass.engine.core import EngineCore
 from forwardpass.engine.cost import StepCostModel
 from forwardpass.engine.kv_cache import KVCacheManager
-from forwardpass.engine.kv_cache_spec import layer_specs, plan_groups
+from forwardpass.engine.kv_cache_spec import layer_specs, plan_groups, sequence_capacity
 from forwardpass.engine.model_runner import CausalLM, ModelRunner
 from forwardpass.engine.scheduler import Scheduler
 from forwardpass.errors import ConfigError
@@ -67,15 +67,20 @@ def build_engine_core(
         config.num_kv_blocks,
     )
     num_blocks = groups[0].num_blocks
-    capacity = num_blocks * config.block_size
-    max_pos = spec.max_position_embeddings or capacity
-    max_model_len = config.max_model_len if config.max_model_len is not None else min(max_pos, capacity)
-    if max_model_len > capacity or num_blocks < 1:
+    chunk = config.max_num_batched_tokens
+    # what one sequence can hold: windowed groups free blocks behind the window as it grows
+    capacity = sequence_capacity(groups, chunk)
+    max_pos = spec.max_position_embeddings or capacity or 0
+    max_model_len = config.max_model_len if config.max_model_len is not None else min(max_pos, capacity or max_pos)
+    short = [g for g in groups if g.spec.max_blocks_per_sequence(max_model_len, chunk) > g.num_blocks]
+    if short or num_blocks < 1 or max_model_len < 2:
         per_block = sum(g.page_bytes for g in groups)
+        held = max(g.spec.max_blocks_per_sequence(max_model_len, chunk) for g in groups)
         raise ConfigError(
-            f"the KV cache holds {capacity} tokens ({num_blocks} blocks of {config.block_size}, {per_block} bytes "
-            f"each) but one sequence of max_model_len={max_model_len} tokens must fit: raise kv_cache_memory / "
-            f"num_kv_blocks or lower max_model_len",
+            f"the KV cache has {num_blocks} blocks of {config.block_size} tokens ({per_block} bytes each) but one "
+            f"sequence of max_model_len={max_model_len} tokens (computed {chunk} at a time) holds up to {held}: "
+            f"raise kv_cache_memory / num_kv_blocks or lower max_model_len (or max_num_batched_tokens for a "
+            f"sliding-window model)",
             param="max_model_len",
         )
     if max_model_len > max_pos:
@@ -111,6 +116,7 @@ def build_engine_core(
         max_model_len=max_model_len,
         eos_token_ids=eos,
         admission=lora,
+        fair_share_tokens=config.fair_share_tokens,
     )
     kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
     runner = ModelRunner(

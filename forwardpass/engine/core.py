@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,7 +24,7 @@ from forwardpass.engine.model_runner import ModelRunner
 from forwardpass.engine.scheduler import Scheduler
 from forwardpass.engine.sequence import Sequence, SequenceStatus
 from forwardpass.engine.stats import StepRecord
-from forwardpass.errors import ContextLengthError, ValidationError
+from forwardpass.errors import ContextLengthError, ForwardpassError, SamplingParamsError, ValidationError
 from forwardpass.layers.moe import RoutingRecord, RoutingStats
 from forwardpass.loader.generation_config import GenerationDefaults
 from forwardpass.loader.spec import ModelSpec
@@ -37,6 +37,7 @@ from forwardpass.sampling.params import SamplingParams
 class EngineCoreOutput:
     deltas: list[TokenDelta]
     record: StepRecord
+    failed: dict[str, ForwardpassError] = field(default_factory=dict)  # requests this step failed alone
 
 
 class EngineCore:
@@ -98,6 +99,11 @@ class EngineCore:
         vocab = self.spec.vocab
         if any(type(t) is not int or t < 0 or t >= vocab for t in prompt_token_ids):
             raise ValidationError(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
+        if params.top_k > vocab:
+            raise SamplingParamsError(
+                f"top_k must be -1 (disabled) or in [1, {vocab}] (the vocabulary size), got {params.top_k}",
+                param="top_k",
+            )
         if len(prompt_token_ids) >= self.max_model_len:
             raise ContextLengthError(
                 f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
@@ -140,6 +146,11 @@ class EngineCore:
         scheduled = self.scheduler.schedule()
         result = self.runner.execute(scheduled)
         deltas = self.scheduler.update(scheduled, result)
+        failed: dict[str, ForwardpassError] = {}
+        for seq_id, reason in result.failed:  # fail these requests alone; their blocks return now
+            if (seq := self.scheduler.seqs.get(seq_id)) is not None:
+                failed[seq.request_id] = ForwardpassError(reason)
+        self.scheduler.abort(list(failed))
         self.step_counter += 1
         record = self._record(scheduled, len(result.seq_ids), start)
         self.stats.append(record)
@@ -152,7 +163,7 @@ class EngineCore:
                     tokens_per_expert=[list(c) for c in result.routing_counts],
                 )
             )
-        return EngineCoreOutput(deltas, record)
+        return EngineCoreOutput(deltas, record, failed)
 
     def _record(self, scheduled: SchedulerOutput, num_sampled: int, start: float) -> StepRecord:
         num_decode = sum(1 for c in scheduled.chunks if c.is_decode)

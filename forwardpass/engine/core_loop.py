@@ -20,10 +20,12 @@ from typing import Any, Protocol
 from forwardpass.config import EngineConfig
 from forwardpass.engine.builder import build_engine_core
 from forwardpass.engine.core import EngineCore
+from forwardpass.engine.introspect import block_map
 from forwardpass.engine.protocol import (
     Abort,
     AddRequest,
     Admitted,
+    BlockMapRequest,
     DebugReply,
     DebugRequest,
     EngineCommand,
@@ -156,6 +158,8 @@ class EngineLoop:
                         core.stop_samples(list(samples))
                     case DebugRequest(call_id=call_id):
                         events.append(DebugReply(call_id, self._debug()))
+                    case BlockMapRequest(call_id=call_id):
+                        events.append(DebugReply(call_id, block_map(core)))
             if core.has_unfinished_requests():
                 try:
                     out = core.step()
@@ -163,6 +167,7 @@ class EngineLoop:
                     self._fail_all(exc, events)
                 else:
                     events.append(StepOutput(tuple(out.deltas), out.record))
+                    events.extend(RequestsFailed((rid,), err) for rid, err in out.failed.items())
             if not core.has_unfinished_requests():  # idle from here: report the gauges once more
                 events.append(self._snapshot())
             if events:

@@ -8,6 +8,7 @@ settles admissions and debug calls, keeps the gauges, and fails requests when th
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from forwardpass.engine.protocol import (
 from forwardpass.engine.request_stream import FrontRequest, RequestTiming
 from forwardpass.engine.stats import StepRecord
 from forwardpass.errors import EngineDeadError
+from forwardpass.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,31 @@ class FrontEnd:
         self.calls: dict[int, asyncio.Future] = {}
         self.dead: str | None = None
         self.ready: asyncio.Future | None = None
+        self.last_event = time.monotonic()  # liveness: any event shows the engine loop turning
+        self._call_ids = itertools.count(-1, -1)
+
+    def stalled_for(self) -> float:
+        """Seconds without any event from the engine while a request waits on it (0 when none does)."""
+        if not any(r.running for r in self.requests.values()):
+            return 0.0
+        return time.monotonic() - self.last_event
+
+    def fail_all(self, exc: BaseException) -> list[str]:
+        """Fail every unfinished request with ``exc`` (their streams end with it); the ids failed."""
+        failed = [rid for rid, r in self.requests.items() if r.running]
+        for rid in failed:
+            self.requests[rid].fail(exc)
+        return failed
+
+    def call(self, make: Callable[[int], EngineCommand]) -> asyncio.Future:
+        """Send ``make(call_id)``, a command the engine answers with a ``DebugReply``; its future.
+
+        Ids count down from -1 so they never meet ``AsyncLLMEngine.debug_info``'s (0 up).
+        """
+        call_id = next(self._call_ids)
+        fut = self.calls[call_id] = asyncio.get_running_loop().create_future()
+        self.send(make(call_id))
+        return fut
 
     def finish(self, req: FrontRequest) -> None:
         if not req.ack.done() or req.ack.exception() is not None:
@@ -66,6 +93,7 @@ class FrontEnd:
                 logger.exception("finish listener failed")
 
     def dispatch(self, events: list[EngineEvent]) -> None:
+        self.last_event = time.monotonic()
         for event in events:
             match event:
                 case StepOutput(deltas=deltas, record=record):
@@ -128,12 +156,58 @@ class FrontEnd:
             if "shut down" not in reason and "stopped" not in reason:
                 logger.error("engine dead: %s", reason)
         err = EngineDeadError(f"the engine has stopped: {self.dead}")
-        for req in list(self.requests.values()):
-            if not req.state.finished and req.error is None:  # keep a real cause already delivered
-                req.fail(err)
+        self.fail_all(err)  # only unfinished requests: a real cause already delivered is kept
         for fut in self.calls.values():
             if not fut.done():
                 fut.set_exception(err)
         self.calls.clear()
         if self.ready is not None and not self.ready.done():
             self.ready.set_exception(err)
+
+
+class FrontEndView:
+    """Read-only views of the front end's state (``AsyncLLMEngine`` is one)."""
+
+    front: FrontEnd
+
+    @property
+    def info(self) -> EngineInfo | None:
+        return self.front.info
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.front.snapshot
+
+    @property
+    def is_dead(self) -> bool:
+        return self.front.dead is not None
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self.front.dead
+
+    @property
+    def max_model_len(self) -> int:
+        assert self.info is not None, "start() the engine first"
+        return self.info.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        assert self.info is not None, "start() the engine first"
+        return self.info.vocab_size
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.front.requests)
+
+    @property
+    def num_queued(self) -> int:
+        """Sequences (``n`` per request) that have not produced a token yet."""
+        return sum(r.num_seqs for r in self.front.requests.values() if not r.started)
+
+    def stalled_for(self) -> float:
+        return self.front.stalled_for()
+
+    def default_sampling_params(self) -> SamplingParams:
+        assert self.info is not None, "start() the engine first"
+        return self.info.default_params.clone()

@@ -2,18 +2,28 @@
 
 A model's layers are grouped by what they cache (``kv_cache_spec.py``); each group has its own block
 pool (``block_pool.py``) and each sequence one block table per group. Allocation is all-or-nothing
-across groups: a step either gets room in every group or changes nothing. The scheduler is the only
-caller; the model runner receives the resulting block ids in ``SchedulerOutput``.
+across groups: a step either gets room in every group or changes nothing (beyond freeing blocks no
+query can read any more). The scheduler is the only caller; the model runner receives the resulting
+block ids in ``SchedulerOutput``.
+
+Sliding-window groups free blocks while a sequence runs: each ``allocate_slots`` first releases the
+leading blocks that lie entirely behind the window of the step's first query
+(``KVCacheSpec.freeable_prefix_blocks``) and writes ``NULL_BLOCK`` in their table entries, so table
+index ``i`` still means tokens ``[i * block_size, (i + 1) * block_size)``. Prefix caching is switched
+off (with a log line) when any group cannot support it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from forwardpass.engine.block_pool import BlockKey, BlockPool
-from forwardpass.engine.kv_cache_spec import KVCacheGroup
+from forwardpass.engine.kv_cache_spec import NULL_BLOCK, KVCacheGroup
 from forwardpass.engine.sequence import Sequence
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,9 +47,10 @@ class KVCacheManager:
         self.groups = list(groups)
         self.block_size = sizes.pop()
         self.pools = [BlockPool(g.num_blocks) for g in groups]
-        self.enable_prefix_caching = enable_prefix_caching and all(
-            g.spec.supports_prefix_caching for g in groups
-        )
+        unsupported = [type(g.spec).__name__ for g in groups if not g.spec.supports_prefix_caching]
+        if enable_prefix_caching and unsupported:
+            logger.info("prefix caching is off: layer groups with %s do not support it", ", ".join(unsupported))
+        self.enable_prefix_caching = enable_prefix_caching and not unsupported
         self.tables: dict[int, list[list[int]]] = {}  # seq_id -> one block table per group
         self._seq_hashes: dict[int, list[int]] = {}  # seq_id -> hashes of its full blocks (lazy)
         self.prefix_queries = 0  # prompt tokens looked up (cumulative, for the step records)
@@ -118,7 +129,10 @@ class KVCacheManager:
         appended to each group's table (cached ones first), or None if a pool ran out, in which case
         nothing changed. ``cached`` (from ``find_cached_prefix``) starts a fresh sequence's tables."""
         tables = self.block_tables(seq)
-        total = seq.num_computed_tokens + cached.num_tokens + num_new_tokens
+        start = seq.num_computed_tokens + cached.num_tokens
+        total = start + num_new_tokens
+        if seq.seq_id in self.tables:
+            self._free_behind_window(tables, start)
         plans = []
         for g, (group, pool) in enumerate(zip(self.groups, self.pools)):
             hits = list(cached.block_ids[g]) if cached.block_ids else []
@@ -137,6 +151,15 @@ class KVCacheManager:
             appended.append(tuple(new))
         self._register_full_blocks(seq, total)
         return tuple(appended)
+
+    def _free_behind_window(self, tables: list[list[int]], start: int) -> None:
+        """Release the blocks no query from position ``start`` on can read (sliding-window groups)."""
+        for group, pool, table in zip(self.groups, self.pools, tables):
+            n = min(group.spec.freeable_prefix_blocks(start), len(table))
+            gone = [b for b in table[:n] if b != NULL_BLOCK]
+            if gone:
+                pool.release(gone)
+                table[:n] = [NULL_BLOCK] * n
 
     def _register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Publish the blocks that will be full after this step. Their K/V are written in this
@@ -161,7 +184,7 @@ class KVCacheManager:
     def free(self, seq: Sequence) -> None:
         """Return all of ``seq``'s blocks to their pools."""
         for pool, table in zip(self.pools, self.tables.pop(seq.seq_id, [])):
-            pool.release(table)
+            pool.release([b for b in table if b != NULL_BLOCK])
         self._seq_hashes.pop(seq.seq_id, None)
 
     # ----- invariants ----------------------------------------------------------------------------
@@ -174,8 +197,11 @@ class KVCacheManager:
             assert not stale, f"finished sequences {sorted(stale)} still hold block tables"
         for tables in self.tables.values():
             for g, table in enumerate(tables):
-                assert len(table) == len(set(table)), "a block table lists a block twice"
-                for b in table:
+                held = [b for b in table if b != NULL_BLOCK]
+                assert len(held) == len(set(held)), "a block table lists a block twice"
+                freed = len(table) - len(held)
+                assert table[:freed] == [NULL_BLOCK] * freed, "a freed entry is not in the table's prefix"
+                for b in held:
                     owners[g][b] = owners[g].get(b, 0) + 1
         for g, pool in enumerate(self.pools):
             pool.check_invariants(owners[g] if live_seqs is not None else None)

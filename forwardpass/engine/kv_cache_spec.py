@@ -1,24 +1,31 @@
 """What each layer keeps per token, grouped so that layers with the same needs share one block table.
 
 The KV cache manager (``kv_cache.py``) never asks what kind of attention a layer runs; it asks the
-layer group's ``KVCacheSpec`` three questions:
+layer group's ``KVCacheSpec``:
 
-* ``blocks_needed(num_tokens)`` — how many blocks a sequence of that length holds;
-* ``page_bytes`` — how much memory one block costs across the group's layers (sizes the pool);
-* ``supports_prefix_caching`` — whether a block's content is a pure function of the prefix.
+* ``blocks_needed(num_tokens)`` — how long a sequence's block table is after ``num_tokens`` tokens;
+* ``freeable_prefix_blocks(num_computed_tokens)`` — how many leading table entries no query from
+  position ``num_computed_tokens`` on can attend to (their blocks go back to the pool at once);
+* ``max_blocks_per_sequence(max_model_len, max_chunk)`` — the most blocks one sequence ever holds
+  (the start-up capacity check);
+* ``page_bytes_per_layer`` — how much memory one block costs per layer (sizes the pool);
+* ``supports_prefix_caching`` — whether a block's content is a pure function of the prefix and
+  stays available.
 
-Full attention is implemented here: K and V of every token, ``block_size`` tokens per block. The
-interface is written for the kinds the architectures after it need, each one more subclass:
+Implemented kinds:
 
-* **sliding window** — same pages, but ``blocks_needed`` counts only blocks that still overlap the
-  last ``window`` tokens, and blocks that fall out of the window are freed as the sequence grows
-  (``freeable_prefix_blocks(num_computed_tokens)``);
-* **latent (MLA)** — one compressed latent vector per token instead of per-head K and V: only
-  ``page_bytes`` changes;
-* **state slots (Mamba, linear attention)** — a fixed-size state per sequence: ``blocks_needed`` is
-  1 whatever the length, and prefix caching does not apply;
-* **cross-attention** — K/V of the encoder output, computed once per request: ``blocks_needed`` of
-  the encoder length, not of the decoder tokens.
+* **full attention** (``FullAttentionSpec``) — K and V of every token, ``block_size`` tokens per block;
+* **sliding window** (``SlidingWindowSpec``) — the same pages, but the table entries of blocks that
+  lie entirely behind the window of the next query are freed while the request runs (the entry
+  becomes ``NULL_BLOCK``), so a sequence holds at most ``ceil((window - 1 + chunk) / block_size) + 1``
+  blocks however long it grows. Prefix caching is off for these groups (a freed block's K/V may be
+  reused at once by another sequence);
+* **latent (MLA)** (``MLASpec``) — one compressed latent vector (``kv_lora_rank``) plus the shared
+  rotary key (``qk_rope_head_dim``) per token, instead of per-head K and V: ``[num_blocks,
+  block_size, latent_dim]`` per layer.
+
+Still to come, each one more subclass: state slots (Mamba, linear attention: ``blocks_needed`` is 1
+whatever the length, no prefix caching) and cross-attention (``blocks_needed`` of the encoder length).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from dataclasses import dataclass
 import torch
 
 from forwardpass.loader.spec import ModelSpec
+
+NULL_BLOCK = -1  # a block-table entry whose block was freed (behind a sliding window)
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,15 @@ class KVCacheSpec:
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def freeable_prefix_blocks(self, num_computed_tokens: int) -> int:
+        """Leading table entries no query at position >= ``num_computed_tokens`` reads (none here)."""
+        return 0
+
+    def max_blocks_per_sequence(self, max_model_len: int, max_chunk: int) -> int:
+        """The most blocks one sequence of up to ``max_model_len`` tokens holds at once when each
+        step computes at most ``max_chunk`` of its tokens."""
+        return self.blocks_needed(max_model_len)
 
     @property
     def supports_prefix_caching(self) -> bool:
@@ -71,6 +89,44 @@ class FullAttentionSpec(KVCacheSpec):
 
 
 @dataclass(frozen=True)
+class SlidingWindowSpec(FullAttentionSpec):
+    """Full-attention pages for layers whose queries see only the last ``sliding_window`` keys
+    (the query's own position included): blocks behind the window are freed as the sequence grows."""
+
+    sliding_window: int = 1
+
+    def freeable_prefix_blocks(self, num_computed_tokens: int) -> int:
+        # the next query sits at position num_computed_tokens; the oldest key it sees is W - 1 behind
+        return max(0, num_computed_tokens - self.sliding_window + 1) // self.block_size
+
+    def max_blocks_per_sequence(self, max_model_len: int, max_chunk: int) -> int:
+        # a step's chunk of C queries needs the W - 1 keys before it plus its own C, possibly
+        # straddling one more block boundary
+        live = -(-(self.sliding_window - 1 + max_chunk) // self.block_size) + 1
+        return min(self.blocks_needed(max_model_len), live)
+
+    @property
+    def supports_prefix_caching(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class MLASpec(KVCacheSpec):
+    """Multi-latent attention: per token and layer one vector of ``latent_dim`` values, the
+    compressed KV (``kv_lora_rank``) followed by the shared rotary key (``qk_rope_head_dim``)."""
+
+    latent_dim: int = 1
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def page_bytes_per_layer(self) -> int:
+        return self.block_size * self.latent_dim * torch.empty((), dtype=self.dtype).element_size()
+
+    def cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return (num_blocks, self.block_size, self.latent_dim)
+
+
+@dataclass(frozen=True)
 class KVCacheGroup:
     """Layers that share one block table (same spec), and the blocks set aside for them."""
 
@@ -86,10 +142,17 @@ class KVCacheGroup:
 
 def layer_specs(model: ModelSpec, block_size: int, dtype: torch.dtype) -> list[KVCacheSpec]:
     """The cache spec of each decoder layer of ``model``."""
-    spec = FullAttentionSpec(
-        block_size=block_size, num_kv_heads=model.kv_heads, head_dim=model.head_dim, dtype=dtype
-    )
-    return [spec] * model.layers
+    if model.kv_lora_rank:
+        mla = MLASpec(block_size=block_size, latent_dim=model.kv_lora_rank + model.qk_rope_head_dim, dtype=dtype)
+        return [mla] * model.layers
+    full = FullAttentionSpec(block_size=block_size, num_kv_heads=model.kv_heads, head_dim=model.head_dim, dtype=dtype)
+    return [
+        full if window is None else SlidingWindowSpec(
+            block_size=block_size, num_kv_heads=model.kv_heads, head_dim=model.head_dim, dtype=dtype,
+            sliding_window=window,
+        )
+        for window in model.layer_windows
+    ]
 
 
 def plan_groups(
@@ -106,3 +169,15 @@ def plan_groups(
         per_block = sum(s.page_bytes_per_layer * len(ids) for s, ids in by_spec.items())
         num_blocks = memory_bytes // per_block
     return [KVCacheGroup(spec, tuple(ids), num_blocks) for spec, ids in by_spec.items()]
+
+
+def sequence_capacity(groups: list[KVCacheGroup], max_chunk: int) -> int | None:
+    """The longest sequence every group can hold alone, or None when no length is too long (every
+    group is windowed and its live blocks fit)."""
+    unbounded = 1 << 40
+    caps = [
+        g.num_blocks * g.spec.block_size
+        for g in groups
+        if g.spec.max_blocks_per_sequence(unbounded, max_chunk) > g.num_blocks
+    ]
+    return min(caps) if caps else None

@@ -129,6 +129,10 @@ class LLMEngine:
         touched, stopped = self.output_processor.process(out.deltas)
         if stopped:
             self.core.stop_samples(stopped)
+        if out.failed:  # those requests are gone (blocks freed); the others go on at the next step
+            self.output_processor.abort(list(out.failed))
+            rid, err = next(iter(out.failed.items()))
+            raise type(err)(f"request {rid!r} failed: {err.message}", param=err.param, code=err.code)
         return [state.make_output() for state in touched if state.finished or not only_finished]
 
     # ----- LoRA ----------------------------------------------------------------------------------

@@ -18,8 +18,10 @@ from typing import Protocol
 
 import torch
 
-from forwardpass.attention.context import AttentionContext, PrefillSpan
+from forwardpass.attention.context import AttentionContext
+from forwardpass.attention.metadata import GroupMetadataBuilder
 from forwardpass.engine.batch import EMPTY_RUNNER_OUTPUT, NewSequence, RunnerOutput, SchedulerOutput
+from forwardpass.engine.isolation import sample_isolated
 from forwardpass.engine.kv_cache_spec import KVCacheGroup
 from forwardpass.sampling.params import SamplingParams
 from forwardpass.sampling.sampler import Sampler, SamplingRow, make_generator
@@ -55,7 +57,7 @@ class _RunnerSequence:
     params: SamplingParams
     generator: torch.Generator | None
     lora_id: int
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)  # one per KV cache group
 
     @property
     def num_tokens(self) -> int:
@@ -84,25 +86,23 @@ class ModelRunner:
         adapters: BatchAdapters | None = None,
         routing: RoutingCounter | None = None,
     ):
-        if len(groups) != 1:
-            # Attention metadata is built for one block table per sequence; layer groups with their
-            # own tables (sliding-window pages, state slots) extend AttentionContext per group.
-            raise NotImplementedError("the model runner supports one KV cache group")
         self.model, self.device, self.dtype = model, device, dtype
-        self.block_size = groups[0].spec.block_size
+        self.groups = list(groups)  # each with its own block pool, tables and attention metadata
         self.attention_backend = attention_backend
         self.eos_token_ids = list(eos_token_ids)
         self.decode_kernel = decode_kernel  # fixed for the runner's lifetime: numerics never change mid-run
         self.adapters, self.routing = adapters, routing
-        group = groups[0]
         num_layers = 1 + max(i for g in groups for i in g.layer_ids)
         self.kv_caches: list[torch.Tensor] = [torch.empty(0)] * num_layers
-        for layer in group.layer_ids:
-            # Zeroed, not empty: padded rows of a gathered decode batch are masked out, but 0 · NaN
-            # garbage would still poison the weighted sum.
-            self.kv_caches[layer] = torch.zeros(
-                group.spec.cache_shape(group.num_blocks), dtype=dtype, device=device
-            )
+        self.layer_group = [0] * num_layers
+        for g, group in enumerate(groups):
+            for layer in group.layer_ids:
+                # Zeroed, not empty: padded rows of a gathered decode batch are masked out, but 0 · NaN
+                # garbage would still poison the weighted sum.
+                self.kv_caches[layer] = torch.zeros(
+                    group.spec.cache_shape(group.num_blocks), dtype=dtype, device=device
+                )
+                self.layer_group[layer] = g
         self.sampler = Sampler()
         self.sequences: dict[int, _RunnerSequence] = {}
 
@@ -113,17 +113,19 @@ class ModelRunner:
         for new in scheduled.new_sequences:
             self._add(new)
         for chunk in scheduled.chunks:
-            self.sequences[chunk.seq_id].block_table.extend(chunk.new_block_ids[0])
+            for table, new_ids in zip(self.sequences[chunk.seq_id].block_tables, chunk.new_block_ids):
+                table.extend(new_ids)
 
     def _add(self, new: NewSequence) -> None:
         known = self.sequences.get(new.seq_id)
         if known is not None:  # resumed after a preemption: new blocks, same generator stream
-            known.block_table = []
+            known.block_tables = [[] for _ in self.groups]
             known.output = list(new.output_token_ids)
             return
         gen = make_generator(new.params.seed, new.sample_index) if new.params.seed is not None else None
         self.sequences[new.seq_id] = _RunnerSequence(
-            list(new.prompt_token_ids), list(new.output_token_ids), new.params, gen, new.lora_id
+            list(new.prompt_token_ids), list(new.output_token_ids), new.params, gen, new.lora_id,
+            [[] for _ in self.groups],
         )
 
     # ----- batch construction --------------------------------------------------------------------
@@ -137,40 +139,22 @@ class ModelRunner:
         list[tuple[int, _RunnerSequence]],
         list[tuple[int, int]],
     ]:
-        bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
-        slots: list[int] = []
         sample_rows: list[int] = []
         sampled: list[tuple[int, _RunnerSequence]] = []
-        decode_tables: list[list[int]] = []
-        decode_lens: list[int] = []
-        prefills = []
         row_adapters: list[tuple[int, int]] = []
-        row = 0
-        # Plain Python ints for the per-token bookkeeping: at batch 64 a few small tensors per
-        # sequence cost more than the whole decode attention of a small model.
+        builders = [GroupMetadataBuilder(g.spec, self.device) for g in self.groups]
+        num_decode = row = 0
         for chunk in scheduled.chunks:
             seq = self.sequences[chunk.seq_id]
             start, n = chunk.num_computed_tokens, chunk.num_new_tokens
             end = start + n
-            table = seq.block_table
             ids.extend(seq.tokens(start, end))
             pos.extend(range(start, end))
-            if n == 1:
-                slots.append(table[start // bs] * bs + start % bs)
-                decode_tables.append(table)
-                decode_lens.append(end)
-            else:
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-                prefills.append(
-                    PrefillSpan(
-                        q_start=row,
-                        q_len=n,
-                        context_len=end,
-                        block_table=torch.tensor(table, dtype=torch.long, device=self.device),
-                    )
-                )
+            for builder, table in zip(builders, seq.block_tables):
+                builder.add(table, start, end, row)
+            num_decode += n == 1
             if end == seq.num_tokens:
                 sample_rows.append(row + n - 1)
                 sampled.append((chunk.seq_id, seq))
@@ -178,18 +162,12 @@ class ModelRunner:
             row += n
         ctx = AttentionContext(
             kv_caches=self.kv_caches,
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            num_decode=len(decode_lens),
-            prefills=prefills,
+            groups=[b.build() for b in builders],
+            layer_group=self.layer_group,
+            num_decode=num_decode,
             backend=self.attention_backend,
             decode_kernel=self.decode_kernel,
         )
-        if decode_lens:
-            width = max(len(t) for t in decode_tables)
-            padded = [t + [0] * (width - len(t)) for t in decode_tables]  # pad with any valid block id
-            ctx.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=self.device)
-            ctx.decode_seq_lens = torch.tensor(decode_lens, dtype=torch.long, device=self.device)
-            ctx.decode_max_len = max(decode_lens)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         positions = torch.tensor(pos, dtype=torch.long, device=self.device)
         return input_ids, positions, ctx, sample_rows, sampled, row_adapters
@@ -214,7 +192,13 @@ class ModelRunner:
             return RunnerOutput((), (), (), routing)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=hidden.device)])
         rows = [SamplingRow(s.params, s.prompt, s.output, s.generator) for _, s in sampled]
-        out = self.sampler(logits, rows, eos_token_ids=self.eos_token_ids)
-        for (_, seq), token in zip(sampled, out.token_ids):
-            seq.output.append(token)
-        return RunnerOutput(tuple(i for i, _ in sampled), tuple(out.token_ids), tuple(out.logprobs), routing)
+        seq_ids, tokens, logprobs, failed = [], [], [], []
+        for (seq_id, seq), r in zip(sampled, sample_isolated(self.sampler, logits, rows, self.eos_token_ids)):
+            if isinstance(r, str):  # this sequence's own sampling failed: only its request fails
+                failed.append((seq_id, r))
+                continue
+            seq.output.append(r[0])
+            seq_ids.append(seq_id)
+            tokens.append(r[0])
+            logprobs.append(r[1])
+        return RunnerOutput(tuple(seq_ids), tuple(tokens), tuple(logprobs), routing, tuple(failed))

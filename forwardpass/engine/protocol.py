@@ -45,11 +45,18 @@ class DebugRequest:
 
 
 @dataclass(frozen=True)
+class BlockMapRequest:
+    """Ask for the KV block map (``introspect.block_map``) for the dashboard; answered by a ``DebugReply``."""
+
+    call_id: int
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
 
-EngineCommand = AddRequest | Abort | StopSamples | DebugRequest | Shutdown
+EngineCommand = AddRequest | Abort | StopSamples | DebugRequest | BlockMapRequest | Shutdown
 
 
 # ----- engine loop -> front end ---------------------------------------------------------------------

@@ -46,6 +46,15 @@ class FrontRequest:
     version: int = 0  # steps merged so far; a stream yields when this moves past what it has seen
     started: bool = False  # produced its first token
     error: BaseException | None = None
+    timer: asyncio.TimerHandle | None = None  # the per-request timeout, if any
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.state.samples)
+
+    @property
+    def running(self) -> bool:
+        return not self.state.finished and self.error is None
 
     def fail(self, exc: BaseException) -> None:
         self.error = exc

@@ -9,6 +9,12 @@ When the KV pool runs dry, the most recently admitted running sequence is preemp
 freed and it returns to the *front* of the waiting queue, to be recomputed later (its generated
 tokens are kept and become part of what it recomputes). Nothing admitted is ever dropped.
 
+Fairness: when every batch slot (``max_num_seqs``) is taken and the head of the queue is a newcomer
+(nothing generated yet), the running sequence that has generated the most (at least
+``fair_share_tokens``) is swapped out to the *back* of the queue, one per step, so a newcomer's first
+token does not wait for a long stream to end. Its full blocks stay in the prefix cache, so coming
+back usually recomputes less than a block.
+
 ``schedule()`` decides; ``update()`` applies the runner's sampled tokens (appends them, checks the
 token-level stop conditions, finishes and frees) and returns one ``TokenDelta`` per new token.
 """
@@ -42,6 +48,7 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: Iterable[int] = (),
         admission: AdmissionPolicy | None = None,
+        fair_share_tokens: int = 0,
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -49,6 +56,8 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.admission = admission
+        self.fair_share_tokens = fair_share_tokens
+        self.num_swaps = 0  # sequences swapped out for a newcomer (fairness)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
         self.requests: dict[str, list[Sequence]] = {}  # unfinished requests, their n samples each
@@ -82,6 +91,7 @@ class Scheduler:
 
     # ----- the step ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        self._make_room_for_newcomer()
         budget = self.max_num_batched_tokens
         chosen: list[ScheduledChunk] = []
         new: list[NewSequence] = []
@@ -191,6 +201,23 @@ class Scheduler:
         if seq.num_tokens >= self.max_model_len:
             return "length", None
         return None, None
+
+    def _make_room_for_newcomer(self) -> None:
+        """Fairness (see the module docstring): swap the longest-served sequence out for a newcomer."""
+        if not self.fair_share_tokens or not self.waiting or len(self.running) < self.max_num_seqs:
+            return
+        head = self.waiting[0]
+        if head.output_token_ids or head.num_preemptions:
+            return
+        victim = max(self.running, key=lambda s: len(s.output_token_ids))
+        if len(victim.output_token_ids) < self.fair_share_tokens:
+            return
+        self.running.remove(victim)
+        self._preempt(victim)
+        self.waiting.popleft()  # _preempt put it first; it queues behind the newcomers instead
+        self.waiting.append(victim)
+        self.num_preemptions += 1
+        self.num_swaps += 1
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)

@@ -37,6 +37,40 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, inv_freq_llama)
 
 
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature: ``0.1 · mscale · ln(scale) + 1`` (1 when not extending)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_inv_freq(head_dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor, float]:
+    """YaRN (DeepSeek-V2/V3, as transformers' ``_compute_yarn_parameters``): frequencies that rotate
+    many times within the original context are kept, slow ones interpolated by ``factor``, with a
+    linear ramp between; cos/sin are scaled by the attention factor."""
+    factor = float(scaling["factor"])
+    original = scaling["original_max_position_embeddings"]
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+                            if mscale and mscale_all_dim else yarn_mscale(factor))
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attention_factor)
+
+
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:
     """Return (inverse frequencies, attention scaling factor applied to cos/sin)."""
     inv_freq = _default_inv_freq(head_dim, theta)
@@ -49,8 +83,10 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[to
         return inv_freq / scaling["factor"], 1.0
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling), 1.0
+    if kind == "yarn":
+        return _yarn_inv_freq(head_dim, theta, scaling)
     raise ConfigError(
-        f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)", param="rope_scaling"
+        f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3, yarn)", param="rope_scaling"
     )
 
 
@@ -75,3 +111,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """x: [T, H, D]; cos/sin: [T, D]."""
     cos, sin = cos[:, None, :], sin[:, None, :]
     return x * cos + _rotate_half(x) * sin
+
+
+def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary over adjacent pairs ``(x0, x1), (x2, x3), ...`` (DeepSeek's layout); the result is written
+    de-interleaved (rotated evens, then rotated odds), as transformers does — q and k get the same
+    permutation, so their dot products are unchanged. x: [T, H, D]; cos/sin: [T, D]."""
+    half = cos.shape[-1] // 2
+    c, s = cos[:, None, :half], sin[:, None, :half]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)

@@ -12,6 +12,7 @@ from typing import Any
 
 from forwardpass.errors import MissingFileError, ModelNotFoundError
 from forwardpass.loader.jsonfile import read_json_object
+from forwardpass.loader.paths import model_file
 
 
 class ModelConfig(dict):
@@ -36,7 +37,7 @@ def load_model_config(path: str | Path) -> ModelConfig:
     path = Path(path)
     if not path.exists():
         raise ModelNotFoundError(f"model path {str(path)!r} does not exist; pass a directory written by save_pretrained")
-    cfg_path = path if path.is_file() else path / "config.json"
+    cfg_path = path if path.is_file() else model_file(path, "config.json")
     if not cfg_path.is_file():
         raise MissingFileError(
             f"{cfg_path} is missing: a model directory needs config.json (as written by save_pretrained)"
@@ -47,4 +48,6 @@ def load_model_config(path: str | Path) -> ModelConfig:
         merged = dict(raw["text_config"])
         merged.setdefault("architectures", raw.get("architectures"))
         raw = merged
-    return ModelConfig(raw)
+    cfg = ModelConfig(raw)
+    cfg.source_dir = cfg_path.parent  # lets validate_config compare the checkpoint's shapes before allocation
+    return cfg

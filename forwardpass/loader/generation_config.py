@@ -13,6 +13,7 @@ from pathlib import Path
 from forwardpass.errors import ConfigError, ModelLoadError
 from forwardpass.loader.config import load_model_config
 from forwardpass.loader.jsonfile import read_json_object
+from forwardpass.loader.paths import model_file
 from forwardpass.loader.spec import ModelSpec, eos_token_ids
 
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -52,7 +53,7 @@ def load_generation_config(model_dir: str | Path, spec: ModelSpec | None = None)
     """Read ``generation_config.json`` (optional) and merge its stop tokens with the model's
     (``spec.eos_token_ids``; without a spec, those of ``model_dir/config.json`` if there is one)."""
     model_dir = Path(model_dir)
-    path = model_dir / GENERATION_CONFIG_FILE
+    path = model_file(model_dir, GENERATION_CONFIG_FILE)
     raw = read_json_object(path, fix="fix or delete generation_config.json") if path.is_file() else {}
 
     eos = _eos_list(raw.get("eos_token_id"), str(path))

@@ -7,6 +7,11 @@ differently across families (``num_experts`` / ``num_local_experts``, ``layer_ty
 runner, the KV cache manager, the per-step cost model and the roofline analyzer read a ``ModelSpec``;
 nothing else reads raw config keys.
 
+It also resolves Gemma 2/3's scale, logit soft-caps and per-layer-type rope (``_gemma3_rope``),
+DeepSeek's multi-latent attention sizes (``_mla_fields``: checked to add up, one clear error naming
+the field) and its MoE routing (``_deepseek_moe_fields``), and refuses a window larger than
+``max_position_embeddings`` or an unknown ``layer_types`` entry.
+
 Field names are short (``hidden``, ``layers``, ``heads``) because the accounting formulas below and in
 ``forwardpass/analysis`` read like the equations they implement.
 """
@@ -19,12 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from forwardpass.errors import ConfigError
+from forwardpass.loader.validate import validate_config
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 
+LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
+
 # architectures whose attention has a per-head RMSNorm on q and k before RoPE
-_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")
+_GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3")
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,24 @@ class ModelSpec:
     renormalize_topk: bool = False  # renormalize the chosen experts' weights (Mixtral, Qwen norm_topk_prob)
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None  # the checkpoint's dtype as config.json states it
+    # Gemma 2 / 3
+    attn_scale: float | None = None  # query scale (Gemma: query_pre_attn_scalar ** -0.5); None = head_dim ** -0.5
+    attn_logit_softcap: float | None = None  # tanh-cap of attention scores (Gemma 2)
+    final_logit_softcap: float | None = None  # tanh-cap of the output logits (Gemma 2)
+    local_rope_theta: float | None = None  # rope base of sliding layers when it differs (Gemma 3)
+    # multi-latent attention (DeepSeek-V2/V3); kv_lora_rank == 0 means ordinary attention
+    q_lora_rank: int = 0  # 0: q is one projection (no LoRA)
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False  # rotary pairs are adjacent (x0, x1), (x2, x3) ... (DeepSeek)
+    # DeepSeek MoE routing: score function, expert groups, e_score_correction_bias (noaux_tc), scaling
+    router_scoring: str = "softmax"  # "softmax" or "sigmoid"
+    topk_method: str = "greedy"  # "greedy", "group_limited_greedy" (V2) or "noaux_tc" (V3)
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.layer_windows:  # built by hand without windows: every layer attends to everything
@@ -72,6 +99,7 @@ class ModelSpec:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], name: str = "") -> ModelSpec:
         """Build the spec from a config.json mapping (already un-nested from ``text_config``)."""
+        validate_config(cfg, name)  # typed bounds of every size (and checkpoint shapes) before any allocation
 
         def need(key: str) -> Any:
             value = cfg.get(key)
@@ -88,6 +116,9 @@ class ModelSpec:
         heads = int(need("num_attention_heads"))
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
         head_dim = int(cfg.get("head_dim") or hidden // heads)
+        mla = _mla_fields(cfg, heads)
+        if mla:  # every head has its own K/V expanded from one latent; head_dim is the q·k width
+            kv_heads, head_dim = heads, mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
         vocab = int(need("vocab_size"))
         archs = cfg.get("architectures") or [""]
         arch = str(archs[0])
@@ -107,6 +138,16 @@ class ModelSpec:
         eps = cfg.get("rms_norm_eps")
         max_pos = cfg.get("max_position_embeddings")
         dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+        layer_windows = _layer_windows(cfg, layers, model_type)
+        windows = [w for w in layer_windows if w]
+        if windows and max_pos and max(windows) > int(max_pos):
+            raise ConfigError(f"sliding_window={max(windows)} is larger than max_position_embeddings={max_pos}",
+                              param="sliding_window")
+        gemma = model_type in _GEMMA_TYPES or arch.startswith("Gemma")
+        if gemma and model_type.startswith("gemma3"):
+            rope_theta, rope_scaling, local_theta = _gemma3_rope(cfg)
+        else:
+            local_theta = None
         return cls(
             name=name or str(cfg.get("_name_or_path") or arch or "model"),
             architecture=arch,
@@ -123,14 +164,19 @@ class ModelSpec:
             qkv_bias=attention_bias or qwen2,
             o_bias=attention_bias and not qwen2,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
-            hidden_act=str(cfg.get("hidden_act") or "silu"),
+            hidden_act=str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu"),
             rms_norm_eps=float(eps) if eps is not None else 1e-6,
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             max_position_embeddings=int(max_pos) if max_pos else None,
-            layer_windows=_layer_windows(cfg, layers, model_type),
+            layer_windows=layer_windows,
             eos_token_ids=eos_token_ids(cfg),
             torch_dtype=str(dtype) if dtype else None,
+            attn_scale=float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5 if gemma else None,
+            attn_logit_softcap=_opt_float(cfg.get("attn_logit_softcapping")) if gemma else None,
+            final_logit_softcap=_opt_float(cfg.get("final_logit_softcapping")) if gemma else None,
+            local_rope_theta=local_theta,
+            **mla,
             **moe,
         )
 
@@ -174,7 +220,13 @@ class ModelSpec:
 
     @property
     def attention_params(self) -> int:
-        """q, k, v, o projections of one layer."""
+        """q, k, v, o projections of one layer (MLA: q (LoRA or not), the KV down- and up-projections)."""
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (self.hidden * self.q_lora_rank + self.q_lora_rank * self.heads * qk if self.q_lora_rank
+                 else self.hidden * self.heads * qk)
+            kv = self.hidden * self.kv_latent_dim + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv + self.heads * self.v_head_dim * self.hidden
         return 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
 
     @property
@@ -223,8 +275,20 @@ class ModelSpec:
         inactive = (self.num_experts - self.experts_per_tok) * self.expert_params * self.moe_layers
         return self.params - inactive
 
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def kv_latent_dim(self) -> int:
+        """Values cached per token and layer by multi-latent attention: the compressed KV and the
+        shared rotary key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
     def kv_bytes_per_token(self, kv_bytes: float) -> float:
-        """K and V of one token in every layer."""
+        """K and V of one token in every layer (MLA: the latent vector only)."""
+        if self.is_mla:
+            return self.layers * self.kv_latent_dim * kv_bytes
         return 2 * self.layers * self.kv_dim * kv_bytes
 
     def unique_experts(self, tokens: float) -> float:
@@ -247,6 +311,13 @@ def _layer_windows(cfg: Mapping[str, Any], n: int, model_type: str) -> tuple[int
                 f"config.json lists {len(types)} layer_types but num_hidden_layers is {n}; they must agree",
                 param="layer_types",
             )
+        unknown = sorted({str(t) for t in types if t not in LAYER_TYPES})
+        if unknown:
+            raise ConfigError(f"layer_types has unknown entries {unknown}; supported: {list(LAYER_TYPES)}",
+                              param="layer_types")
+        if SLIDING_ATTENTION in types and not window:
+            raise ConfigError("layer_types lists sliding_attention layers but sliding_window is not set",
+                              param="sliding_window")
         return tuple(window if t == SLIDING_ATTENTION else None for t in types)
     if model_type in ("mistral", "mixtral") and window:  # every layer slides (HF Mistral / Mixtral)
         return (window,) * n
@@ -256,7 +327,91 @@ def _layer_windows(cfg: Mapping[str, Any], n: int, model_type: str) -> tuple[int
     return (None,) * n
 
 
+def _opt_float(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
+def _gemma3_rope(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
+    """Gemma 3: ``rope_parameters`` keyed by layer type (transformers >= 5), or the older
+    ``rope_theta`` / ``rope_scaling`` (global layers) and ``rope_local_base_freq`` (sliding layers)."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping) and isinstance(params.get(FULL_ATTENTION), Mapping):
+        full = dict(params[FULL_ATTENTION])
+        local = params.get(SLIDING_ATTENTION) or {}
+        theta = float(full.pop("rope_theta", 1_000_000.0))
+        scaling = full if full.get("rope_type", "default") != "default" else None
+        return theta, scaling, float(local.get("rope_theta", 10_000.0))
+    _, scaling = _rope(cfg)
+    return float(cfg.get("rope_theta") or 1_000_000.0), scaling, float(cfg.get("rope_local_base_freq") or 10_000.0)
+
+
+def _mla_fields(cfg: Mapping[str, Any], heads: int) -> dict[str, Any]:
+    """DeepSeek-V2/V3 multi-latent attention sizes, checked to add up."""
+    rank = cfg.get("kv_lora_rank")
+    if not rank:
+        return {}
+    out: dict[str, Any] = {"rope_interleave": bool(cfg.get("rope_interleave", True))}
+    for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        value = cfg.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"multi-latent attention needs a positive integer {key}, got {value!r}", param=key)
+        out[key] = value
+    q_rank = cfg.get("q_lora_rank") or 0
+    if not isinstance(q_rank, int) or q_rank < 0:
+        raise ConfigError(f"q_lora_rank must be a non-negative integer or null, got {q_rank!r}", param="q_lora_rank")
+    out["q_lora_rank"] = q_rank
+    if out["qk_rope_head_dim"] % 2:
+        raise ConfigError(f"qk_rope_head_dim must be even for rotary embedding, got {out['qk_rope_head_dim']}",
+                          param="qk_rope_head_dim")
+    head_dim = cfg.get("head_dim")
+    if head_dim is not None and head_dim not in (out["qk_rope_head_dim"], out["qk_nope_head_dim"] + out["qk_rope_head_dim"]):
+        raise ConfigError(
+            f"head_dim={head_dim} must equal qk_rope_head_dim ({out['qk_rope_head_dim']}) or qk_nope_head_dim + "
+            f"qk_rope_head_dim ({out['qk_nope_head_dim'] + out['qk_rope_head_dim']})", param="head_dim")
+    return out
+
+
+def _deepseek_moe_fields(cfg: Mapping[str, Any], layers: int, arch: str) -> dict[str, Any]:
+    """DeepSeek-V2/V3: ``n_routed_experts`` experts in layers from ``first_k_dense_replace`` on, plus
+    ``n_shared_experts`` always-on experts; V3 scores with a sigmoid and picks groups by the
+    bias-corrected scores (``noaux_tc``), V2 with a softmax (``greedy`` or ``group_limited_greedy``)."""
+    e = int(cfg.get("n_routed_experts") or 0)
+    k = int(cfg.get("num_experts_per_tok") or 0)
+    if not 1 <= k <= e:
+        raise ConfigError(f"MoE config needs 1 <= num_experts_per_tok <= n_routed_experts={e}, got {k}",
+                          param="num_experts_per_tok")
+    v3 = arch == "DeepseekV3ForCausalLM" or cfg.get("model_type") == "deepseek_v3"
+    method = "noaux_tc" if v3 else str(cfg.get("topk_method") or "greedy")
+    if method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+        raise ConfigError(f"topk_method {method!r} is not supported (greedy, group_limited_greedy)", param="topk_method")
+    n_group = int(cfg.get("n_group") or 1)
+    topk_group = int(cfg.get("topk_group") or n_group)
+    if method != "greedy" and (e % n_group or not 1 <= topk_group <= n_group):
+        raise ConfigError(f"n_routed_experts={e} must split into n_group={n_group} groups, and 1 <= topk_group "
+                          f"<= n_group (got {topk_group})", param="n_group")
+    if method == "noaux_tc" and topk_group * (e // n_group) < k:
+        raise ConfigError(f"topk_group={topk_group} groups of {e // n_group} experts cannot supply "
+                          f"num_experts_per_tok={k}", param="topk_group")
+    first = int(cfg.get("first_k_dense_replace") or 0)
+    inter = int(cfg.get("moe_intermediate_size") or 0)
+    return {
+        "moe_layer_ids": tuple(range(min(first, layers), layers)),
+        "num_experts": e,
+        "experts_per_tok": k,
+        "expert_intermediate": inter,
+        "shared_expert_intermediate": inter * int(cfg.get("n_shared_experts") or 0),
+        "renormalize_topk": bool(cfg.get("norm_topk_prob", False)) and v3,  # HF V2 never renormalizes
+        "router_scoring": "sigmoid" if v3 else "softmax",
+        "topk_method": method,
+        "n_group": n_group,
+        "topk_group": topk_group,
+        "routed_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0),
+    }
+
+
 def _moe_fields(cfg: Mapping[str, Any], layers: int, arch: str, need) -> dict[str, Any]:
+    if cfg.get("n_routed_experts"):
+        return _deepseek_moe_fields(cfg, layers, arch)
     # transformers 5 writes `num_local_experts` for Qwen3-MoE too; Qwen's own configs say `num_experts`
     num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if num_experts <= 0:

@@ -11,6 +11,7 @@ whatever tokenizer.json's post-processor says: like transformers 5, the config's
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from forwardpass.errors import ChatTemplateError, ModelNotFoundError, TokenizerE
 from forwardpass.loader.chat_template import render_chat_template
 from forwardpass.loader.detokenizer import IncrementalDetokenizer
 from forwardpass.loader.jsonfile import read_json_object
+from forwardpass.loader.paths import check_inside, model_file
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer"]
 
@@ -82,12 +84,12 @@ def _load_chat_templates(model_dir: Path, config: dict) -> dict[str, str]:
             templates[str(item.get("name", "default"))] = item["template"]
     elif raw is not None:
         raise TokenizerError(f"{model_dir / TOKENIZER_CONFIG_FILE}: chat_template must be a string or a list")
-    if (model_dir / "chat_template.jinja").is_file():
-        templates["default"] = (model_dir / "chat_template.jinja").read_text(encoding="utf-8")
-    extra_dir = model_dir / "additional_chat_templates"
+    if (jinja := model_file(model_dir, "chat_template.jinja")).is_file():
+        templates["default"] = jinja.read_text(encoding="utf-8")
+    extra_dir = model_file(model_dir, "additional_chat_templates")
     if extra_dir.is_dir():
         for file in sorted(extra_dir.glob("*.jinja")):
-            templates[file.stem] = file.read_text(encoding="utf-8")
+            templates[file.stem] = check_inside(model_dir, file).read_text(encoding="utf-8")
     return templates
 
 
@@ -153,7 +155,7 @@ class Tokenizer:
         path = Path(model_dir)
         if not path.is_dir():
             raise ModelNotFoundError(f"model path {str(path)!r} does not exist or is not a directory")
-        file = path / TOKENIZER_FILE
+        file = model_file(path, TOKENIZER_FILE)
         if not file.is_file():
             extra = (
                 " (only a SentencePiece tokenizer.model is present)"
@@ -173,9 +175,9 @@ class Tokenizer:
                 f"{file} could not be loaded by the tokenizers library ({exc}); re-save the tokenizer with "
                 "save_pretrained (or upgrade `tokenizers` if the file is from a newer version)"
             ) from exc
-        config_file = path / TOKENIZER_CONFIG_FILE
+        config_file = model_file(path, TOKENIZER_CONFIG_FILE)
         config = _read_json(config_file) if config_file.is_file() else {}
-        legacy_map = path / "special_tokens_map.json"
+        legacy_map = model_file(path, "special_tokens_map.json")
         if "added_tokens_decoder" not in config and legacy_map.is_file():  # older repos, as HF reads them
             for key, value in _read_json(legacy_map).items():
                 config.setdefault(key, value)
@@ -205,10 +207,17 @@ class Tokenizer:
         return None if token is None else self.backend.token_to_id(token)
 
     # ----- text <-> ids -------------------------------------------------------------------------
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token's string holds (bounds how much text a token can cover)."""
+        return max((len(t) for t in self.backend.get_vocab(with_added_tokens=True)), default=1)
+
     def __len__(self) -> int:
         return self.vocab_size
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) > 16384:  # the batch call releases the GIL: a long text does not stall other threads
+            return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode_raw(self, ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -26,6 +26,7 @@ from forwardpass.errors import (
     UnsafeCheckpointError,
     WeightShapeError,
 )
+from forwardpass.loader.paths import check_inside, model_file
 
 INDEX_FILE = "model.safetensors.index.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
@@ -77,7 +78,7 @@ def find_weight_files(model_dir: str | Path) -> list[Path]:
     safetensors files, e.g. Mistral's ``consolidated.safetensors``); every shard it lists must exist.
     """
     path = _model_dir(model_dir)
-    index_path = path / INDEX_FILE
+    index_path = model_file(path, INDEX_FILE)
     if index_path.is_file():
         try:
             index = json.loads(index_path.read_text())
@@ -88,7 +89,7 @@ def find_weight_files(model_dir: str | Path) -> list[Path]:
                 f"{index_path} is not a valid safetensors index (needs a JSON object with a 'weight_map' "
                 f"of tensor name -> file): {exc}; re-save the model with save_pretrained"
             ) from exc
-        files = [path / name for name in names]
+        files = [model_file(path, name) for name in names]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise MissingFileError(
@@ -97,7 +98,7 @@ def find_weight_files(model_dir: str | Path) -> list[Path]:
             )
         return files
 
-    files = sorted(path.glob("*.safetensors"))
+    files = sorted(check_inside(path, f) for f in path.glob("*.safetensors"))
     # Mistral repos ship both HF-named shards and a consolidated file with different tensor names.
     if len(files) > 1 and any(f.name != "consolidated.safetensors" for f in files):
         files = [f for f in files if f.name != "consolidated.safetensors"]

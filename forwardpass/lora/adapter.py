@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from torch import nn
 
 from forwardpass.layers.linear import Linear, MergedLinear
 from forwardpass.loader.jsonfile import read_json_object
+from forwardpass.loader.paths import model_file
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.lora.errors import LoRAAdapterError
 
@@ -69,7 +71,7 @@ def read_adapter_config(path: str | Path) -> dict:
     if not path.is_dir():
         raise LoRAAdapterError(f"LoRA adapter path {str(path)!r} is not a directory; pass a directory written by "
                                "PeftModel.save_pretrained", param="lora_request")
-    cfg_path = path / CONFIG_FILE
+    cfg_path = model_file(path, CONFIG_FILE)
     if not cfg_path.is_file():
         raise LoRAAdapterError(f"{cfg_path} is missing: a PEFT adapter directory needs {CONFIG_FILE}",
                                param="lora_request")
@@ -107,10 +109,29 @@ def adapter_rank(path: str | Path) -> int:
     return int(max([cfg.get("r") or 0, *(cfg.get("rank_pattern") or {}).values()]))
 
 
+#: A quantifier right after a group, ``(a+)+``: the shape of patterns that backtrack exponentially.
+_NESTED_QUANTIFIER = re.compile(r"\)[*+?{]")
+
+
+@lru_cache(maxsize=256)
+def _safe_pattern(key: str) -> re.Pattern[str]:
+    """``rank_pattern`` keys come with downloaded adapters: plain module names, or regexes without
+    quantified groups (which can backtrack for ever) and at most 256 characters."""
+    if len(key) > 256 or _NESTED_QUANTIFIER.search(key):
+        raise LoRAAdapterError(
+            f"rank_pattern / alpha_pattern key {key[:80]!r} is refused: use module names or simple regexes "
+            "(at most 256 characters, no quantified groups such as '(a+)+')", param="lora_request")
+    try:
+        return re.compile(rf"(?:.*\.)?(?:{key})$")
+    except re.error as exc:
+        raise LoRAAdapterError(f"rank_pattern / alpha_pattern key {key[:80]!r} is not a valid regex: {exc}",
+                               param="lora_request") from exc
+
+
 def _pattern_value(patterns: dict, module: str, default):
     """PEFT's rule for ``rank_pattern`` / ``alpha_pattern``: a key matches a module name suffix (regex)."""
     for key, value in (patterns or {}).items():
-        if re.match(rf"(.*\.)?({key})$", module):
+        if _safe_pattern(str(key)).match(module):
             return value
     return default
 
@@ -147,7 +168,7 @@ def load_adapter(request, model: nn.Module, spec: ModelSpec, max_lora_rank: int,
     if base_cls and arch and base_cls != arch:
         raise _err(where, f"it was trained on a {base_cls} but this model is a {arch}")
 
-    weights = path / WEIGHTS_FILE
+    weights = model_file(path, WEIGHTS_FILE)
     if not weights.is_file():
         if (path / "adapter_model.bin").is_file():
             raise _err(where, "only adapter_model.bin (pickle) is present; pickle files are never loaded. Convert: "

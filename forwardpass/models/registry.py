@@ -15,6 +15,10 @@ _REGISTRY: dict[str, str] = {
     "Qwen3ForCausalLM": "forwardpass.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "forwardpass.models.qwen3_moe:Qwen3MoeForCausalLM",
     "MixtralForCausalLM": "forwardpass.models.mixtral:MixtralForCausalLM",
+    "Gemma2ForCausalLM": "forwardpass.models.gemma:Gemma2ForCausalLM",
+    "Gemma3ForCausalLM": "forwardpass.models.gemma:Gemma3ForCausalLM",
+    "DeepseekV2ForCausalLM": "forwardpass.models.deepseek:DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM": "forwardpass.models.deepseek:DeepseekV3ForCausalLM",
 }
 
 

@@ -21,6 +21,13 @@ SAMPLING_EPS = 1e-5
 #: Largest ``logprobs`` a request may ask for (vLLM's default ``max_logprobs``; OpenAI's limit).
 MAX_LOGPROBS = 20
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+#: Caps that keep every field inside what the sampler's int64 / float32 tensors can hold. The engine
+#: checks the model-dependent ones again (``top_k`` <= vocabulary, token ids < vocabulary).
+MAX_N = 1024
+MAX_TOP_K = 2**31 - 1
+MAX_TOKENS = 2**31 - 1
+MAX_TOKEN_ID = 2**31 - 1
+MAX_STOP_STRINGS = 1024
 
 
 @dataclass
@@ -46,23 +53,29 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
-        self.n = _int("n", self.n, lo=1)
-        self.temperature = _float("temperature", self.temperature, lo=0.0)
+        self.n = _int("n", self.n, lo=1, hi=MAX_N)
+        self.temperature = _float("temperature", self.temperature, lo=0.0, hi=1e6)
         self.top_p = _float("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True)
-        self.top_k = _int("top_k", self.top_k, lo=-1, hint="-1 or 0 (disabled), or >= 1")
+        self.top_k = _int(
+            "top_k", self.top_k, lo=-1, hi=MAX_TOP_K, hint=f"-1 or 0 (disabled), or 1..{MAX_TOP_K}"
+        )
         if self.top_k == 0:
             self.top_k = -1  # one spelling of "disabled", so equal requests compare equal
         self.min_p = _float("min_p", self.min_p, lo=0.0, hi=1.0)
         self.presence_penalty = _float("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
         self.frequency_penalty = _float("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
-        self.repetition_penalty = _float("repetition_penalty", self.repetition_penalty, lo=0.0, lo_open=True)
+        self.repetition_penalty = _float(
+            "repetition_penalty", self.repetition_penalty, lo=0.0, hi=1e6, lo_open=True
+        )
         if self.seed is not None:
             self.seed = _int("seed", self.seed, lo=_SEED_MIN, hi=_SEED_MAX)
         self.stop = _stop_strings(self.stop)
         self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
         if self.max_tokens is not None:
-            self.max_tokens = _int("max_tokens", self.max_tokens, lo=1, hint=">= 1, or None for no limit")
-        self.min_tokens = _int("min_tokens", self.min_tokens, lo=0)
+            self.max_tokens = _int(
+                "max_tokens", self.max_tokens, lo=1, hi=MAX_TOKENS, hint=f"1..{MAX_TOKENS}, or None for no limit"
+            )
+        self.min_tokens = _int("min_tokens", self.min_tokens, lo=0, hi=MAX_TOKENS)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise SamplingParamsError(
                 f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}",
@@ -142,6 +155,8 @@ def _stop_strings(stop: Any) -> list[str]:
     items = [stop] if isinstance(stop, str) else stop
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
         raise _fail("stop", stop, "a string, a list of strings, or None")
+    if len(items) > MAX_STOP_STRINGS:
+        raise _fail("stop", f"<{len(items)} strings>", f"at most {MAX_STOP_STRINGS} stop strings")
     if any(s == "" for s in items):
         raise _fail("stop", stop, "non-empty strings (an empty stop string would end every request at once)")
     return list(items)
@@ -154,6 +169,6 @@ def _token_ids(name: str, ids: Any) -> list[int]:
         raise _fail(name, ids, "a list of token ids >= 0, or None")
     out = list(ids)
     for t in out:
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-            raise _fail(name, ids, "a list of token ids >= 0, or None")
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= int(t) <= MAX_TOKEN_ID:
+            raise _fail(name, ids, f"a list of token ids in [0, {MAX_TOKEN_ID}], or None")
     return [int(t) for t in out]

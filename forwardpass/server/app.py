@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ from forwardpass.engine.async_engine import AsyncLLMEngine
 from forwardpass.errors import EngineDeadError, ValidationError
 from forwardpass.server import errors
 from forwardpass.server.config import ServerConfig
+from forwardpass.server.dashboard import dashboard_router
 from forwardpass.server.metrics import ServerMetrics
 from forwardpass.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
 from forwardpass.server.protocol import (
@@ -74,7 +76,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "forwardpass",
-             "root": str(engine.model_dir) if lora is None else str(getattr(lora, "path", name)),
+             "root": name,  # the served name: filesystem paths are not the clients' business
              "parent": None if lora is None else config.default_model, "max_model_len": engine.max_model_len}
             for name, lora in config.models.items()]}
 
@@ -82,6 +84,11 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
     async def health() -> JSONResponse:
         if engine.is_dead:
             return errors.error_response(503, f"the engine is not running: {engine.dead_reason}", "engine_dead")
+        stalled = engine.stalled_for()
+        if stalled > config.watchdog_timeout_s:  # has work, made no progress: stuck or stopped
+            return errors.error_response(
+                503, f"the engine has made no progress for {stalled:.0f} s while it has work "
+                f"(watchdog timeout {config.watchdog_timeout_s:g} s)", "engine_stalled")
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", response_class=Response)
@@ -93,15 +100,17 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
         return {"version": forwardpass.__version__}
 
     @app.post("/tokenize", responses=_ERRORS, response_model=None)
-    async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
+    async def tokenize(req: TokenizeRequest) -> dict[str, Any] | Response:
         serving.resolve_model(req.model)
         if req.messages is not None:
-            ids = serving.chat_prompt(req.messages, req.add_generation_prompt)
+            ids = await serving.chat_prompt(req.messages, req.add_generation_prompt)
         else:
             if not req.prompt:
                 return {"tokens": [], "count": 0, "max_model_len": engine.max_model_len}
-            ids = serving.encode(req.prompt, req.add_special_tokens)
-        return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
+            ids = await serving.encode_async(req.prompt, req.add_special_tokens, for_generation=False)
+        body = {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
+        # a million ids: encoded in a worker too, not by FastAPI's per-item encoder on the event loop
+        return Response(await serving.off_loop(json.dumps, body), media_type="application/json")
 
     @app.post("/detokenize", responses=_ERRORS, response_model=None)
     async def detokenize(req: DetokenizeRequest) -> dict[str, str]:
@@ -111,7 +120,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
             raise ValidationError("this model has no tokenizer", param="tokens")
         if any(t >= tok.vocab_size for t in req.tokens):
             raise ValidationError(f"token ids must be in [0, {tok.vocab_size})", param="tokens")
-        return {"prompt": tok.decode(req.tokens, skip_special_tokens=False)}
+        return {"prompt": await serving.off_loop(tok.decode, req.tokens, False)}
 
     if config.enable_debug_endpoints:
         @app.get("/debug/engine", response_model=None)
@@ -122,8 +131,10 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
             info = await engine.debug_info()
             return {**info, "num_unfinished_front_end": engine.num_unfinished}
 
+    app.include_router(dashboard_router(engine))  # /dashboard, /dashboard/state, /dashboard/events
+
     # Outermost first: the key check, then the body limit, both before anything is parsed.
-    app.add_middleware(BodyLimitMiddleware, limit=config.max_request_bytes)
+    app.add_middleware(BodyLimitMiddleware, limit=config.max_request_bytes, read_timeout_s=config.read_timeout_s)
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
     return app

@@ -14,6 +14,8 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 256
 MAX_PROMPTS = 32  # prompts in one /v1/completions batch
+MAX_SEQS_PER_REQUEST = 64  # n x prompts: the sequences one request may add to the engine
+MAX_MESSAGES = 1024  # chat messages in one request
 
 
 @dataclass
@@ -25,7 +27,13 @@ class ServerConfig:
     max_request_bytes: int = 4 << 20  # 413 above this
     retry_after_s: int = 1  # Retry-After sent with 503 when the waiting queue is full
     enable_debug_endpoints: bool = False  # GET /debug/engine (free blocks, invariants) for tests
-    shutdown_timeout_s: float = 30.0
+    shutdown_timeout_s: float = 30.0  # on SIGTERM: then every stream still open ends with an error + [DONE]
+    request_timeout_s: float | None = None  # a request running longer fails (504 / an SSE error event)
+    watchdog_timeout_s: float = 60.0  # /health is 503 when the engine has work but no progress this long
+    read_timeout_s: float = 30.0  # a request body not fully received in this time gets a 408
+    template_time_limit_s: float = 2.0  # chat-template render time limit (400 above)
+    template_max_chars: int = 8 << 20  # chat-template output-size limit (400 above)
+    text_workers: int = 2  # threads for tokenization, detokenization and templates
 
     @property
     def default_model(self) -> str:

@@ -63,10 +63,28 @@ class ServerMetrics:
         self.itl = h("inter_token_latency_seconds", "time between two outputs of a request", _ITL)
         self.e2e = h("e2e_request_latency_seconds", "arrival to last token", _LATENCY)
         self.queue = h("request_queue_time_seconds", "arrival to first scheduled", _LATENCY)
+        # Roofline of each step: achieved rates from the step records' FLOPs and bytes (engine/cost.py),
+        # utilization against the device's peaks when known (see server/dashboard/state.py).
+        self.flops_per_s = g("achieved_flops_per_second", "FLOP/s achieved by the last step")
+        self.bytes_per_s = g("achieved_bytes_per_second", "bytes/s moved by the last step")
+        self.mfu = g("model_flops_utilization", "last step's FLOP/s over the device's matmul peak (0..1)")
+        self.mbu = g("model_bandwidth_utilization", "last step's bytes/s over the device's bandwidth (0..1)")
+        self.flops_total = Counter(P + "step_flops", "FLOPs of all steps", list(lbl), registry=r).labels(**lbl)
+        self.bytes_total = Counter(P + "step_bytes", "bytes moved by all steps", list(lbl), registry=r).labels(**lbl)
+        from forwardpass.server.dashboard.state import engine_peaks
+
+        self.peaks = engine_peaks(engine)[0]
         engine.stat_listeners.append(self.on_step)
         engine.finish_listeners.append(self.on_finish)
 
     def on_step(self, record: StepRecord) -> None:
+        self.flops_per_s.set(record.achieved_flops_per_s)
+        self.bytes_per_s.set(record.achieved_bytes_per_s)
+        self.flops_total.inc(record.flops)
+        self.bytes_total.inc(record.bytes)
+        if self.peaks is not None:
+            self.mfu.set(record.achieved_flops_per_s / self.peaks.flops)
+            self.mbu.set(record.achieved_bytes_per_s / self.peaks.bandwidth)
         if record.num_preemptions:
             self.preemptions.inc(record.num_preemptions)
 

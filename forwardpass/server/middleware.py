@@ -1,7 +1,9 @@
-"""Pure-ASGI middleware: API-key check (401) and request-body limit (413), both before any parsing."""
+"""Pure-ASGI middleware: API-key check (401), request-body limit (413), body read timeout (408) and
+UTF-8 bodies only (400), all before any parsing."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import Iterable
 
@@ -22,11 +24,12 @@ async def _send_error(send: Send, status: int, message: str, code: str | None = 
 
 
 class APIKeyMiddleware:
-    """``Authorization: Bearer KEY`` on every path but /health and /metrics; constant-time compare."""
+    """``Authorization: Bearer KEY`` on every path but /health and /metrics (the scheme is
+    case-insensitive, as RFC 9110 says); constant-time compare of the key."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -36,17 +39,19 @@ class APIKeyMiddleware:
             if name == b"authorization":
                 given = value
                 break
-        if not hmac.compare_digest(given, self.expected):
+        scheme, _, key = given.strip().partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(key.strip(), self.expected):
             msg = "missing API key: send 'Authorization: Bearer <key>'" if not given else "incorrect API key"
             return await _send_error(send, 401, msg, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
         return await self.app(scope, receive, send)
 
 
 class BodyLimitMiddleware:
-    """Reads the body up front (at most ``limit`` bytes, else 413) and replays it to the app."""
+    """Reads the body up front (at most ``limit`` bytes, else 413; all of it within ``read_timeout_s``,
+    else 408; UTF-8, else 400) and replays it to the app."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, read_timeout_s: float = 30.0) -> None:
+        self.app, self.limit, self.read_timeout_s = app, limit, read_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -57,8 +62,13 @@ class BodyLimitMiddleware:
                 return await _send_error(send, 413, too_big)
         chunks: list[bytes] = []
         size = 0
+        deadline = asyncio.get_running_loop().time() + self.read_timeout_s
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                return await _send_error(send, 408, f"the request body was not received within "
+                                         f"{self.read_timeout_s:g} s", headers=[(b"connection", b"close")])
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")
@@ -68,13 +78,21 @@ class BodyLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+        body = b"".join(chunks)
+        try:  # JSON is UTF-8 (RFC 8259); raw NUL bytes only occur in UTF-16/32, which json.loads would guess
+            body.decode("utf-8")
+            if b"\x00" in body:
+                raise UnicodeDecodeError("utf-8", body, body.index(b"\x00"), body.index(b"\x00") + 1, "NUL byte")
+        except UnicodeDecodeError as exc:
+            return await _send_error(send, 400, f"the request body must be UTF-8 encoded JSON (byte {exc.start} "
+                                     "is not valid UTF-8 JSON text)")
         replayed = False
 
         async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # after the body: waits for http.disconnect
 
         return await self.app(scope, replay, send)

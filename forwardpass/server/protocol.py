@@ -10,14 +10,50 @@ from typing import Annotated, Any, Literal, Self, TypeGuard, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from forwardpass.server.config import MAX_LOGPROBS, MAX_N, MAX_PROMPTS, MAX_STOP_LENGTH, MAX_STOP_STRINGS
+from forwardpass.sampling.params import MAX_TOKENS, MAX_TOP_K
+from forwardpass.server.config import (
+    MAX_LOGPROBS,
+    MAX_MESSAGES,
+    MAX_N,
+    MAX_PROMPTS,
+    MAX_STOP_LENGTH,
+    MAX_STOP_STRINGS,
+)
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+ModelName = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """A str that cannot be encoded as UTF-8 (JSON allows ``"\\udc80"``; tokenizers and responses do not)."""
+    if isinstance(value, str):
+        if value.isascii():
+            return False
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, (list, tuple)):
+        return any(_has_lone_surrogate(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    return False
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown fields refused; no coercion (``"16"`` is not an int, ``true`` is not a number); text that
+    is not valid Unicode (a lone surrogate) refused with a 400 naming the field."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, v: Any) -> Any:
+        if _has_lone_surrogate(v):
+            raise ValueError("must be valid Unicode text (a lone surrogate such as \\udc80 cannot be encoded as UTF-8)")
+        return v
 
 
 class StreamOptions(_Strict):
@@ -25,10 +61,10 @@ class StreamOptions(_Strict):
 
 
 class _SamplingRequest(_Strict):
-    model: str | None = Field(None, description="a served model name (GET /v1/models); default: the first")
+    model: ModelName | None = Field(None, description="a served model name (GET /v1/models); default: the first")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1, description="-1 or 0 disable top-k")
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K, description="-1 or 0 disable top-k; at most the vocabulary")
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     n: int = Field(1, ge=1, le=MAX_N)
     stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP_STRINGS)
@@ -39,7 +75,7 @@ class _SamplingRequest(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
     user: str | None = Field(None, max_length=256)
     logit_bias: dict[str, float] | None = Field(None, description="not supported: must be empty")
 
@@ -58,7 +94,7 @@ class CompletionRequest(_SamplingRequest):
         | Annotated[list[TokenId], Field(min_length=1)]
         | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
     )
-    max_tokens: int | None = Field(16, ge=1, description="null: up to the context window")
+    max_tokens: int | None = Field(16, ge=1, le=MAX_TOKENS, description="null: up to the context window")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
@@ -95,9 +131,9 @@ class TextPart(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_call_id: str | None = None
+    content: str | list[TextPart] | None = Field(None, description="text, or a list of text parts")
+    name: Annotated[str, Field(max_length=256)] | None = None
+    tool_call_id: Annotated[str, Field(max_length=256)] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -108,9 +144,9 @@ class ChatMessage(_Strict):
 
 
 class ChatCompletionRequest(_SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, description="deprecated alias of max_completion_tokens")
-    max_completion_tokens: int | None = Field(None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="deprecated alias of max_completion_tokens")
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     response_format: dict[str, Any] | None = None
@@ -137,9 +173,9 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 class TokenizeRequest(_Strict):
-    model: str | None = None
+    model: ModelName | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
@@ -151,7 +187,7 @@ class TokenizeRequest(_Strict):
 
 
 class DetokenizeRequest(_Strict):
-    model: str | None = None
+    model: ModelName | None = None
     tokens: list[TokenId] = Field(max_length=1 << 20)
 
 

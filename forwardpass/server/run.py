@@ -1,18 +1,26 @@
 """Run the server with uvicorn.
 
-Signals: uvicorn handles SIGTERM / SIGINT. It stops accepting connections at once, lets in-flight
-requests (streams included) finish for up to ``shutdown_timeout_s``, cancels what is left, then runs
-the app's lifespan shutdown, which stops the engine (aborting anything still in it) and exits 0.
+Signals: uvicorn handles SIGTERM / SIGINT. It stops accepting connections at once and lets in-flight
+requests (streams included) finish for up to ``shutdown_timeout_s``. Then every request still running
+is failed: a stream gets an error event and ``data: [DONE]``, a plain request a 503, within a short
+grace period before uvicorn would cancel what is left. The app's lifespan shutdown then stops the
+engine (aborting anything still in it) and the process exits 0.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Iterator
 
 from forwardpass.engine.async_engine import AsyncLLMEngine, EngineSpec
+from forwardpass.errors import EngineDeadError
 from forwardpass.server.config import ServerConfig
+
+#: after ``shutdown_timeout_s``, how long failed streams get to write their error event and [DONE]
+SHUTDOWN_GRACE_S = 3.0
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +40,26 @@ def run_server(spec: EngineSpec, config: ServerConfig, *, host: str = "127.0.0.1
                 # a graceful stop is a clean exit here.
                 self._captured_signals.clear()
 
-    engine = AsyncLLMEngine(spec, backend=backend, max_queued_requests=max_queued_requests)
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            async def end_streams() -> None:
+                await asyncio.sleep(config.shutdown_timeout_s)
+                engine.fail_all(EngineDeadError(
+                    f"the server is shutting down: the request did not finish within the shutdown timeout "
+                    f"({config.shutdown_timeout_s:g} s)"))
+
+            cut = asyncio.ensure_future(end_streams())
+            try:
+                await super().shutdown(sockets)
+            finally:
+                cut.cancel()
+
+    engine = AsyncLLMEngine(spec, backend=backend, max_queued_requests=max_queued_requests,
+                            request_timeout_s=config.request_timeout_s)
     app = build_app(engine, config)
     server = Server(uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_keep_alive=5,
         # uvicorn annotates this ``int | None`` but only hands it to asyncio.wait_for, which takes a float.
-        timeout_graceful_shutdown=config.shutdown_timeout_s,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=config.shutdown_timeout_s + SHUTDOWN_GRACE_S,  # type: ignore[arg-type]
         access_log=log_level == "debug"))
     server.run()
     if not server.started:

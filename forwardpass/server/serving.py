@@ -13,15 +13,23 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
 
 from forwardpass.engine.async_engine import AsyncLLMEngine, RequestStream
 from forwardpass.engine.outputs import CompletionOutput, Logprob, RequestOutput
-from forwardpass.errors import ContextLengthError, ModelNotFoundError, ValidationError
+from forwardpass.errors import (
+    ContextLengthError,
+    ModelNotFoundError,
+    QueueFullError,
+    SamplingParamsError,
+    ValidationError,
+)
+from forwardpass.loader.chat_template import ChatTemplateLimitError
 from forwardpass.sampling.params import SamplingParams
-from forwardpass.server.config import ServerConfig
+from forwardpass.server.config import MAX_SEQS_PER_REQUEST, ServerConfig
 from forwardpass.server.errors import sse_error
 from forwardpass.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from forwardpass.server.sse import SSEResponse
@@ -42,8 +50,30 @@ class ClientDisconnected(Exception):
 
 
 class Serving:
+    """Tokenization, detokenization and chat-template rendering run in worker threads (``_text``), never
+    on the event loop: a 4 MB prompt or a slow template must not stall ``/health`` or other streams."""
+
     def __init__(self, engine: AsyncLLMEngine, config: ServerConfig) -> None:
         self.engine, self.config = engine, config
+        self._text = ThreadPoolExecutor(max_workers=config.text_workers, thread_name_prefix="fp-text")
+        # templates get their own workers: slow (hostile) templates cannot hold up plain tokenization
+        self._templates = ThreadPoolExecutor(max_workers=config.text_workers, thread_name_prefix="fp-template")
+
+    async def off_loop(self, fn: Callable[..., _T], *args: Any, timeout: float | None = None,
+                       pool: ThreadPoolExecutor | None = None) -> _T:
+        fut = asyncio.get_running_loop().run_in_executor(pool or self._text, fn, *args)
+        return await asyncio.wait_for(fut, timeout)
+
+    def check_capacity(self, num_seqs: int) -> None:
+        """A request's ``n x prompts`` sequences count fully: one over the per-request cap is a 400, one
+        that would overfill the waiting queue a 503 (before anything is tokenized or admitted)."""
+        if num_seqs > MAX_SEQS_PER_REQUEST:
+            raise ValidationError(f"n x the number of prompts must be at most {MAX_SEQS_PER_REQUEST} sequences "
+                                  f"per request, got {num_seqs}", param="n")
+        engine = self.engine
+        if engine.num_queued + num_seqs > engine.max_queued_requests:
+            raise QueueFullError(f"the waiting queue is full ({engine.num_queued} of {engine.max_queued_requests} "
+                                 f"sequences waiting, this request adds {num_seqs}); retry later")
 
     # ----- admission -----------------------------------------------------------------------------
     def resolve_model(self, name: str | None) -> tuple[str, LoRARequest | None]:
@@ -69,6 +99,10 @@ class Serving:
                 f"tokens ({prompt_len} in the {what}, {max_tokens} for the completion); reduce the length of the "
                 f"{what} or max_tokens", param="max_tokens")
         d = self.engine.default_sampling_params()
+        vocab = self.engine.vocab_size
+        if req.top_k is not None and req.top_k > vocab:
+            raise SamplingParamsError(f"top_k must be -1 or 0 (disabled), or in [1, {vocab}] (the vocabulary "
+                                      f"size), got {req.top_k}", param="top_k")
 
         def pick(v: _T | None, default: _T) -> _T:
             return default if v is None else v
@@ -81,7 +115,20 @@ class Serving:
             max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens), ignore_eos=req.ignore_eos,
             logprobs=logprobs)
 
-    def encode(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
+    def _check_text_length(self, text: str, what: str) -> None:
+        """Before tokenizing: a text too long to fit the context window whatever its tokens (each token
+        covers at most ``max_token_chars`` characters; x4 for normalizers that merge characters)."""
+        tok = self.engine.tokenizer
+        limit = self.engine.max_model_len * (tok.max_token_chars if tok is not None else 1) * 4
+        if len(text) > limit:
+            raise ContextLengthError(
+                f"the {what} has {len(text)} characters, more than this model's maximum context length of "
+                f"{self.engine.max_model_len} tokens can hold; shorten the {what}", param=what)
+
+    def encode(self, prompt: str | list[int], add_special_tokens: bool = True, for_generation: bool = True) -> list[int]:
+        """Blocking: call through ``off_loop`` for text. ``for_generation``: refuse text too long for the
+        context window before tokenizing it (``/tokenize`` counts the tokens of any text the body limit
+        lets through)."""
         if isinstance(prompt, list):
             vocab = self.engine.vocab_size
             if any(t >= vocab for t in prompt):
@@ -90,21 +137,40 @@ class Serving:
         tok = self.engine.tokenizer
         if tok is None:
             raise ValidationError("this model has no tokenizer: send prompts as token ids", param="prompt")
+        if for_generation:
+            self._check_text_length(prompt, "prompt")
         ids = tok.encode(prompt, add_special_tokens=add_special_tokens)
         if not ids:
             raise ValidationError("the prompt is empty after tokenization", param="prompt")
         return ids
 
-    def chat_prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    def chat_prompt_blocking(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         tok = self.engine.tokenizer
         if tok is None:
             raise ValidationError("this model has no tokenizer, so it has no chat template", param="messages")
         conv = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
-        text = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)
+        text = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
+                                       time_limit_s=self.config.template_time_limit_s,
+                                       max_output_chars=self.config.template_max_chars)
+        self._check_text_length(text, "messages")
         ids = tok.encode(text, add_special_tokens=False)  # the template wrote any BOS it wants
         if not ids:
             raise ValidationError("the chat template rendered an empty prompt", param="messages")
         return ids
+
+    async def encode_async(self, prompt: str | list[int], add_special_tokens: bool = True,
+                           for_generation: bool = True) -> list[int]:
+        if isinstance(prompt, list):
+            return self.encode(prompt)
+        return await self.off_loop(self.encode, prompt, add_special_tokens, for_generation)
+
+    async def chat_prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        try:  # the template checks its own deadline; this one also covers time spent waiting for a worker
+            return await self.off_loop(self.chat_prompt_blocking, messages, add_generation_prompt,
+                                       timeout=self.config.template_time_limit_s + 10, pool=self._templates)
+        except TimeoutError:
+            raise ChatTemplateLimitError(f"rendering the chat template took longer than "
+                                         f"{self.config.template_time_limit_s:g} s", param="messages") from None
 
     async def admit(self, prompts: list[list[int]], params_list: list[SamplingParams], rid: str,
                     lora: LoRARequest | None) -> list[RequestStream]:
@@ -121,7 +187,8 @@ class Serving:
     # ----- /v1/completions -----------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, request: Request) -> SSEResponse | dict[str, Any]:
         model, lora = self.resolve_model(req.model)
-        prompts = [self.encode(p) for p in req.prompts()]
+        self.check_capacity(len(req.prompts()) * req.n)
+        prompts = [await self.encode_async(p) for p in req.prompts()]
         params = [self.sampling_params(req, len(p), req.max_tokens, req.logprobs, "prompt") for p in prompts]
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = await self.admit(prompts, params, rid, lora)
@@ -144,7 +211,8 @@ class Serving:
     # ----- /v1/chat/completions ------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest, request: Request) -> SSEResponse | dict[str, Any]:
         model, lora = self.resolve_model(req.model)
-        ids = self.chat_prompt(req.messages)
+        self.check_capacity(req.n)
+        ids = await self.chat_prompt(req.messages)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         k = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, len(ids), max_tokens, k, "messages")

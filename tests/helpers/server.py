@@ -23,19 +23,25 @@ def free_port() -> int:
 
 
 def make_served_model(directory: Path, checkpoint: Path) -> Path:
-    """A model dir: the tiny random checkpoint (symlinked) plus the test tokenizer with its chat template."""
+    """A model dir: the tiny random checkpoint (copied: symlinks out of a model dir are refused) plus the
+    test tokenizer with its chat template."""
+    import shutil
+
     from tests.helpers.tokenizer_factory import make_test_tokenizer
 
     directory.mkdir(parents=True, exist_ok=True)
     for f in checkpoint.iterdir():
         if not (directory / f.name).exists():
-            (directory / f.name).symlink_to(f)
+            shutil.copy(f, directory / f.name)
     make_test_tokenizer(directory, "bytelevel", vocab_size=512)
     return directory
 
 
 MID_STREAM_FAULT_SEED = 424242  # a request with this seed makes a step fail after 2 tokens
 FATAL_FAULT_SEED = 131313  # ... makes a step fail and break the KV invariants: the engine dies
+SLOW_STEP_SEED = 515151  # ... makes every step it is in take 0.3 s
+STUCK_ENGINE_SEED = 616161  # ... makes one step hang for STUCK_S seconds (a stuck engine, then it recovers)
+STUCK_S = 7.0
 
 
 def _fault_engine_class():
@@ -45,7 +51,13 @@ def _fault_engine_class():
         broken = False
 
         def step(self):
+            import time
+
             seqs = list(self.scheduler.running)
+            if any(s.params.seed == STUCK_ENGINE_SEED and len(s.output_token_ids) == 1 for s in seqs):
+                time.sleep(STUCK_S)
+            if any(s.params.seed == SLOW_STEP_SEED for s in seqs):
+                time.sleep(0.3)
             if any(s.params.seed == FATAL_FAULT_SEED for s in seqs):
                 self.broken = True
                 raise RuntimeError("injected fatal fault")
@@ -71,7 +83,7 @@ class ServerProcess:
     """``with ServerProcess(model, *flags) as srv: httpx.get(srv.url + "/health")``."""
 
     def __init__(self, model: Path, *flags: str, api_key: str | None = None, startup_timeout: float = 120.0,
-                 log_path: Path | None = None):
+                 log_path: Path | None = None, env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -79,13 +91,13 @@ class ServerProcess:
                "--port", str(self.port), "--served-model-name", "test-model", "--enable-debug-endpoints", *flags]
         if api_key:
             cmd += ["--api-key", api_key]
-        self.cmd, self.startup_timeout = cmd, startup_timeout
+        self.cmd, self.startup_timeout, self.extra_env = cmd, startup_timeout, env or {}
         self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"fp-server-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Self:
         # One compute thread: on 2 shared, busy cores, 2 OpenMP threads make a tiny model's step ~15x slower.
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **self.extra_env}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_timeout

@@ -1,0 +1,64 @@
+"""Builds one KV cache group's ``GroupMetadata`` (``context.py``) from the chunks of a step.
+
+The model runner calls ``add`` once per scheduled chunk, in batch order (decode chunks first), with
+the sequence's block table for this group, then ``build``. Per-token bookkeeping stays in plain
+Python ints: at batch 64 a few small tensors per sequence cost more than a small model's decode.
+
+For a sliding-window group the first ``spec.freeable_prefix_blocks(start)`` entries of the table
+have been freed by the KV cache manager (the same rule, so the two always agree); the tables handed
+to attention start after them and lengths are counted from there.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from forwardpass.attention.context import GroupMetadata, PrefillSpan
+
+
+class PagedSpec(Protocol):
+    @property
+    def block_size(self) -> int: ...
+
+    def freeable_prefix_blocks(self, num_computed_tokens: int) -> int: ...
+
+
+class GroupMetadataBuilder:
+    def __init__(self, spec: PagedSpec, device: str | torch.device):
+        self.spec, self.device = spec, device
+        self.bs = spec.block_size
+        self.slots: list[int] = []
+        self.decode_tables: list[list[int]] = []
+        self.decode_lens: list[int] = []
+        self.prefills: list[PrefillSpan] = []
+
+    def add(self, table: list[int], start: int, end: int, row: int) -> None:
+        """Positions ``start..end-1`` of a sequence, its queries at batch rows ``row..``."""
+        bs = self.bs
+        first = self.spec.freeable_prefix_blocks(start)
+        live = table[first:] if first else table
+        base = first * bs  # the token position live[0] starts at
+        if end - start == 1:
+            self.slots.append(table[start // bs] * bs + start % bs)
+            self.decode_tables.append(live)
+            self.decode_lens.append(end - base)
+        else:
+            self.slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            self.prefills.append(
+                PrefillSpan(q_start=row, q_len=end - start, context_len=end - base,
+                            block_table=torch.tensor(live, dtype=torch.long, device=self.device))
+            )
+
+    def build(self) -> GroupMetadata:
+        meta = GroupMetadata(
+            slot_mapping=torch.tensor(self.slots, dtype=torch.long, device=self.device), prefills=self.prefills
+        )
+        if self.decode_lens:
+            width = max(len(t) for t in self.decode_tables)
+            padded = [t + [0] * (width - len(t)) for t in self.decode_tables]  # pad with any valid block id
+            meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=self.device)
+            meta.decode_seq_lens = torch.tensor(self.decode_lens, dtype=torch.long, device=self.device)
+            meta.decode_max_len = max(self.decode_lens)
+        return meta

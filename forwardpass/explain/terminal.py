@@ -1,0 +1,127 @@
+"""Terminal rendering of an explanation (``rich``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forwardpass.analysis.report import fmt_bytes, fmt_flops, fmt_rate, fmt_time
+
+_SHADES = " ░▒▓█"
+
+
+def _bar(frac: float, width: int = 24) -> str:
+    n = max(0, min(width, round(frac * width)))
+    return "█" * n + "·" * (width - n)
+
+
+def _mark(ok: bool) -> str:
+    return "✓" if ok else "✗"
+
+
+def _show(text: str) -> str:
+    return repr(text)[1:-1] if text else "∅"
+
+
+def render(ex: dict[str, Any], out: Any = None, *, funnels: int = 3) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    con = out or Console()
+    if out is None and not con.is_terminal:
+        con = Console(width=140)  # piped: wide enough for the tables
+    p = ex["params"]
+    con.rule(f"[bold]forwardpass explain[/] · {ex['model']} ({ex['architecture']})")
+    con.print(f"temperature {p['temperature']}  top_k {p['top_k']}  top_p {p['top_p']}  min_p {p['min_p']}  "
+              f"seed {p['seed']}  max_tokens {p['max_tokens']}")
+
+    # tokenization
+    t = Text("\nprompt tokens: ")
+    for i, tok in enumerate(ex["tokens"]):
+        style = "bold magenta underline" if tok["split"] else ("cyan" if i % 2 else "green")
+        t.append(f"[{_show(tok['text'])}|{tok['id']}]", style=style)
+    con.print(t)
+    con.print("[dim]underlined: a word split into several tokens[/]")
+
+    # prefill
+    pf = ex["prefill"]
+    if pf:
+        con.print(f"\n[bold]prefill[/]: {pf['tokens']} tokens in one pass, {fmt_time(pf['time_s'])}, "
+                  f"{fmt_flops(pf['flops'])}, {fmt_bytes(pf['bytes'])} → bound: [bold]{pf['bound']}[/]")
+        con.print(f"  KV cache filled at once: {pf['kv_entries']} entries in {pf['kv_blocks']} block(s) "
+                  f"{'▇' * pf['kv_entries']}")
+
+    # decode steps
+    tab = Table(title="decode steps (the first token was drawn by the prefill)", show_lines=False)
+    for col in ("step", "token", "KV entries", "time", "FLOPs", "bytes", "bound", "pool"):
+        tab.add_column(col, no_wrap=True)
+    tab.add_column("top of the pool", no_wrap=True, overflow="ellipsis")
+    rows = ([{"step": 0, **pf}] if pf else []) + ex["decode"]
+    for d in rows:
+        top = "  ".join(f"{_show(c['text'])} {c['prob']:.2f}" for c in d["candidates"][:3])
+        tab.add_row(str(d["step"]) if d["step"] else "prefill", _show(d["text"]),
+                    str(d["kv_entries"]), fmt_time(d["time_s"]),
+                    fmt_flops(d["flops"]), fmt_bytes(d["bytes"]), str(d["bound"]), str(d["pool_size"]), top)
+    con.print(tab)
+    con.print("[bold]the KV cache, step by step[/] (one ▇ per cached token; the last one was written by the step)")
+    for d in rows:
+        n = d["kv_entries"]
+        con.print(f"  {('prefill' if not d['step'] else 'step ' + str(d['step'])):>8} "
+                  f"[blue]{'▇' * (n - 1 if d['step'] else 0)}[/][magenta]{'▇' * (1 if d['step'] else n)}[/] {n}")
+
+    # sampling funnels
+    for d in rows[:funnels]:
+        f = Table(title=f"sampling funnel → drew {_show(d['text'])} "
+                        f"({'verified' if d['verified'] else 'NOT reproduced' if d['verified'] is False else 'unseeded'})")
+        for col in ("token", "raw p", "after T", "min_p", "top_k", "top_p", "pool p"):
+            f.add_column(col)
+        for c in d["funnel"]:
+            f.add_row(("→ " if c["drawn"] else "  ") + _show(c["text"]), f"{c['raw_prob']:.3f}",
+                      f"{c['temp_prob']:.3f}", _mark(c["min_p"]), _mark(c["top_k"]), _mark(c["top_p"]),
+                      f"{c['pool_prob']:.3f}")
+        con.print(f)
+
+    # the signal through the layers
+    if ex["layers"]:
+        con.print("\n[bold]hidden-state norm per layer[/] (mean over tokens; the signal through the network)")
+        top = max(layer["mean_norm"] for layer in ex["layers"]) or 1.0
+        for layer in ex["layers"]:
+            con.print(f"  {layer['name']:>10}  {_bar(layer['mean_norm'] / top)}  {layer['mean_norm']:.2f}")
+    else:
+        con.print("\n[dim]no per-layer views: this architecture's layers are not the Llama-family decoder[/]")
+
+    # attention heatmap
+    a = ex["attention"]
+    if a:
+        w = a["weights"]
+        n = min(len(w), 32)
+        con.print(f"\n[bold]attention of layer {a['layer']}, head {a['head']}[/] (rows: queries, columns: keys; "
+                  "blank above the diagonal is the causal mask)")
+        labels = [_show(s["text"])[:8] for s in ex["sequence"]]
+        for i in range(n):
+            cells = "".join(_SHADES[min(4, int(w[i][j] * 5))] * 2 if j <= i else "  " for j in range(n))
+            con.print(f"  {labels[i]:>8} {cells}")
+
+    # MoE routing
+    for r in ex["routing"]:
+        counts = [0] * r["num_experts"]
+        for experts in r["experts"]:
+            for e in experts:
+                counts[e] += 1
+        con.print(f"  MoE layer {r['layer']}: tokens per expert {counts}")
+
+    # roofline
+    rf = ex["roofline"]
+    if rf["hardware"]:
+        hw, oh = rf["hardware"], rf["overhead"]
+        con.print(f"\n[bold]roofline[/] on {hw['label']}: peak {fmt_rate(hw['peak_flops'], 'FLOP/s')}, "
+                  f"{fmt_rate(hw['bandwidth'], 'B/s')}")
+        if oh:
+            con.print(f"  overhead measured: {fmt_time(oh['per_step_s'])} per step + "
+                      f"{fmt_time(oh['per_layer_s'])} per layer")
+        for pt in rf["points"][:12]:
+            pred = pt["predicted_flops_per_s"]
+            con.print(f"  {pt['stage']:>7} {pt['step']:>3}: intensity {pt['intensity']:.2f} FLOP/B, measured "
+                      f"{fmt_rate(pt['achieved_flops_per_s'], 'FLOP/s')}, predicted "
+                      f"{fmt_rate(pred, 'FLOP/s') if pred else '-'} ({pt['bound']})")
+    con.print(f"\ncompletion: {ex['completion']!r}   draws reproduced: {ex['verified']}")

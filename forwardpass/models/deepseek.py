@@ -1,0 +1,202 @@
+"""DeepSeek-V2 and DeepSeek-V3: multi-latent attention (MLA) and a MoE with shared experts.
+
+Attention (``attention/mla.py`` for the cache and the two attention forms):
+
+* q: one projection ``q_proj`` (V2-Lite style, ``q_lora_rank`` null) or a LoRA ``q_a_proj`` →
+  RMSNorm ``q_a_layernorm`` → ``q_b_proj``; split per head into ``qk_nope_head_dim`` (no position) and
+  ``qk_rope_head_dim`` (rotated) parts;
+* kv: ``kv_a_proj_with_mqa`` gives the latent (``kv_lora_rank``, RMS-normed by ``kv_a_layernorm``) and
+  one shared rotary key; only these two are cached; ``kv_b_proj`` expands the latent per head;
+* rope over adjacent pairs (``rope_interleave``, always for V2), usually YaRN-scaled; the softmax scale
+  is ``qk_head_dim ** -0.5`` times ``yarn_mscale(factor, mscale_all_dim) ** 2``.
+
+MoE (layers from ``first_k_dense_replace`` on; the first ones have a dense MLP): ``n_routed_experts``
+experts of width ``moe_intermediate_size``, ``num_experts_per_tok`` chosen per token, plus
+``n_shared_experts`` always-on experts (one gated MLP ``n_shared_experts`` times as wide).
+Routing (``ModelSpec.topk_method``):
+
+* V2 ``greedy``: softmax scores, top-k; ``group_limited_greedy``: keep the ``topk_group`` expert groups
+  with the best single score, then top-k inside them. Weights times ``routed_scaling_factor``.
+* V3 ``noaux_tc``: sigmoid scores; the choice uses scores plus a learned ``e_score_correction_bias``;
+  groups ranked by the sum of their two best biased scores, ``topk_group`` kept, top-k inside; the
+  weights are the *unbiased* scores of the chosen experts, renormalized (``norm_topk_prob``) and
+  times ``routed_scaling_factor``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from forwardpass.attention.context import AttentionContext
+from forwardpass.attention.mla import latent_attention
+from forwardpass.layers.linear import Linear, linear
+from forwardpass.layers.mlp import GatedMLP
+from forwardpass.layers.moe import FusedMoE, grouped_experts
+from forwardpass.layers.norm import RMSNorm
+from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_interleaved, yarn_mscale
+from forwardpass.loader.spec import ModelSpec
+
+
+class MLAttention(nn.Module):
+    def __init__(self, spec: ModelSpec, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.heads, self.nope, self.rope = spec.heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim
+        self.rank, self.v_dim = spec.kv_lora_rank, spec.v_head_dim
+        qk = self.nope + self.rope
+        if spec.q_lora_rank:
+            self.q_a_proj = Linear(spec.hidden, spec.q_lora_rank, bias=spec.qkv_bias)
+            self.q_a_layernorm = RMSNorm(spec.q_lora_rank, spec.rms_norm_eps)
+            self.q_b_proj = Linear(spec.q_lora_rank, self.heads * qk)
+        else:
+            self.q_proj = Linear(spec.hidden, self.heads * qk)
+        self.kv_a_proj_with_mqa = Linear(spec.hidden, self.rank + self.rope, bias=spec.qkv_bias)
+        self.kv_a_layernorm = RMSNorm(self.rank, spec.rms_norm_eps)
+        self.kv_b_proj = Linear(self.rank, self.heads * (self.nope + self.v_dim))
+        self.o_proj = Linear(self.heads * self.v_dim, spec.hidden, bias=spec.o_bias)
+        self.rotate = apply_rotary_interleaved if spec.rope_interleave else apply_rotary
+        self.scale = qk**-0.5
+        scaling = spec.rope_scaling or {}
+        if scaling.get("rope_type", scaling.get("type")) == "yarn" and scaling.get("mscale_all_dim"):
+            self.scale *= yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"])) ** 2
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext | None):
+        t = x.shape[0]
+        if hasattr(self, "q_proj"):
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(t, self.heads, self.nope + self.rope)
+        ckv = self.kv_a_proj_with_mqa(x)
+        c = self.kv_a_layernorm(ckv[:, : self.rank])
+        k_pe = self.rotate(ckv[:, None, self.rank :], cos, sin)[:, 0]
+        q = torch.cat([q[..., : self.nope], self.rotate(q[..., self.nope :], cos, sin)], dim=-1)
+        latent = torch.cat([c, k_pe], dim=-1)  # what the cache keeps: [T, kv_lora_rank + qk_rope_head_dim]
+        out = latent_attention(q, latent, self.kv_b_proj.weight, ctx, self.layer_idx,
+                               rank=self.rank, nope=self.nope, scale=self.scale)
+        return self.o_proj(out.reshape(t, self.heads * self.v_dim))
+
+
+class DeepseekMoE(FusedMoE):
+    """Routed experts (stacked, ``FusedMoE``) with DeepSeek's routing, plus the shared experts."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__(spec.hidden, spec.num_experts, spec.expert_intermediate, spec.experts_per_tok,
+                         renormalize=spec.renormalize_topk, hidden_act=spec.hidden_act)
+        self.spec = spec
+        if spec.topk_method == "noaux_tc":  # stored as mlp.gate.e_score_correction_bias
+            self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(spec.num_experts), requires_grad=False)
+        self.shared_experts = (GatedMLP(spec.hidden, spec.shared_expert_intermediate, spec.hidden_act)
+                               if spec.shared_expert_intermediate else None)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.spec
+        logits = F.linear(x.float(), self.gate.weight.float())
+        e, groups = s.num_experts, s.n_group
+        if s.topk_method == "noaux_tc":
+            scores = logits.sigmoid()
+            choice = scores + self.gate.e_score_correction_bias.float()
+            group_scores = choice.view(-1, groups, e // groups).topk(2, dim=-1)[0].sum(-1)
+        else:
+            scores = logits.softmax(dim=-1)
+            choice = scores
+            group_scores = scores.view(-1, groups, e // groups).amax(-1)
+        if s.topk_method != "greedy":  # keep the topk_group best groups only
+            keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(s.topk_group, dim=-1)[1], 1.0)
+            keep = keep.bool().repeat_interleave(e // groups, dim=1)
+            choice = choice.masked_fill(~keep, float("-inf") if s.topk_method == "noaux_tc" else 0.0)
+        ids = choice.topk(self.top_k, dim=-1)[1]
+        weights = scores.gather(1, ids)
+        if self.renormalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * s.routed_scaling_factor, ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(x)
+        counts = torch.bincount(ids.reshape(-1), minlength=self.num_experts)
+        self.tokens_per_expert = counts
+        out = grouped_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, self.act, counts)
+        return out if self.shared_experts is None else out + self.shared_experts(x)
+
+
+class DeepseekDecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.self_attn = MLAttention(spec, layer_idx)
+        self.post_attention_layernorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.mlp: nn.Module = (DeepseekMoE(spec) if layer_idx in spec.moe_layer_ids
+                               else GatedMLP(spec.hidden, spec.intermediate, spec.hidden_act))
+
+    def forward(self, x, cos, sin, ctx):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DeepseekModel(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, _freeze=True)
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(spec, i) for i in range(spec.layers))
+        self.norm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.rotary = RotaryEmbedding(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling)
+
+    def forward(self, input_ids, positions, ctx):
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, ctx)
+        return self.norm(x)
+
+
+_EXPERTS = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(gate_up_proj|down_proj)$")
+
+
+class DeepseekV2ForCausalLM(nn.Module):
+    packed_modules: ClassVar[dict[str, list[str]]] = {"gate_up_proj": ["gate_proj", "up_proj"]}
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.model = DeepseekModel(spec)
+        self.tie_word_embeddings = spec.tied
+        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
+        return self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return linear(hidden, weight).float()
+
+    def load_weights(self, source) -> None:
+        """Dense tensors by name; routed experts from per-expert tensors (or stacked ones) into the stacks."""
+        from forwardpass.loader.weights import load_into
+        from forwardpass.models.loading import _checkpoint_names
+
+        for name, param in self.named_parameters():
+            m = _EXPERTS.match(name)
+            if m is None:
+                for ckpt, span in _checkpoint_names(self, name):
+                    load_into(param if span is None else param[span[0] : span[1]], source, ckpt)
+                continue
+            block, which = m.groups()
+            if f"{block}.experts.{which}" in source:
+                load_into(param, source, f"{block}.experts.{which}")
+                continue
+            inter = self.spec.expert_intermediate
+            for e in range(param.shape[0]):
+                if which == "gate_up_proj":
+                    load_into(param[e, :inter], source, f"{block}.experts.{e}.gate_proj.weight")
+                    load_into(param[e, inter:], source, f"{block}.experts.{e}.up_proj.weight")
+                else:
+                    load_into(param[e], source, f"{block}.experts.{e}.down_proj.weight")
+
+
+class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
+    pass  # the spec selects sigmoid / noaux_tc routing, q LoRA and the rope layout from config.json

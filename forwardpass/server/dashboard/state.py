@@ -1,0 +1,158 @@
+"""What the live dashboard shows, collected from the engine's step records and finished requests.
+
+``DashboardState`` is fed like the Prometheus metrics: ``AsyncLLMEngine.stat_listeners`` (each step's
+``StepRecord``) and ``finish_listeners`` (TTFT / TPOT of each request). Rates are over a sliding window
+of wall time, so they fall back to zero when the engine goes idle. Achieved FLOP/s and bytes/s come
+from the records' cost accounting (``engine/cost.py``); MFU and MBU divide them by the hardware's peaks
+(:func:`device_peaks`), and the overhead measured by ``forwardpass roofline --measure`` (when cached)
+gives the third bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from forwardpass.engine.async_engine import AsyncLLMEngine, RequestTiming
+    from forwardpass.engine.outputs import RequestOutput
+    from forwardpass.engine.stats import StepRecord
+
+logger = logging.getLogger(__name__)
+
+WINDOW_S = 2.0  # tok/s and FLOP/s are averaged over the steps that ended this recently
+HISTORY = 120  # steps kept for the batch-mix and roofline charts
+
+
+@dataclass(frozen=True)
+class Peaks:
+    name: str
+    flops: float  # matmul peak FLOP/s in the engine's dtype
+    bandwidth: float  # bytes/s
+    per_step_s: float | None = None  # measured overhead, when cached
+    per_layer_s: float | None = None
+
+
+def device_peaks(device: str, dtype: str = "fp32") -> Peaks | None:
+    """Peaks of the serving device without measuring anything (the server must start fast).
+
+    CUDA: the spec-table entry whose name the device name contains (``NVIDIA H100 80GB HBM3`` → h100).
+    CPU: the cached ``this-machine`` measurement, if ``forwardpass roofline --hardware this-machine`` ran.
+    """
+    try:
+        import json
+
+        from forwardpass.analysis.hardware import SPECS, THIS_MACHINE, cache_path, hardware_from_measurement
+
+        doc: dict[str, Any] = {}
+        if cache_path().is_file():
+            doc = json.loads(cache_path().read_text())
+        hw = None
+        if device.startswith("cuda"):  # the driver's name for it, without initializing CUDA here
+            from pathlib import Path
+
+            name = " ".join(p.read_text() for p in Path("/proc/driver/nvidia/gpus").glob("*/information")).lower()
+            # the longest matching key first: an "L40S" also contains "l4"
+            hw = next((SPECS[k] for k in sorted(SPECS, key=len, reverse=True) if k.split("-")[0] in name), None)
+        elif isinstance(doc.get(THIS_MACHINE), dict):
+            hw = hardware_from_measurement(doc[THIS_MACHINE])
+        if hw is None:
+            return None
+        oh = doc.get(f"overhead-{device.split(':')[0]}") or {}
+        return Peaks(hw.name, hw.peak(dtype), hw.bandwidth, oh.get("per_step_s"), oh.get("per_layer_s"))
+    except Exception as exc:  # noqa: BLE001 - the dashboard works without peaks
+        logger.warning("no hardware peaks for the dashboard: %s", exc)
+        return None
+
+
+def engine_peaks(engine: AsyncLLMEngine) -> tuple[Peaks | None, int | None]:
+    """(peaks of the engine's device and dtype, its model's layer count) from its recipe and config.json."""
+    kwargs = engine.spec.config_kwargs
+    device = str(kwargs.get("device", "cpu"))
+    dtype = str(kwargs.get("dtype", "auto"))
+    dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+    if dtype == "auto":
+        dtype = "bf16" if device.startswith("cuda") else "fp32"
+    layers = None
+    try:
+        from forwardpass.loader.spec import load_model_spec
+
+        layers = load_model_spec(engine.model_dir).layers
+    except Exception as exc:  # noqa: BLE001 - only the overhead term needs the layer count
+        logger.info("dashboard: no layer count for %s: %s", engine.model_dir, exc)
+    return device_peaks(device, dtype), layers
+
+
+class DashboardState:
+    def __init__(self, engine: AsyncLLMEngine, peaks: Peaks | None = None, layers: int | None = None) -> None:
+        self.engine, self.peaks, self.layers = engine, peaks, layers
+        self.steps: deque[tuple[float, StepRecord]] = deque(maxlen=HISTORY)  # (received at, record)
+        self.ttft: deque[float] = deque(maxlen=100)
+        self.tpot: deque[float] = deque(maxlen=100)
+        self.finished = 0
+        engine.stat_listeners.append(self.on_step)
+        engine.finish_listeners.append(self.on_finish)
+
+    def on_step(self, record: StepRecord) -> None:
+        self.steps.append((time.monotonic(), record))
+
+    def on_finish(self, out: RequestOutput, timing: RequestTiming) -> None:
+        self.finished += 1
+        if timing.first_token is not None:
+            self.ttft.append(timing.first_token - timing.arrival)
+        if timing.itl:
+            self.tpot.append(sum(timing.itl) / len(timing.itl))
+
+    def bound(self, r: StepRecord) -> str | None:
+        p = self.peaks
+        if p is None or not r.duration_s:
+            return None
+        terms = {"compute": r.flops / p.flops, "memory": r.bytes / p.bandwidth}
+        if p.per_step_s is not None:
+            terms["overhead"] = p.per_step_s + (p.per_layer_s or 0.0) * (self.layers or 0)
+        return max(terms, key=lambda k: terms[k])
+
+    def snapshot(self) -> dict[str, Any]:
+        """The numbers of the page (without the block map, which the engine is asked for)."""
+        now = time.monotonic()
+        snap = self.engine.snapshot
+        recent = [r for t, r in self.steps if now - t <= WINDOW_S]
+        busy = sum(r.duration_s for r in recent)
+        span = WINDOW_S
+        last = self.steps[-1][1] if self.steps else None
+        idle = not recent
+        p = self.peaks
+        flops_s = sum(r.flops for r in recent) / busy if busy else 0.0
+        bytes_s = sum(r.bytes for r in recent) / busy if busy else 0.0
+        info = self.engine.info
+        return {
+            "time": now,
+            "requests_running": snap.num_running,
+            "requests_waiting": snap.num_waiting,
+            "requests_finished": self.finished,
+            "kv_blocks_total": info.num_blocks if info else 0,
+            "kv_blocks_used": (info.num_blocks - snap.num_free_blocks) if info else 0,
+            "kv_usage": snap.kv_usage,
+            "tokens_per_s": sum(r.num_sampled for r in recent) / span,
+            "prefill_tokens_per_s": sum(r.num_prefill_tokens for r in recent) / span,
+            "ttft_s": sum(self.ttft) / len(self.ttft) if self.ttft else None,
+            "tpot_s": sum(self.tpot) / len(self.tpot) if self.tpot else None,
+            "preemptions": last.total_preemptions if last else 0,
+            "prefix_cache_hit_rate": last.prefix_cache_hit_rate if last else 0.0,
+            "achieved_flops_per_s": flops_s,
+            "achieved_bytes_per_s": bytes_s,
+            "mfu": flops_s / p.flops if p and not idle else None,
+            "mbu": bytes_s / p.bandwidth if p and not idle else None,
+            "hardware": None if p is None else {"name": p.name, "peak_flops": p.flops, "bandwidth": p.bandwidth,
+                                                "per_step_s": p.per_step_s, "per_layer_s": p.per_layer_s},
+            "steps": [
+                {"step": r.step, "age_s": now - t, "prefill": r.num_prefill_tokens, "decode": r.num_decode_tokens,
+                 "duration_s": r.duration_s, "flops": r.flops, "bytes": r.bytes,
+                 "intensity": r.flops / r.bytes if r.bytes else 0.0,
+                 "flops_per_s": r.achieved_flops_per_s, "bound": self.bound(r)}
+                for t, r in list(self.steps)[-60:]
+            ],
+        }

@@ -1,0 +1,154 @@
+"""The live dashboard (``/dashboard`` on ``forwardpass serve``): its JSON, ``/metrics`` additions, and the
+page in a real headless chromium while requests stream."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from forwardpass.assets import default_llm_path
+from tests.helpers.server import ServerProcess
+
+NUM_BLOCKS = 48
+LIVE_IDS = ("requests-running", "requests-waiting", "kv-blocks-used", "tokens-per-s")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(default_llm_path(), "--num-kv-blocks", str(NUM_BLOCKS), "--max-num-seqs", "4",
+                       "--engine-backend", "process") as srv:
+        yield srv
+
+
+def _stream(url: str, n_tokens: int, seed: int) -> None:
+    body = {"model": "test-model", "prompt": "It is a truth universally acknowledged", "max_tokens": n_tokens,
+            "stream": True, "ignore_eos": True, "seed": seed, "temperature": 0.8}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for _ in r.iter_lines():
+            pass
+
+
+def _load(url: str, n_requests: int, n_tokens: int) -> list[threading.Thread]:
+    threads = [threading.Thread(target=_stream, args=(url, n_tokens, i), daemon=True) for i in range(n_requests)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_state_json_and_metrics(server):
+    page = httpx.get(server.url + "/dashboard")
+    assert page.status_code == 200 and all(f'id="{i}"' for i in LIVE_IDS if f'id="{i}"' in page.text)
+    assert all(f'id="{i}"' in page.text for i in LIVE_IDS)
+    assert "http://" not in page.text and "https://" not in page.text  # no CDN
+    for name in ("dashboard.js", "dashboard.css"):
+        assert httpx.get(f"{server.url}/dashboard/static/{name}").status_code == 200
+    assert httpx.get(server.url + "/dashboard/static/../app.py").status_code == 404
+
+    threads = _load(server.url, 3, 24)
+    seen_blocks = 0
+    while any(t.is_alive() for t in threads):
+        s = httpx.get(server.url + "/dashboard/state", timeout=10).json()
+        blocks = s["blocks"]
+        assert blocks["num_blocks"] == NUM_BLOCKS == len(blocks["states"])
+        owned = sum(1 for v in blocks["states"] if v >= 2)
+        seen_blocks = max(seen_blocks, owned)
+        assert len(blocks["requests"]) <= s["requests_running"] + 3  # ids of running requests
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    assert seen_blocks > 0, "the block map never showed an owned block"
+    s = httpx.get(server.url + "/dashboard/state").json()
+    assert s["requests_running"] == 0 and s["kv_blocks_used"] == 0
+    assert all(v in (0, 1) for v in s["blocks"]["states"])  # free, some still prefix-cached
+    assert s["ttft_s"] is not None and s["tpot_s"] is not None and s["requests_finished"] >= 3
+    metrics = httpx.get(server.url + "/metrics").text
+    for name in ("achieved_flops_per_second", "achieved_bytes_per_second", "step_flops_total"):
+        assert f"forwardpass:{name}" in metrics
+    flops = [line for line in metrics.splitlines() if line.startswith("forwardpass:step_flops_total")]
+    assert float(flops[0].split()[-1]) > 0
+
+
+def test_dashboard_in_a_real_browser(server):
+    from tests.helpers.browser import assert_not_blank, browser, console_errors
+
+    driver = browser()
+    shots = Path("test-artifacts")
+    shots.mkdir(exist_ok=True)
+
+    def numbers() -> dict[str, float]:
+        return {i: float(driver.find_element("id", i).text or 0) for i in LIVE_IDS}
+
+    try:
+        driver.get(server.url + "/dashboard")
+        deadline = time.monotonic() + 20
+        while driver.find_element("id", "status").text not in ("idle", "serving"):
+            assert time.monotonic() < deadline, "the page never got a state"
+            time.sleep(0.1)
+        before = numbers()
+        threads = _load(server.url, 6, 96)  # more than --max-num-seqs 4: some wait
+        peak = dict(before)
+        shot_taken = False
+        while any(t.is_alive() for t in threads):
+            now = numbers()
+            peak = {k: max(peak[k], v) for k, v in now.items()}
+            if not shot_taken and now["requests-running"] > 0 and now["kv-blocks-used"] > 0:
+                time.sleep(0.6)
+                driver.save_screenshot(str(shots / "dashboard-busy.png"))
+                shot_taken = True
+            time.sleep(0.1)
+        for t in threads:
+            t.join()
+        assert peak["requests-running"] > 0 and peak["kv-blocks-used"] > 0 and peak["tokens-per-s"] > 0, peak
+        assert peak["requests-waiting"] > 0, peak  # 6 requests, 4 seats
+        deadline = time.monotonic() + 20
+        while any(numbers().values()):
+            assert time.monotonic() < deadline, f"the numbers did not return to idle: {numbers()}"
+            time.sleep(0.2)
+        assert driver.find_element("id", "status").text == "idle"
+        driver.save_screenshot(str(shots / "dashboard-idle.png"))
+        errors = console_errors(driver)
+        assert not errors, errors
+        assert shot_taken, "no screenshot while busy"
+        assert_not_blank(shots / "dashboard-busy.png")
+        assert_not_blank(shots / "dashboard-idle.png")
+    finally:
+        driver.quit()
+
+
+def test_state_rates_fall_to_zero_and_the_overhead_bound():
+    """``DashboardState`` alone: rates over a sliding window, MFU/MBU against peaks, the three bounds."""
+    from types import SimpleNamespace
+
+    from forwardpass.engine.protocol import Snapshot
+    from forwardpass.engine.stats import StepRecord
+    from forwardpass.server.dashboard import state as st
+
+    engine = SimpleNamespace(stat_listeners=[], finish_listeners=[], snapshot=Snapshot(1, 0, 0.5, 10),
+                             info=SimpleNamespace(num_blocks=20))
+    peaks = st.Peaks("fake", flops=1e12, bandwidth=1e11, per_step_s=1e-3, per_layer_s=1e-4)
+    s = st.DashboardState(engine, peaks, layers=10)  # type: ignore[arg-type]
+    assert engine.stat_listeners == [s.on_step] and engine.finish_listeners == [s.on_finish]
+
+    def rec(step, flops, nbytes, dt=0.01):
+        return StepRecord(step=step, start_time=0.0, duration_s=dt, num_running=1, num_waiting=0,
+                          num_seqs_scheduled=1, num_prefill_tokens=0, num_decode_tokens=4, num_sampled=4,
+                          kv_usage=0.5, num_free_blocks=10, prefix_cache_queries=10, prefix_cache_hits=5,
+                          num_preemptions=0, total_preemptions=0, flops=flops, bytes=nbytes)
+
+    s.on_step(rec(1, 1e9, 1e7))  # 1 ms compute, 0.1 ms memory, 2 ms overhead
+    s.on_step(rec(2, 1e10, 1e6))  # 10 ms compute
+    s.on_step(rec(3, 1e6, 1e9))  # 10 ms memory
+    snap = s.snapshot()
+    assert [x["bound"] for x in snap["steps"]] == ["overhead", "compute", "memory"]
+    assert snap["tokens_per_s"] == pytest.approx(12 / st.WINDOW_S)
+    assert snap["kv_blocks_used"] == 10 and snap["prefix_cache_hit_rate"] == 0.5
+    assert snap["achieved_flops_per_s"] == pytest.approx((1e9 + 1e10 + 1e6) / 0.03)
+    assert snap["mfu"] == pytest.approx(snap["achieved_flops_per_s"] / 1e12)
+    s.steps = type(s.steps)(((t - 10.0, r) for t, r in s.steps), maxlen=s.steps.maxlen)  # 10 s ago
+    idle = s.snapshot()
+    assert idle["tokens_per_s"] == 0 and idle["achieved_flops_per_s"] == 0 and idle["mfu"] is None
