@@ -183,6 +183,10 @@ def test_clear_errors(base, llm, adapters, tmp_path, checkpoint_factory):
     refused(_edited_copy(src, tmp_path / "mts", modules_to_save=["lm_head"]), "modules_to_save")
     refused(_edited_copy(src, tmp_path / "tgt", target_modules=["q_proj", "query_key_value"]), "query_key_value")
     refused(tmp_path / "nowhere", "not a directory")
+    # logits are computed from the LM head's weight directly: an adapter there would be ignored, so it is refused
+    head = tmp_path / "head_adapter"
+    make_adapter(base, head, 8, 16, False, 4, targets=["q_proj", "lm_head"])
+    refused(head, "lm_head")
     # an adapter made for another architecture / shape (Llama with head_dim 16 vs Qwen3 with 32)
     other = tmp_path / "llama_adapter"
     make_adapter(checkpoint_factory("llama"), other, 8, 16, False, 3)

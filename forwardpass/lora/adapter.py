@@ -137,11 +137,14 @@ def _pattern_value(patterns: dict, module: str, default):
 
 
 def adapter_targets(model: nn.Module) -> dict[str, tuple[str, str | None]]:
-    """Checkpoint (HF) module name → (our module name, slice name in a merged module or None)."""
+    """Checkpoint (HF) module name → (our module name, slice name in a merged module or None).
+
+    The LM head is not a target: logits are computed from its weight directly (``compute_logits``),
+    so an adapter on it would be silently ignored; it is refused like embedding adapters instead."""
     packed = getattr(model, "packed_modules", {})
     out: dict[str, tuple[str, str | None]] = {}
     for name, module in model.named_modules():
-        if not isinstance(module, Linear):
+        if not isinstance(module, Linear) or name.rpartition(".")[2] == "lm_head":
             continue
         parent, _, leaf = name.rpartition(".")
         if isinstance(module, MergedLinear) and leaf in packed:
