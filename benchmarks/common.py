@@ -12,7 +12,9 @@ from pathlib import Path
 import torch
 
 CACHE = Path(os.environ.get("FORWARDPASS_BENCH_CACHE", Path(__file__).parent / ".cache"))
-RESULTS = Path(__file__).parent / "results"
+# Runs write to benchmarks/results/local/ (gitignored), so a local run never overwrites the committed
+# figures; FORWARDPASS_BENCH_RECORD=1 writes benchmarks/results/ itself (to record new official numbers).
+RESULTS = Path(__file__).parent / "results" / ("" if os.environ.get("FORWARDPASS_BENCH_RECORD") == "1" else "local")
 
 QWEN3_06B = dict(
     vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,

@@ -4,7 +4,8 @@
 
 Two kinds of logits: "peaked" (a few dozen likely tokens, like a trained LM; the top-p 0.9 nucleus
 fits in the sampler's candidates) and "flat" (randn * 2, like a random-weight model; the nucleus holds
-thousands of tokens, so top-p rows fall back to a full sort). Writes benchmarks/results/sampler.json.
+thousands of tokens, so top-p rows fall back to a full sort). Writes benchmarks/results/local/sampler-DEVICE.json
+(benchmarks/results/ with FORWARDPASS_BENCH_RECORD=1).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -97,7 +97,9 @@ def main() -> None:
             time_ms(lambda x=logits: x.argmax(-1), args.device, args.repeats), 2
         )
         print(f"{kind:7s} {'reference: argmax':36s} {results[kind]['reference: argmax']:9.2f} ms")
-    out = Path(__file__).parent / "results" / f"sampler-{args.device.split(':')[0]}.json"
+    from benchmarks.common import RESULTS
+
+    out = RESULTS / f"sampler-{args.device.split(':')[0]}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "device": args.device,

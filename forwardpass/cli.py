@@ -14,25 +14,45 @@ import logging
 import sys
 
 # Order is the order shown in --help. A module that does not exist (yet) is skipped.
-COMMANDS = ["generate", "chat", "serve", "bench", "roofline", "image", "explain"]
+COMMANDS = ["generate", "chat", "serve", "models", "bench", "roofline", "image", "explain"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from forwardpass import __version__
+
     parser = argparse.ArgumentParser(prog="forwardpass", description="Inference engine for generative models.")
-    parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING, ...)")
+    parser.add_argument("--version", action="version", version=f"forwardpass {__version__}")
+    parser.add_argument("--log-level", default=None, help=LOG_LEVEL_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         module_name = f"forwardpass.commands.{name}"
         if importlib.util.find_spec(module_name) is None:
             continue
         importlib.import_module(module_name).register(sub)
+    _add_log_level(parser)
     return parser
+
+
+LOG_LEVEL_HELP = "logging level: DEBUG, INFO, WARNING (default), ERROR"
+
+
+def _add_log_level(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` is accepted after any (sub)command too: ``forwardpass serve --log-level INFO``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                if "--log-level" not in child._option_string_actions:
+                    child.add_argument("--log-level", default=argparse.SUPPRESS, help=LOG_LEVEL_HELP)
+                _add_log_level(child)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    level = (args.log_level or "WARNING").upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        parser.error(f"--log-level {args.log_level!r}: choose DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -45,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `forwardpass roofline --json | head`: the reader left; that is not an error
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -19,20 +19,27 @@ PromptType = str | list[int] | dict
 
 
 class LLM:
-    """Load a Hugging Face model directory and generate with continuous batching.
+    """Load a Hugging Face model and generate with continuous batching.
 
-    ``model=None`` uses the embedded default model shipped in ``forwardpass/assets``.
+    ``model`` is a directory or a Hugging Face id (``"Qwen/Qwen3-0.6B"``, at ``revision``), found in the
+    local Hugging Face cache or downloaded into it (``forwardpass/loader/hub.py``); ``model=None`` uses
+    the embedded default model shipped in ``forwardpass/assets``.
     Engine options (``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, ``num_kv_blocks``,
     ``kv_cache_memory``, ``max_model_len``, ``enable_prefix_caching``, ``attention_backend``,
     ``cpu_kernels``, ``seed``, ``enable_lora``, ``max_loras``, ``max_lora_rank``) are passed through to
     :class:`forwardpass.config.EngineConfig`.
     """
 
-    def __init__(self, model: str | Path | None = None, dtype: str = "auto", **engine_kwargs: Any):
+    def __init__(self, model: str | Path | None = None, dtype: str = "auto", revision: str | None = None,
+                 **engine_kwargs: Any):
         if model is None:
             from forwardpass.assets import default_llm_path
 
             model = default_llm_path()
+        else:
+            from forwardpass.loader.hub import resolve_model_path
+
+            model = resolve_model_path(model, revision=revision)
         self.engine = LLMEngine(model, EngineConfig(dtype=dtype, **engine_kwargs))
         self._ids = itertools.count()
 

@@ -370,15 +370,9 @@ def _rss_flat(http, server, warmup: int, n: int, bound_mb: float) -> tuple[float
     return before, after
 
 
-def test_rss_flat_over_1000_requests(http, server):
-    """CI version: over 1,000 requests after 300 warm-up ones, RSS of server + engine grows < 12.5 MB in the
-    second 500 (a leak of 25 kB per request would exceed it) and < 50 MB in all."""
-    _rss_flat(http, server, warmup=300, n=1000, bound_mb=25)
-
-
-@pytest.mark.slow
 def test_rss_flat_over_5000_requests(http, server):
-    """Over 5,000 requests after 500 warm-up ones: < 15 MB in the second 2,500, < 60 MB in all."""
+    """Over 5,000 requests after 500 warm-up ones: < 15 MB in the second 2,500 (a leak of 6 kB per request
+    would exceed it), < 60 MB in all. (A 1,000-request version flaked: the server was still settling.)"""
     _rss_flat(http, server, warmup=500, n=5000, bound_mb=30)
 
 

@@ -124,8 +124,11 @@ def render_roofline(report: Any, *, show_ops: bool = True, out: Any = None) -> N
     c.print(t)
     cross = report.crossover_batch
     step_cross = report.step_crossover_batch
+    state = s.state_bytes_per_sequence(4)
     c.print(
-        f"KV cache: {fmt_bytes(report.kv_bytes_per_token)} per token; largest batch at context "
+        f"KV cache: {fmt_bytes(report.kv_bytes_per_token)} per token"
+        + (f" + state {fmt_bytes(state)} per request (fp32, constant in its length)" if state else "")
+        + "; largest batch at context "
         f"{report.decode[0].context} in {fmt_bytes(report.memory_budget)}: [bold]{report.max_batch}[/bold]"
     )
     c.print(

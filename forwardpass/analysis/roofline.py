@@ -21,6 +21,9 @@ Accounting assumptions (also listed in ``RooflineReport.assumptions``):
   ``B·L·2·layers·kv_heads·head_dim·kv_bytes`` and writes one position per sequence; prefill writes
   P positions and reads them back once. Sliding-window layers read (and score) at most their window
   of positions; with some layers sliding and others not, L and the prefill pairs are layer averages.
+* **State layers** (Mamba2, Gated DeltaNet; ``analysis/state.py``) keep a float32 state per sequence,
+  read and written once per pass whatever the context (counted as KV traffic), plus projections, a
+  short conv and the scan (~6 / ~8 FLOPs per state value per token).
 * **MoE**: routing is assumed uniform, so T tokens touch ``E·(1 − (1 − k/E)^T)`` distinct experts
   (k at T = 1); only those experts' weights are read and only k experts' FLOPs are spent per token.
 * The **LM head** (2·hidden·vocab FLOPs per token) runs for the last position of each sequence only
@@ -173,13 +176,18 @@ def forward_ops(
             stage, "post_attention_norm", T * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb
         )
     )
-    ops = [op.times(L, count=L) for op in layer]
+    La = shape.attention_layers  # the others are Mamba2 / Gated DeltaNet layers (analysis/state.py) or MLPs
+    ops = [op.times(La, count=La) for op in layer] if La else []
+    if La < L:
+        from forwardpass.analysis.state import state_mixer_ops
+
+        ops += state_mixer_ops(shape, stage, tokens=T, batch=batch, wb=wb, ab=ab)
 
     # feed-forward: dense layers
     if shape.dense_layers:
         I = shape.intermediate
         mlp = [
-            linear(stage, "gate_proj", T, H, I, wb=wb, ab=ab),
+            *([linear(stage, "gate_proj", T, H, I, wb=wb, ab=ab)] if shape.mlp_gated else []),
             linear(stage, "up_proj", T, H, I, wb=wb, ab=ab),
             elementwise(stage, "act", T * I, flops_per_element=ACT_FLOPS, ab=ab, reads=2, writes=1),
             linear(stage, "down_proj", T, I, H, wb=wb, ab=ab),
@@ -194,7 +202,8 @@ def forward_ops(
         router_out = E + (1 if shape.shared_expert_intermediate else 0)
         moe = [
             linear(stage, "router", T, H, router_out, wb=wb, ab=ab, out_bytes=LOGIT_BYTES),
-            linear(stage, "experts.gate_proj", Tk, H, Im, wb=wb, ab=ab, weight_params=touched * H * Im),
+            *([linear(stage, "experts.gate_proj", Tk, H, Im, wb=wb, ab=ab, weight_params=touched * H * Im)]
+              if shape.mlp_gated else []),
             linear(stage, "experts.up_proj", Tk, H, Im, wb=wb, ab=ab, weight_params=touched * H * Im),
             elementwise(stage, "experts.act", Tk * Im, flops_per_element=ACT_FLOPS, ab=ab, reads=2, writes=1),
             linear(stage, "experts.down_proj", Tk, Im, H, wb=wb, ab=ab, weight_params=touched * H * Im),
@@ -202,7 +211,7 @@ def forward_ops(
         if shape.shared_expert_intermediate:
             Is = shape.shared_expert_intermediate
             moe += [
-                linear(stage, "shared_expert.gate_proj", T, H, Is, wb=wb, ab=ab),
+                *([linear(stage, "shared_expert.gate_proj", T, H, Is, wb=wb, ab=ab)] if shape.mlp_gated else []),
                 linear(stage, "shared_expert.up_proj", T, H, Is, wb=wb, ab=ab),
                 elementwise(stage, "shared_expert.act", T * Is, flops_per_element=ACT_FLOPS, ab=ab, reads=2),
                 linear(stage, "shared_expert.down_proj", T, Is, H, wb=wb, ab=ab),
@@ -487,7 +496,8 @@ def analyze(
     kv_per_token = shape.kv_bytes_per_token(kvb)
     budget = float(memory_budget) if memory_budget is not None else 0.9 * hw.capacity
     free = budget - shape.params * wb
-    max_batch = max(0, int(free // (kv_per_token * L))) if free > 0 else 0
+    per_seq = kv_per_token * L + shape.state_bytes_per_sequence(4)  # KV grows with L; a state does not
+    max_batch = max(0, int(free // per_seq)) if free > 0 and per_seq > 0 else 0
 
     notes = [s.format(attention=attention, attention_note=_ATTENTION_NOTES[attention]) for s in ASSUMPTIONS]
     if hw.compute_dtype(a) != a:

@@ -8,7 +8,9 @@ and where its keys and values live in the paged KV cache.
 A model's layers may be split into KV cache groups (``engine/kv_cache_spec.py``): full-attention
 layers, sliding-window layers, latent (MLA) layers each have their own block pool, so each group
 has its own slot mapping and block tables (``GroupMetadata``). A layer reads its group's metadata
-with ``ctx.for_layer(layer_idx)``.
+with ``ctx.for_layer(layer_idx)``. A state group (Mamba layers, ``StateSpec``) has a ``StateMetadata``
+instead: each sequence's slot and whether its state carries over from an earlier step
+(``ctx.for_state(layer_idx)``).
 
 Block tables of a sliding-window group start at the sequence's first block still inside the window
 (the blocks before it have been freed); ``context_len`` and ``decode_seq_lens`` then count tokens
@@ -44,9 +46,33 @@ class GroupMetadata:
 
 
 @dataclass
+class StateSpan:
+    """One sequence's prefill chunk in a state group: its rows and its slot."""
+
+    q_start: int
+    q_len: int
+    slot: int
+    has_initial_state: bool  # False: the chunk starts the sequence (position 0): the state starts at zero
+
+
+@dataclass
+class StateMetadata:
+    """Where each sequence's fixed-size state lives for one state group (Mamba layers) this step.
+
+    The first ``num_decode`` rows of the batch are one-token chunks, one per sequence: their slots are
+    ``decode_slots`` (``decode_has_initial`` is False for a one-token prompt, which starts from zero).
+    Each longer chunk is a ``StateSpan``."""
+
+    decode_slots: torch.Tensor  # [num_decode] int64
+    decode_has_initial: torch.Tensor  # [num_decode] bool
+    prefills: list[StateSpan] = field(default_factory=list)
+
+
+@dataclass
 class AttentionContext:
-    kv_caches: list[torch.Tensor]  # per layer: [2, num_blocks, block_size, Hkv, D] (MLA: [num_blocks, bs, latent])
-    groups: list[GroupMetadata]
+    kv_caches: list[torch.Tensor]  # per layer: [2, num_blocks, block_size, Hkv, D] (MLA: [num_blocks, bs, latent];
+    # state: [num_slots, state_size])
+    groups: list[GroupMetadata | StateMetadata]
     layer_group: list[int]  # layer index -> index into groups
     num_decode: int = 0  # rows 0..num_decode-1 are decode tokens, one per sequence
     backend: str = "sdpa"  # how scores are computed once K/V are read: "sdpa", "naive" or "flash"
@@ -54,4 +80,12 @@ class AttentionContext:
     decode_kernel: Callable | None = None
 
     def for_layer(self, layer_idx: int) -> GroupMetadata:
-        return self.groups[self.layer_group[layer_idx]]
+        meta = self.groups[self.layer_group[layer_idx]]
+        assert isinstance(meta, GroupMetadata), f"layer {layer_idx} keeps a state, not paged KV"
+        return meta
+
+    def for_state(self, layer_idx: int) -> StateMetadata:
+        """The state slots of a state layer's group (Mamba)."""
+        meta = self.groups[self.layer_group[layer_idx]]
+        assert isinstance(meta, StateMetadata), f"layer {layer_idx} keeps paged KV, not a state"
+        return meta

@@ -7,6 +7,8 @@ Python ints: at batch 64 a few small tensors per sequence cost more than a small
 For a sliding-window group the first ``spec.freeable_prefix_blocks(start)`` entries of the table
 have been freed by the KV cache manager (the same rule, so the two always agree); the tables handed
 to attention start after them and lengths are counted from there.
+
+``StateMetadataBuilder`` does the same for a state group (Mamba layers): a table there is one slot.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from forwardpass.attention.context import GroupMetadata, PrefillSpan
+from forwardpass.attention.context import GroupMetadata, PrefillSpan, StateMetadata, StateSpan
 
 
 class PagedSpec(Protocol):
@@ -62,3 +64,27 @@ class GroupMetadataBuilder:
             meta.decode_seq_lens = torch.tensor(self.decode_lens, dtype=torch.long, device=self.device)
             meta.decode_max_len = max(self.decode_lens)
         return meta
+
+
+class StateMetadataBuilder:
+    """``StateMetadata`` of one state group: the table of a sequence is its one slot."""
+
+    def __init__(self, device: str | torch.device):
+        self.device = device
+        self.decode_slots: list[int] = []
+        self.decode_has_initial: list[bool] = []
+        self.prefills: list[StateSpan] = []
+
+    def add(self, table: list[int], start: int, end: int, row: int) -> None:
+        if end - start == 1:
+            self.decode_slots.append(table[0])
+            self.decode_has_initial.append(start > 0)
+        else:
+            self.prefills.append(StateSpan(row, end - start, table[0], start > 0))
+
+    def build(self) -> StateMetadata:
+        return StateMetadata(
+            decode_slots=torch.tensor(self.decode_slots, dtype=torch.long, device=self.device),
+            decode_has_initial=torch.tensor(self.decode_has_initial, dtype=torch.bool, device=self.device),
+            prefills=self.prefills,
+        )

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="Hugging Face model directory (default: the embedded model)")
-    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--model", default=None,
+                   help="a Hugging Face model directory or id (e.g. Qwen/Qwen3-0.6B, found in or downloaded to "
+                   "the Hugging Face cache; default: the embedded model)")
+    p.add_argument("--revision", default=None, help="with a Hugging Face id: branch, tag or commit (default: main)")
+    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
     p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -21,18 +26,80 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--min-p", type=float, default=None)
     p.add_argument("--repetition-penalty", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed; without one, each request draws a random seed (as vLLM does), so runs at "
+                   "temperature > 0 differ; give one to repeat a run")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
 
 
-def resolve_model(model: str | None) -> str:
-    """The given directory, or the embedded default model."""
+def check_device(device: str) -> str:
+    """``cpu``, ``cuda`` or ``cuda:N`` that exists here, or a one-line ``ConfigError``."""
+    import torch
+
+    from forwardpass.errors import ConfigError
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"--device {device!r} is not a device; use cpu, cuda or cuda:N", param="device") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: CUDA is not available on this machine (torch "
+                              f"{torch.__version__}); use --device cpu", param="device")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)",
+                              param="device")
+    elif dev.type != "cpu":
+        raise ConfigError(f"--device {device!r} is not supported; use cpu, cuda or cuda:N", param="device")
+    return str(dev)
+
+
+def resolve_model(model: str | None, revision: str | None = None) -> str:
+    """The given directory, a Hugging Face id resolved through the local cache (``loader/hub.py``), or the
+    embedded default model."""
     if model:
-        return model
+        from forwardpass.loader.hub import resolve_model_path
+
+        return str(resolve_model_path(model, revision=revision))
     from forwardpass.assets import default_llm_path
 
     return str(default_llm_path())
+
+
+def read_prompt(text: str) -> str:
+    """``-`` reads the prompt from standard input (``cat prompt.txt | forwardpass generate -``)."""
+    return sys.stdin.read() if text == "-" else text
+
+
+@contextlib.contextmanager
+def progress(message: str) -> Iterator[None]:
+    """A spinner with elapsed time on stderr while something slow runs (only on a terminal), then one line
+    saying how long it took."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    start = time.perf_counter()
+    with console.status(f"{message}..."):
+        yield
+    elapsed = time.perf_counter() - start
+    if elapsed >= 1.0:
+        console.print(f"[dim]{message}: done in {elapsed:.1f} s[/dim]", highlight=False)
+
+
+def load_engine(args: argparse.Namespace, **config_kwargs):
+    """The ``LLMEngine`` for ``--model/--revision/--dtype/--max-model-len/--device``, with a progress spinner."""
+    from forwardpass.config import EngineConfig
+    from forwardpass.engine.llm_engine import LLMEngine
+
+    device = check_device(args.device)
+    model = resolve_model(args.model, getattr(args, "revision", None))
+    config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len, device=device, **config_kwargs)
+    with progress(f"loading {model if args.model else 'the embedded model'}"):
+        return LLMEngine(model, config)
 
 
 def sampling_params_from_args(engine, args):
@@ -45,16 +112,23 @@ def sampling_params_from_args(engine, args):
     }
     kwargs = {k: getattr(base, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")}
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
-    return SamplingParams(max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
+    seed = args.seed
+    if seed is None and kwargs["temperature"] > 0:  # vLLM: a random seed per request unless one is given
+        import secrets
+
+        seed = secrets.randbits(31)
+    return SamplingParams(max_tokens=args.max_tokens, seed=seed, stop=args.stop, ignore_eos=args.ignore_eos,
                           **kwargs)
 
 
-def stream(engine, prompt, params, request_id: str = "cli", lora_request=None) -> Iterator[str]:
-    """Run one request through the engine, yielding text as it becomes final."""
+def stream(engine, prompt, params, request_id: str = "cli", lora_request=None,
+           stop: Callable[[], bool] | None = None) -> Iterator[str]:
+    """Run one request through the engine, yielding text as it becomes final; ``stop()`` true between two
+    steps ends it early (the request is aborted, its KV blocks freed)."""
     engine.add_request(request_id, prompt, params, lora_request=lora_request)
     shown = 0
     try:
-        while engine.has_unfinished_requests():
+        while engine.has_unfinished_requests() and not (stop and stop()):
             for out in engine.step():
                 if out.request_id != request_id:
                     continue

@@ -46,6 +46,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         result = asyncio.run(run_benchmark(cfg, progress=not args.no_progress))
+    except httpx.HTTPStatusError as exc:  # it answered, with an error: say which, not "cannot reach"
+        code = exc.response.status_code
+        hint = ("; pass its key with --api-key" if code == 401 else
+                "; is --base-url the server's root (without /v1)?" if code == 404 else "")
+        raise ForwardpassError(f"the server at {cfg.base_url} answered HTTP {code} to {exc.request.method} "
+                               f"{exc.request.url.path}{hint}") from None
     except httpx.HTTPError as exc:
         raise ForwardpassError(f"cannot reach the server at {cfg.base_url}: {type(exc).__name__}: {exc}") from exc
     print(format_result(result))

@@ -10,8 +10,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("explain", help="run one request and show what the engine did, step by step")
     p.add_argument("prompt", help="the prompt text")
-    add_model_args(p)
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    add_model_args(p)  # --model, --revision, --dtype, --max-model-len, --device
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: generation_config)")
     p.add_argument("--top-k", type=int, default=None)
@@ -33,10 +32,12 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
+    from forwardpass.commands._common import resolve_model
     from forwardpass.explain import explain
 
+    model = resolve_model(args.model, args.revision) if args.model else None
     ex = explain(
-        args.prompt, model=args.model, max_tokens=args.max_tokens, temperature=args.temperature,
+        args.prompt, model=model, max_tokens=args.max_tokens, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos,
         layer=args.layer, head=args.head, hardware=args.hardware,
         overhead=None if args.no_overhead else "this-machine", dtype=args.dtype, device=args.device,

@@ -11,7 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from forwardpass.lora.cli import add_lora_args
 
     p = sub.add_parser("generate", help="generate text from a prompt (streams tokens)")
-    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("prompt", help="the prompt text; - reads it from standard input")
     add_model_args(p)
     add_sampling_args(p)
     p.add_argument("--stats", action="store_true", help="print time to first token and decode speed")
@@ -24,16 +24,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from forwardpass.commands._common import Timer, resolve_model, sampling_params_from_args, stream, write
-    from forwardpass.config import EngineConfig
-    from forwardpass.engine.llm_engine import LLMEngine
+    from forwardpass.commands._common import (
+        Timer,
+        load_engine,
+        read_prompt,
+        sampling_params_from_args,
+        stream,
+        write,
+    )
     from forwardpass.lora.cli import lora_engine_kwargs, parse_lora_specs
 
     timer = Timer()
+    args.prompt = read_prompt(args.prompt)
     loras = parse_lora_specs(args.lora)
-    config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len,
-                          **lora_engine_kwargs(loras, args.max_lora_rank))
-    engine = LLMEngine(resolve_model(args.model), config)
+    engine = load_engine(args, **lora_engine_kwargs(loras, args.max_lora_rank))
     params = sampling_params_from_args(engine, args)
     first = None
     runs = list(loras.values()) or [None]

@@ -10,12 +10,19 @@ def register(subparsers) -> None:
                               description="Generate images with a diffusion pipeline (text encoder → DiT → VAE).")  # fmt: skip
     p.add_argument("prompt", help='what to draw, e.g. "a handwritten 7"')
     p.add_argument("--negative-prompt", default=None, help="what to steer away from (used when guidance > 1)")
+    p.add_argument("--negative-mode", choices=("perp", "replace"), default=None,
+                   help="perp: push away only from what the negative prompt does not share with the prompt "
+                   "(Perp-Neg; 3 denoiser branches); replace: the negative prompt takes the empty prompt's place "
+                   "(diffusers' formula). Default: the model's (perp for the embedded model)")
     p.add_argument(
         "--steps", type=int, default=None, help="denoising steps (default: the model's; 4 with --few-step)"
     )
     p.add_argument(
         "--guidance", type=float, default=None, help="classifier-free guidance scale; 1 disables it"
     )
+    p.add_argument("--guidance-rescale", type=float, default=None,
+                   help="0..1: pull the guided prediction back to the conditional one's scale (diffusers' "
+                   "guidance_rescale); keeps high --guidance from breaking strokes (default: the model's)")
     p.add_argument(
         "--size", default=None, help="WIDTHxHEIGHT in pixels, e.g. 32x32 (multiples of the latent factor)"
     )
@@ -27,6 +34,7 @@ def register(subparsers) -> None:
     p.add_argument("--scheduler", default=None, help="override the scheduler: FlowMatchEulerDiscreteScheduler, "
                    "DDIMScheduler, LCMScheduler (or flow_match, ddim, lcm)")  # fmt: skip
     p.add_argument("--model", default=None, help="pipeline folder (default: the embedded digits model)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--attention-backend", default=None, help="attention backend (sdpa, naive)")
     p.add_argument(
         "--threads",
@@ -57,7 +65,6 @@ def _parse_size(text: str | None) -> tuple[int | None, int | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import math
     import time
 
     import torch
@@ -71,14 +78,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValidationError(f"--threads must be >= 1, got {args.threads}", param="threads")
     torch.set_num_threads(args.threads)
     width, height = _parse_size(args.size)
+    from forwardpass.commands._common import check_device
+
+    device = check_device(args.device)
     pipe = ImagePipeline.from_pretrained(args.model or DEFAULT_MODEL_DIR, few_step=args.few_step,
                                          scheduler=args.scheduler, attention_backend=args.attention_backend)  # fmt: skip
+    pipe.to(device)
     start = time.perf_counter()
     images = pipe(
         args.prompt,
         negative_prompt=args.negative_prompt,
         num_inference_steps=args.steps,
         guidance_scale=args.guidance,
+        guidance_rescale=args.guidance_rescale,
+        negative_mode=args.negative_mode,
         height=height,
         width=width,
         num_images_per_prompt=args.num_images,
@@ -89,8 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if len(images) == 1:
         image = images[0]
     else:
-        cols = math.ceil(math.sqrt(len(images)))
-        image = make_image_grid(images, rows=math.ceil(len(images) / cols), cols=cols)
+        image = make_image_grid(images)  # as square as fits with no empty cell
     image.save(args.output)
     print(f"wrote {args.output} ({len(images)} image(s), {elapsed:.2f} s)")
     return 0

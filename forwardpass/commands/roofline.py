@@ -59,10 +59,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--remeasure", action="store_true", help="re-run the this-machine microbenchmark")
 
     m = p.add_argument_group("model")
-    m.add_argument("--prefill", type=int, default=2048, metavar="P", help="prompt tokens (default 2048)")
-    m.add_argument(
-        "--context", type=int, default=4096, metavar="L", help="decode context length (default 4096)"
-    )
+    m.add_argument("--prefill", type=int, default=None, metavar="P",
+                   help="prompt tokens (default 2048, or the model's context length if shorter)")
+    m.add_argument("--context", type=int, default=None, metavar="L",
+                   help="decode context length (default 4096, or the model's context length if shorter)")
     m.add_argument("--batch", type=_batches, default=None, help="decode batch sizes, e.g. 1,8,64 (dit: one)")
     m.add_argument("--weight-dtype", default=None, help="fp32, bf16, fp16, fp8, int8, int4 (default bf16; "
                    "fp32 on this-machine)")  # fmt: skip
@@ -119,40 +119,53 @@ def _emit_json(obj: Any) -> None:
 
 
 def _run_model(args: argparse.Namespace) -> int:
-    from forwardpass.analysis.roofline import analyze
+    from forwardpass.analysis.roofline import analyze, resolve_spec
+    from forwardpass.commands._common import progress
+    from forwardpass.errors import ConfigError
 
-    report = analyze(
-        args.target,
-        hardware=args.hardware,
-        prefill_tokens=args.prefill,
-        context=args.context,
-        batches=args.batch or (1, 8, 64),
-        weight_dtype=args.weight_dtype,
-        act_dtype=args.act_dtype,
-        kv_dtype=args.kv_dtype,
-        attention=args.attention,
-        memory_budget=args.memory_budget,
-        remeasure=args.remeasure,
-    )
+    max_pos = getattr(resolve_spec(args.target), "max_position_embeddings", None)
+    for flag, default in (("prefill", 2048), ("context", 4096)):
+        value = getattr(args, flag)
+        if value is None:
+            setattr(args, flag, min(default, max_pos) if max_pos else default)
+        elif max_pos and value > max_pos:
+            raise ConfigError(f"--{flag} {value} is longer than the model's context ({max_pos} tokens, "
+                              "max_position_embeddings)", param=flag)
+    with progress("reading the model and the hardware (this-machine: measuring it once, then cached)"):
+        report = analyze(
+            args.target,
+            hardware=args.hardware,
+            prefill_tokens=args.prefill,
+            context=args.context,
+            batches=args.batch or (1, 8, 64),
+            weight_dtype=args.weight_dtype,
+            act_dtype=args.act_dtype,
+            kv_dtype=args.kv_dtype,
+            attention=args.attention,
+            memory_budget=args.memory_budget,
+            remeasure=args.remeasure,
+        )
     oh = oh_rows = None
     if report.hardware.name == "this-machine":  # the third bound: measured here, so only for this machine
         from forwardpass.analysis.overhead import overhead_rows, this_machine_overhead
 
-        oh = this_machine_overhead(remeasure=args.remeasure)
+        with progress("measuring this machine's per-step overhead"):
+            oh = this_machine_overhead(remeasure=args.remeasure)
         oh_rows = overhead_rows(report, oh)
     measured = None
     if args.measure:
         from forwardpass.analysis.measure import measure
 
-        measured = measure(
-            args.target,
-            batches=args.batch or (1,),
-            prompt_tokens=args.prompt_len,
-            new_tokens=args.new_tokens,
-            runs=args.runs,
-            weight_dtype=args.weight_dtype,
-            hardware="this-machine",
-        )
+        with progress(f"running the engine on {args.target} (--measure: {args.runs} runs per batch size)"):
+            measured = measure(
+                args.target,
+                batches=args.batch or (1,),
+                prompt_tokens=args.prompt_len,
+                new_tokens=args.new_tokens,
+                runs=args.runs,
+                weight_dtype=args.weight_dtype,
+                hardware="this-machine",
+            )
     if args.plot:
         from forwardpass.analysis.overhead import measured_points
         from forwardpass.analysis.plot import plot_report
@@ -186,8 +199,10 @@ def _run_model(args: argparse.Namespace) -> int:
 def _run_attention(args: argparse.Namespace) -> int:
     from forwardpass.analysis.attention import compare_kernels
     from forwardpass.analysis.hardware import get_hardware
+    from forwardpass.commands._common import progress
 
-    hw = get_hardware(args.hardware, remeasure=args.remeasure)
+    with progress(f"reading hardware {args.hardware}"):
+        hw = get_hardware(args.hardware, remeasure=args.remeasure)
     rows = compare_kernels(
         args.n,
         args.d,
@@ -259,10 +274,12 @@ def _run_dit(args: argparse.Namespace) -> int:
 
 def _run_hardware(args: argparse.Namespace) -> int:
     from forwardpass.analysis.hardware import SPECS, THIS_MACHINE, get_hardware
+    from forwardpass.commands._common import progress
 
     rows = list(SPECS.values())
     if str(args.hardware).lower() in (THIS_MACHINE, "cpu", "local", "this") or args.remeasure:
-        rows.append(get_hardware(THIS_MACHINE, remeasure=args.remeasure))
+        with progress("measuring this machine (once, then cached)"):
+            rows.append(get_hardware(THIS_MACHINE, remeasure=args.remeasure))
     if args.json:
         _emit_json([h.to_dict() for h in rows])
         return 0

@@ -10,7 +10,6 @@ from forwardpass.commands._common import add_model_args
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     add_model_args(p)
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' "
@@ -49,7 +48,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     from forwardpass.lora.cli import add_lora_args  # light: no torch
 
     add_lora_args(p)  # --lora NAME=PATH (repeatable), --max-lora-rank
+    p.add_argument("--no-access-log", action="store_true", help="do not log one line per HTTP request")
+    p.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between throughput / KV-cache lines while the engine is busy (0: never)")
     p.add_argument("--enable-debug-endpoints", action="store_true", help="GET /debug/engine (for tests)")
+    p.add_argument("--reasoning-parser", choices=["qwen3", "deepseek_r1"], default=None,
+                   help="split <think>...</think> into reasoning_content (chat responses and stream deltas)")
+    p.add_argument("--allowed-origins", nargs="*", default=[],
+                   help="CORS: origins browsers may call the API from ('*' for any); preflights need no API key")
     # MODULE:NAME of an LLMEngine subclass to build instead (tests inject faults with it).
     p.add_argument("--engine-factory", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -59,24 +65,39 @@ def run(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
 
-    from forwardpass.commands._common import resolve_model
+    from forwardpass.commands._common import check_device, resolve_model
+    from forwardpass.commands.serve_log import (
+        ThroughputLogger,
+        check_model,
+        reserve_port,
+        serve_logger,
+        startup_errors_one_line,
+    )
+    from forwardpass.config import EngineConfig
     from forwardpass.engine.async_engine import EngineSpec
     from forwardpass.errors import ModelNotFoundError, ValidationError
     from forwardpass.server.config import ServerConfig
     from forwardpass.server.run import run_server
 
-    model = resolve_model(args.model)
+    # Everything a user can get wrong is checked here, in this order, before the model loads: the address
+    # (a busy port is found in a second, not after a minute of loading), the device, the engine options,
+    # then the model directory and its architecture. Each failure is one line and exit code 1.
+    sock = reserve_port(args.host, args.port)
+    device = check_device(args.device)
+    model = resolve_model(args.model, args.revision)
     if not (Path(model) / "config.json").is_file():
         raise ModelNotFoundError(f"{model} is not a model directory (no config.json)"
                                  + ("; the embedded default model is not built yet" if not args.model else ""))
     config_kwargs = {
-        "dtype": args.dtype, "device": args.device, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+        "dtype": args.dtype, "device": device, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "fair_share_tokens": args.fair_share_tokens, "max_stats_records": args.max_stats_records, "num_kv_blocks": args.num_kv_blocks,
         "kv_cache_memory": args.kv_cache_memory, "block_size": args.block_size,
         "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
     }
     name = args.served_model_name or (Path(model).resolve().name if args.model else "forwardpass-default")
+    if args.model and not Path(args.model).expanduser().exists() and not args.served_model_name:
+        name = args.model  # a Hugging Face id is served under that id, as vLLM does
     # Served names -> adapter (None = the base model); the routes pass a name's adapter to the engine.
     models: dict = {name: None}
     if args.lora:
@@ -94,12 +115,16 @@ def run(args: argparse.Namespace) -> int:
                         ("--shutdown-timeout", args.shutdown_timeout)):
         if value is not None and not value > 0:
             raise ValidationError(f"{flag} must be a positive number of seconds, got {value}", param=flag)
+    engine_config = EngineConfig(**config_kwargs)  # validates the engine options (e.g. --max-num-seqs 0)
+    spec_info = check_model(model, engine_config)  # unsupported architectures and bad configs, before loading
     api_key = args.api_key or os.environ.get("FORWARDPASS_API_KEY") or None
     server_config = ServerConfig(models=models, api_key=api_key, max_request_bytes=args.max_request_bytes,
                                  enable_debug_endpoints=args.enable_debug_endpoints,
                                  shutdown_timeout_s=args.shutdown_timeout, request_timeout_s=args.request_timeout,
                                  watchdog_timeout_s=args.watchdog_timeout, read_timeout_s=args.read_timeout,
-                                 template_time_limit_s=args.chat_template_timeout)
+                                 template_time_limit_s=args.chat_template_timeout,
+                                 reasoning_parser=args.reasoning_parser, allowed_origins=list(args.allowed_origins),
+                                 max_num_seqs=args.max_num_seqs)
     level = logging.getLogger().getEffectiveLevel()
     factory = None
     if args.engine_factory:
@@ -109,7 +134,31 @@ def run(args: argparse.Namespace) -> int:
         factory = getattr(importlib.import_module(module), attr)
     spec = EngineSpec(model=str(model), config_kwargs=config_kwargs, factory=factory, log_level=level,
                       num_threads=args.num_threads)
-    run_server(spec, server_config, host=args.host, port=args.port, backend=args.engine_backend,
-               max_queued_requests=args.max_queued_requests,
-               log_level="info" if level > logging.DEBUG else "debug")
+    log = serve_logger(args.log_level)
+    log.info("loading %s (%s) on %s ...", name, spec_info["architecture"], device)
+    throughput = ThroughputLogger(log, args.log_stats_interval)
+
+    def started(engine) -> None:
+        spec_info.update(engine_config=engine_config, engine=engine, host=args.host, port=sock.getsockname()[1],
+                         name=name, api_key=bool(api_key))
+        from forwardpass.commands.serve_log import banner
+
+        for line in banner(spec_info):
+            log.info("%s", line)
+        throughput.attach(engine)
+
+    with startup_errors_one_line():
+        try:
+            run_server(spec, server_config, host=args.host, port=args.port, backend=args.engine_backend,
+                       max_queued_requests=args.max_queued_requests,
+                       log_level="info" if level > logging.DEBUG else "debug", sockets=[sock],
+                       on_started=started, access_log=not args.no_access_log)
+        except SystemExit as exc:  # uvicorn exits 3 when the app's start-up (loading the engine) failed
+            if exc.code in (0, None):
+                raise
+            from forwardpass.errors import ForwardpassError
+
+            raise ForwardpassError("the engine failed to start (its error is logged above)") from None
+        finally:
+            throughput.stop()
     return 0

@@ -30,7 +30,7 @@ from forwardpass.diffusion.schedulers import Scheduler, scheduler_class
 from forwardpass.diffusion.schedulers.base import _gen_device
 from forwardpass.diffusion.text_encoder import PromptTokenizer, TinyTextEncoder
 from forwardpass.diffusion.vae import TinyAutoencoderKL
-from forwardpass.errors import MissingFileError, ValidationError
+from forwardpass.errors import ConfigError, MissingFileError, ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class ImagePipeline:
         self.transformer, self.vae, self.scheduler = transformer.eval(), vae.eval(), scheduler
         self.defaults = {**FALLBACK_DEFAULTS, **(defaults or {})}
         self._progress_kwargs: dict[str, Any] = {}
+        self._check_scheduler()
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -92,8 +93,13 @@ class ImagePipeline:
         return pipe
 
     def set_scheduler(self, name: str, **config: Any) -> None:
-        """Swap the scheduler by class name (``"DDIMScheduler"``) or alias (``"ddim"``); unknown → ConfigError."""
-        self.scheduler = scheduler_class(name)(**config)
+        """Swap the scheduler by class name (``"DDIMScheduler"``) or alias (``"ddim"``); unknown → ConfigError.
+
+        It is configured for this denoiser's ``prediction_type`` (``Scheduler.for_model``: e.g. on the flow
+        model DDIM gets no x̂₀ clipping, a zero-terminal-SNR table and trailing timesteps); ``config``
+        overrides single settings."""
+        self.scheduler = scheduler_class(name).for_model(self.model_prediction, **config)
+        self._check_scheduler()
 
     def set_attention_backend(self, name: str) -> None:
         from forwardpass.attention import get_backend
@@ -133,25 +139,79 @@ class ImagePipeline:
         ids, mask = ids.to(self.device), mask.to(self.device)
         return self.text_encoder(ids, mask), mask
 
-    def _denoise(
-        self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, mask: torch.Tensor
+    @property
+    def model_prediction(self) -> str:
+        """What the denoiser predicts (its config's ``prediction_type``): ``"flow"`` (velocity ε − x₀),
+        ``"epsilon"``, ``"sample"`` or ``"v_prediction"``."""
+        return self.transformer.config.get("prediction_type", "flow")
+
+    def _guided(
+        self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, mask: torch.Tensor, guidance: float,
+        rescale: float, branches: int = 2,
     ) -> torch.Tensor:
-        """One denoiser pass, in the scheduler's coordinates (see the module docstring)."""
-        b = x.shape[0]
-        if self.scheduler.space == "flow":
-            return self.transformer(x, t.float().reshape(1).expand(b).to(x.device), context, mask)
-        ab = self.scheduler.alphas_cumprod[int(t)]
-        a, s = ab.sqrt(), (1 - ab).sqrt()
-        sigma = s / (a + s)
-        x_flow = x / (a + s)
-        v = self.transformer(x_flow, (sigma * 1000).reshape(1).expand(b).to(x.device), context, mask)
-        x0, eps = x_flow - sigma * v, x_flow + (1 - sigma) * v
-        kind = self.scheduler.config["prediction_type"]
+        """One denoiser pass (batch 2B with CFG), guided, in the scheduler's coordinates.
+
+        Guidance is applied to the model's own prediction, before any conversion, so a guidance scale
+        means the same with every scheduler. ``rescale`` is diffusers' ``guidance_rescale`` (Lin et al.
+        2023, §3.4): the guided prediction is scaled back to the per-image standard deviation of the
+        conditional one and mixed in with weight ``rescale``, which keeps high guidance scales from
+        pushing the sample off the data manifold (over-saturated, broken strokes).
+
+        ``branches == 3`` is the ``negative_mode="perp"`` batch ``[empty | negative | prompt]``: the prompt is
+        guided against the empty prompt, and the negative prompt pushes away only along what it does *not*
+        share with the prompt (its direction minus its projection on the prompt's; Perp-Neg, Armandpour et
+        al. 2023). With the usual formula (the negative replaces the empty prompt) a negative that shares
+        strokes with the prompt ("9" vs "4") erases those strokes too.
+        """
+        b = x.shape[0] // branches
+        sched = self.scheduler
+        flow_model = self.model_prediction == "flow"
+        if sched.space == "flow" or not flow_model:
+            x_model, t_model = x, t.float()
+        else:  # a VP scheduler driving a flow model: map its state into the model's (module docstring)
+            ab = sched.alphas_cumprod[int(t)]
+            a, s = ab.sqrt(), (1 - ab).sqrt()
+            sigma = s / (a + s)
+            x_model, t_model = x / (a + s), sigma * 1000
+        out = self.transformer(x_model, t_model.reshape(1).expand(x.shape[0]).to(x.device), context, mask)
+        if branches == 3:
+            uncond, neg, cond = out.chunk(3)
+            d_cond, d_neg = (cond - uncond).flatten(1), (neg - uncond).flatten(1)
+            along = (d_neg * d_cond).sum(1, keepdim=True) / (d_cond * d_cond).sum(1, keepdim=True).clamp_min(1e-12)
+            perp = (d_neg - along * d_cond).view_as(cond)
+            out = uncond + guidance * (cond - uncond) - guidance * perp
+        elif branches == 2:
+            uncond, cond = out.chunk(2)
+            out = uncond + guidance * (cond - uncond)
+        if branches > 1:
+            if rescale > 0:
+                dims = list(range(1, out.ndim))
+                std_cond, std_cfg = cond.std(dim=dims, keepdim=True), out.std(dim=dims, keepdim=True)
+                out = rescale * out * (std_cond / std_cfg.clamp_min(1e-12)) + (1 - rescale) * out
+            x_model = x_model[:b]
+        if sched.space == "flow" or not flow_model:
+            return out
+        x0, eps = x_model - sigma * out, x_model + (1 - sigma) * out
+        kind = sched.config["prediction_type"]
         if kind == "sample":
             return x0
         if kind == "epsilon":
             return eps
         return a * eps - s * x0  # v_prediction
+
+    def _check_scheduler(self) -> None:
+        """A scheduler must be able to step this denoiser's prediction (diffusers' convention: the model
+        declares ``prediction_type``; a VP scheduler on a flow model is converted, a mismatch refused)."""
+        kind = self.model_prediction
+        type(self.scheduler).check_model_prediction(kind)
+        wanted = self.scheduler.config.get("prediction_type")
+        if kind != "flow" and self.scheduler.space == "vp" and wanted != kind:
+            raise ConfigError(f"{type(self.scheduler).__name__} has prediction_type={wanted!r} but the denoiser "
+                              f"predicts {kind!r}; make them agree")
+        if kind == "flow" and self.scheduler.config.get("clip_sample"):
+            log.warning("%s clips x̂₀ to ±%g, but this model's latents are not bounded: expect broken images "
+                        "(set clip_sample=False)", type(self.scheduler).__name__,
+                        self.scheduler.config.get("clip_sample_range", 1.0))
 
     # ------------------------------------------------------------------ call
     def _validate(
@@ -184,6 +244,13 @@ class ImagePipeline:
                     f"DiT patch size {self.transformer.config['patch_size']}), e.g. {self.vae.config['sample_size']}",
                     param=name,
                 )
+        trained = [tuple(size) for size in self.defaults.get("trained_sizes") or ()]
+        if trained and (width, height) not in trained:
+            sizes = ", ".join(f"{w}x{h}" for w, h in trained)
+            raise ValidationError(
+                f"this model was trained on {sizes} images only (model_index.json trained_sizes, as width x height); "
+                f"at {width}x{height} it does not draw a larger image, just a small one somewhere inside it. "
+                f"Generate at {sizes} and resize the result if you need it larger", param="size")
         if isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1:
             raise ValidationError(f"num_images_per_prompt must be an integer >= 1, got {num_images!r}",
                                   param="num_images_per_prompt")  # fmt: skip
@@ -201,6 +268,8 @@ class ImagePipeline:
         negative_prompt: str | list[str] | None = None,
         num_inference_steps: int | None = None,
         guidance_scale: float | None = None,
+        guidance_rescale: float | None = None,
+        negative_mode: str | None = None,
         height: int | None = None,
         width: int | None = None,
         num_images_per_prompt: int = 1,
@@ -216,11 +285,21 @@ class ImagePipeline:
         negative = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else negative_prompt
         steps = self.defaults["num_inference_steps"] if num_inference_steps is None else num_inference_steps
         guidance = self.defaults["guidance_scale"] if guidance_scale is None else guidance_scale
+        guidance_rescale = self.defaults.get("guidance_rescale", 0.0) if guidance_rescale is None else guidance_rescale
+        negative_mode = self.defaults.get("negative_mode", "replace") if negative_mode is None else negative_mode
+        if negative_mode not in ("replace", "perp"):
+            raise ValidationError(f"negative_mode must be 'replace' or 'perp', got {negative_mode!r}",
+                                  param="negative_mode")
         default_size = self.vae.config["sample_size"]
         height = self.defaults.get("height", default_size) if height is None else height
         width = self.defaults.get("width", default_size) if width is None else width
         self._validate(prompts, negative, steps, guidance, height, width, num_images_per_prompt, output_type,
                        generator, seed)  # fmt: skip
+        if isinstance(guidance_rescale, bool) or not isinstance(guidance_rescale, (int, float)) \
+                or not 0 <= guidance_rescale <= 1:
+            raise ValidationError(f"guidance_rescale must be in [0, 1], got {guidance_rescale!r}",
+                                  param="guidance_rescale")
+        self._check_scheduler()
         for p in prompts:
             unknown = self.tokenizer.unknown_words(p)
             if unknown:
@@ -234,15 +313,18 @@ class ImagePipeline:
         prompts = [p for p in prompts for _ in range(num_images_per_prompt)]
         batch = len(prompts)
         do_cfg = guidance > 1.0
+        perp = do_cfg and negative is not None and negative_mode == "perp"
         if do_cfg:
             negs = [
                 n
                 for n in (negative or [""] * (batch // num_images_per_prompt))
                 for _ in range(num_images_per_prompt)
             ]
-            context, mask = self.encode_prompt(negs + prompts)
+            # perp: three branches, [empty | negative | prompt] (see _guided)
+            context, mask = self.encode_prompt(([""] * batch if perp else []) + negs + prompts)
         else:
             context, mask = self.encode_prompt(prompts)
+        branches = 3 if perp else 2 if do_cfg else 1
 
         # 2. initial noise
         shape = (batch, self.transformer.config["in_channels"], height // self.vae_scale_factor,
@@ -267,12 +349,9 @@ class ImagePipeline:
         bar_kwargs = {"desc": "denoising", "disable": not show_progress, **self._progress_kwargs}
         bar = tqdm(total=len(timesteps), **bar_kwargs)
         for i, t in enumerate(timesteps):
-            x_in = torch.cat([latents, latents]) if do_cfg else latents
+            x_in = torch.cat([latents] * branches) if branches > 1 else latents
             x_in = self.scheduler.scale_model_input(x_in, t)
-            out = self._denoise(x_in, t, context, mask)
-            if do_cfg:
-                uncond, cond = out.chunk(2)
-                out = uncond + guidance * (cond - uncond)
+            out = self._guided(x_in, t, context, mask, guidance, guidance_rescale, branches)
             latents = self.scheduler.step(out, t, latents, generator=generator).prev_sample
             if callback_on_step_end is not None:
                 result = callback_on_step_end(self, i, t, {"latents": latents})

@@ -20,7 +20,7 @@ from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from forwardpass.engine.core import EngineCore
 from forwardpass.engine.cost import StepCostModel
 from forwardpass.engine.kv_cache import KVCacheManager
-from forwardpass.engine.kv_cache_spec import layer_specs, plan_groups, sequence_capacity
+from forwardpass.engine.kv_cache_spec import StateSpec, layer_specs, plan_groups, sequence_capacity
 from forwardpass.engine.model_runner import CausalLM, ModelRunner
 from forwardpass.engine.scheduler import Scheduler
 from forwardpass.errors import ConfigError
@@ -30,8 +30,10 @@ from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.lora.manager import LoRAManager
 from forwardpass.models.loading import load_model
+from forwardpass.structured.backend import GrammarBackend
 
 logger = logging.getLogger(__name__)
+_NO_POSITION_LIMIT = 1 << 20
 
 
 def resolve_eos_token_ids(model_dir: Path, spec: ModelSpec) -> tuple[list[int], GenerationDefaults]:
@@ -65,12 +67,20 @@ def build_engine_core(
         layer_specs(spec, config.block_size, dtype),
         config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY,
         config.num_kv_blocks,
+        config.max_num_seqs,
     )
-    num_blocks = groups[0].num_blocks
+    paged = [g for g in groups if not isinstance(g.spec, StateSpec)]
+    num_blocks = paged[0].num_blocks if paged else groups[0].num_blocks
+    for g in groups:
+        if isinstance(g.spec, StateSpec):
+            logger.info("state slots: %d layers x %d bytes per request (constant in its length), %d slots = %d bytes;"
+                        " prefix caching is off for them", len(g.layer_ids), g.spec.page_bytes_per_layer,
+                        g.num_blocks, g.page_bytes * g.num_blocks)
     chunk = config.max_num_batched_tokens
     # what one sequence can hold: windowed groups free blocks behind the window as it grows
     capacity = sequence_capacity(groups, chunk)
-    max_pos = spec.max_position_embeddings or capacity or 0
+    # a model without positions (Mamba2) whose cache does not grow has no length limit of its own
+    max_pos = spec.max_position_embeddings or capacity or _NO_POSITION_LIMIT
     max_model_len = config.max_model_len if config.max_model_len is not None else min(max_pos, capacity or max_pos)
     short = [g for g in groups if g.spec.max_blocks_per_sequence(max_model_len, chunk) > g.num_blocks]
     if short or num_blocks < 1 or max_model_len < 2:
@@ -129,6 +139,8 @@ def build_engine_core(
         decode_kernel=kernel,
         adapters=lora,
         routing=ModelRoutingCounter(net) if has_moe else None,
+        # structured output needs the vocabulary; the tokenizer is read on the first such request
+        grammars=GrammarBackend(model_dir, spec.vocab, eos) if (model_dir / "tokenizer.json").exists() else None,
     )
     torch.manual_seed(config.seed)  # unseeded requests draw from the global generator
     return core_cls(

@@ -104,6 +104,11 @@ class EngineCore:
                 f"top_k must be -1 (disabled) or in [1, {vocab}] (the vocabulary size), got {params.top_k}",
                 param="top_k",
             )
+        for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
+            if bad := [t for t in ids if t >= vocab]:
+                raise SamplingParamsError(f"{name}: token id {bad[0]} is not in [0, {vocab})", param=name)
+        if params.structured_outputs is not None and self.runner.grammars is None:
+            raise ValidationError("structured output needs the model's tokenizer.json", param="structured_outputs")
         if len(prompt_token_ids) >= self.max_model_len:
             raise ContextLengthError(
                 f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "

@@ -5,7 +5,8 @@ against the analyzer's hardware table). The accounting is the analyzer's, per st
 idealized batch: matmul FLOPs are 2 per active parameter per token, attention 4·head_dim·heads per
 (query, key) pair, the LM head runs only on sampled rows; bytes are every weight read once per
 forward (MoE: only the experts the step's tokens can touch, under uniform routing), plus K/V read
-over each sequence's context and written for each new token. Norms, activations and softmax are
+over each sequence's context and written for each new token, plus each sequence's fixed-size
+state (Mamba / Gated DeltaNet layers) read and written once per step. Norms, activations and softmax are
 left out (a few percent at most; ``forwardpass/analysis/roofline.py`` has the per-op version).
 
 The engine core is handed a ``StepCost`` at construction (``None``: no accounting); it calls
@@ -28,11 +29,12 @@ class StepCostModel:
     def __init__(self, spec: ModelSpec, dtype_bytes: int):
         self.spec = s = spec
         self.dtype_bytes = dtype_bytes
-        per_layer_norms = s.layers * s.norm_params + s.hidden
+        per_layer_norms = s.total_norm_params + s.hidden
         # parameters a token multiplies through, except embedding lookup and LM head
         self.matmul_params = s.active_params - s.embedding_params - s.lm_head_params - per_layer_norms
         self.all_body_params = s.params - s.embedding_params - s.lm_head_params
         self.kv_bytes_per_token = s.kv_bytes_per_token(dtype_bytes)
+        self.state_bytes = s.state_bytes_per_sequence(4)  # Mamba / DeltaNet states: float32, per sequence
 
     def step(self, spans: Sequence[tuple[int, int]], num_sampled: int) -> tuple[float, float]:
         """(FLOPs, bytes) of a forward pass over ``spans`` = [(tokens already cached, new tokens)]."""
@@ -45,7 +47,8 @@ class StepCostModel:
         for cached, n in spans:
             pairs += n * cached + n * (n + 1) // 2  # causal (query, key) pairs
             kv_read += s.kv_positions(cached + n)  # averaged over layers: sliding layers see their window
-        flops = 2.0 * self.matmul_params * tokens + 4.0 * s.layers * s.q_dim * pairs
+        flops = 2.0 * self.matmul_params * tokens + 4.0 * s.attention_layers * s.q_dim * pairs
+        flops += s.state_flops_per_token * tokens
         flops += 2.0 * s.hidden * s.vocab * num_sampled
         body = float(self.all_body_params)
         if s.is_moe:  # experts no token of this step was routed to are not read
@@ -53,4 +56,5 @@ class StepCostModel:
             body -= untouched * s.expert_params * s.moe_layers
         weights = body + (s.vocab * s.hidden if num_sampled else 0)  # LM head (= embedding when tied)
         nbytes = weights * self.dtype_bytes + (kv_read + tokens) * self.kv_bytes_per_token
+        nbytes += 2 * self.state_bytes * len(spans)  # each sequence's state read once and written once
         return flops, float(nbytes)

@@ -11,6 +11,11 @@ leading blocks that lie entirely behind the window of the step's first query
 (``KVCacheSpec.freeable_prefix_blocks``) and writes ``NULL_BLOCK`` in their table entries, so table
 index ``i`` still means tokens ``[i * block_size, (i + 1) * block_size)``. Prefix caching is switched
 off (with a log line) when any group cannot support it.
+
+State groups (``StateSpec``: Mamba layers) hold one slot per sequence: ``blocks_needed`` is 1 for any
+length, so the slot is taken by the first ``allocate_slots`` (admission), kept while the sequence
+runs, and returned by ``free`` (finish, abort, preemption). ``check_invariants`` checks that no table
+is longer than its spec allows (one slot for a state group).
 """
 
 from __future__ import annotations
@@ -71,8 +76,14 @@ class KVCacheManager:
         return 1.0 - self.num_free_blocks / self.num_blocks
 
     @property
+    def bytes_in_use(self) -> int:
+        """Cache bytes owned by live sequences, over every group (pages and state slots)."""
+        return sum((p.num_blocks - p.num_free) * g.page_bytes for g, p in zip(self.groups, self.pools))
+
+    @property
     def max_tokens_per_sequence(self) -> int:
-        return min(g.num_blocks for g in self.groups) * self.block_size
+        paged = [g.num_blocks for g in self.groups if g.spec.blocks_needed(1 << 40) > 1]
+        return min(paged) * self.block_size if paged else 1 << 40
 
     def blocks_needed(self, num_tokens: int) -> int:
         return self.groups[0].spec.blocks_needed(num_tokens)
@@ -197,6 +208,7 @@ class KVCacheManager:
             assert not stale, f"finished sequences {sorted(stale)} still hold block tables"
         for tables in self.tables.values():
             for g, table in enumerate(tables):
+                assert len(table) <= self.groups[g].spec.blocks_needed(1 << 40), "a table longer than its spec allows"
                 held = [b for b in table if b != NULL_BLOCK]
                 assert len(held) == len(set(held)), "a block table lists a block twice"
                 freed = len(table) - len(held)

@@ -24,17 +24,24 @@ Implemented kinds:
   rotary key (``qk_rope_head_dim``) per token, instead of per-head K and V: ``[num_blocks,
   block_size, latent_dim]`` per layer.
 
-Still to come, each one more subclass: state slots (Mamba, linear attention: ``blocks_needed`` is 1
-whatever the length, no prefix caching) and cross-attention (``blocks_needed`` of the encoder length).
+* **state slots** (``StateSpec``: Mamba2 and Gated DeltaNet layers) — one fixed-size slot per running request (conv
+  window + SSM state, ``[num_slots, state_size]`` per layer): ``blocks_needed`` is 1 whatever the
+  length, so a request's memory is constant. The slot is taken at admission, kept across prefill
+  chunks and decode steps, and returned at finish, abort or preemption (recompute starts from a zero
+  state). ``plan_groups`` gives such a group ``max_num_seqs`` slots before dividing the rest of the
+  budget among the paged groups. No prefix caching (a state is not a function of a block's tokens).
+
+Still to come: cross-attention (``blocks_needed`` of the encoder length).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.loader.spec import MIXER_ATTENTION, MIXER_GDN, MIXER_MAMBA, ModelSpec
 
 NULL_BLOCK = -1  # a block-table entry whose block was freed (behind a sliding window)
 
@@ -127,6 +134,29 @@ class MLASpec(KVCacheSpec):
 
 
 @dataclass(frozen=True)
+class StateSpec(KVCacheSpec):
+    """A fixed-size per-request state (Mamba2: conv window then SSM state, ``state_size`` values per
+    layer): one "block" per sequence, however long it grows."""
+
+    state_size: int = 1
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def page_bytes_per_layer(self) -> int:
+        return self.state_size * torch.empty((), dtype=self.dtype).element_size()
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return 1 if num_tokens > 0 else 0
+
+    @property
+    def supports_prefix_caching(self) -> bool:
+        return False
+
+    def cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return (num_blocks, self.state_size)
+
+
+@dataclass(frozen=True)
 class KVCacheGroup:
     """Layers that share one block table (same spec), and the blocks set aside for them."""
 
@@ -140,8 +170,22 @@ class KVCacheGroup:
         return self.spec.page_bytes_per_layer * len(self.layer_ids)
 
 
-def layer_specs(model: ModelSpec, block_size: int, dtype: torch.dtype) -> list[KVCacheSpec]:
-    """The cache spec of each decoder layer of ``model``."""
+def layer_specs(model: ModelSpec, block_size: int, dtype: torch.dtype) -> list[KVCacheSpec | None]:
+    """The cache spec of each decoder layer of ``model`` (None: the layer caches nothing, an MLP)."""
+    if model.layer_mixers:  # Mamba2 / hybrid: state slots for Mamba layers, pages for attention layers
+        paged = _attention_specs(model, block_size, dtype)
+        # states stay in float32 whatever the weights' dtype: they accumulate over the whole sequence
+        states = {MIXER_MAMBA: model.ssm, MIXER_GDN: model.gdn}
+        out: list[KVCacheSpec | None] = []
+        for i, mixer in enumerate(model.layer_mixers):
+            sizes = states.get(mixer)
+            out.append(paged[i] if mixer == MIXER_ATTENTION else
+                       StateSpec(block_size=block_size, state_size=sizes.state_size) if sizes is not None else None)
+        return out
+    return list(_attention_specs(model, block_size, dtype))
+
+
+def _attention_specs(model: ModelSpec, block_size: int, dtype: torch.dtype) -> list[KVCacheSpec]:
     if model.kv_lora_rank:
         mla = MLASpec(block_size=block_size, latent_dim=model.kv_lora_rank + model.qk_rope_head_dim, dtype=dtype)
         return [mla] * model.layers
@@ -156,19 +200,24 @@ def layer_specs(model: ModelSpec, block_size: int, dtype: torch.dtype) -> list[K
 
 
 def plan_groups(
-    specs: list[KVCacheSpec], memory_bytes: int | None, num_blocks: int | None
+    specs: Sequence[KVCacheSpec | None], memory_bytes: int | None, num_blocks: int | None, max_num_seqs: int = 1
 ) -> list[KVCacheGroup]:
-    """Group layers with equal specs; give each group the same number of blocks, from a block count
-    or from a memory budget (every group must hold the same number of tokens, so the budget is
-    divided by the bytes one block costs in all groups together)."""
+    """Group layers with equal specs (layers without a spec cache nothing). State groups get one slot
+    per possible running sequence (``max_num_seqs``), paid first; every paged group gets the same
+    number of blocks, from a block count or from what is left of a memory budget (every paged group
+    must hold the same number of tokens, so it is divided by one block's bytes in all of them)."""
     by_spec: dict[KVCacheSpec, list[int]] = {}
     for layer, spec in enumerate(specs):
-        by_spec.setdefault(spec, []).append(layer)
+        if spec is not None:
+            by_spec.setdefault(spec, []).append(layer)
+    state_bytes = sum(s.page_bytes_per_layer * len(ids) * max_num_seqs for s, ids in by_spec.items()
+                      if isinstance(s, StateSpec))
     if num_blocks is None:
         assert memory_bytes is not None
-        per_block = sum(s.page_bytes_per_layer * len(ids) for s, ids in by_spec.items())
-        num_blocks = memory_bytes // per_block
-    return [KVCacheGroup(spec, tuple(ids), num_blocks) for spec, ids in by_spec.items()]
+        per_block = sum(s.page_bytes_per_layer * len(ids) for s, ids in by_spec.items() if not isinstance(s, StateSpec))
+        num_blocks = max(0, memory_bytes - state_bytes) // per_block if per_block else 0
+    return [KVCacheGroup(spec, tuple(ids), max_num_seqs if isinstance(spec, StateSpec) else num_blocks)
+            for spec, ids in by_spec.items()]
 
 
 def sequence_capacity(groups: list[KVCacheGroup], max_chunk: int) -> int | None:

@@ -19,12 +19,13 @@ from typing import Protocol
 import torch
 
 from forwardpass.attention.context import AttentionContext
-from forwardpass.attention.metadata import GroupMetadataBuilder
+from forwardpass.attention.metadata import GroupMetadataBuilder, StateMetadataBuilder
 from forwardpass.engine.batch import EMPTY_RUNNER_OUTPUT, NewSequence, RunnerOutput, SchedulerOutput
 from forwardpass.engine.isolation import sample_isolated
-from forwardpass.engine.kv_cache_spec import KVCacheGroup
+from forwardpass.engine.kv_cache_spec import KVCacheGroup, StateSpec
 from forwardpass.sampling.params import SamplingParams
 from forwardpass.sampling.sampler import Sampler, SamplingRow, make_generator
+from forwardpass.structured.backend import GrammarBackend, GrammarState
 
 
 class BatchAdapters(Protocol):
@@ -58,6 +59,7 @@ class _RunnerSequence:
     generator: torch.Generator | None
     lora_id: int
     block_tables: list[list[int]] = field(default_factory=list)  # one per KV cache group
+    grammar: GrammarState | None = None  # structured output: matcher of the tokens generated so far
 
     @property
     def num_tokens(self) -> int:
@@ -85,6 +87,7 @@ class ModelRunner:
         decode_kernel: Callable | None = None,
         adapters: BatchAdapters | None = None,
         routing: RoutingCounter | None = None,
+        grammars: GrammarBackend | None = None,
     ):
         self.model, self.device, self.dtype = model, device, dtype
         self.groups = list(groups)  # each with its own block pool, tables and attention metadata
@@ -92,15 +95,17 @@ class ModelRunner:
         self.eos_token_ids = list(eos_token_ids)
         self.decode_kernel = decode_kernel  # fixed for the runner's lifetime: numerics never change mid-run
         self.adapters, self.routing = adapters, routing
-        num_layers = 1 + max(i for g in groups for i in g.layer_ids)
+        self.grammars = grammars  # structured output: compiled grammars and token bitmasks
+        num_layers = 1 + max(i for g in groups for i in g.layer_ids)  # layers in no group cache nothing
         self.kv_caches: list[torch.Tensor] = [torch.empty(0)] * num_layers
         self.layer_group = [0] * num_layers
         for g, group in enumerate(groups):
             for layer in group.layer_ids:
                 # Zeroed, not empty: padded rows of a gathered decode batch are masked out, but 0 · NaN
                 # garbage would still poison the weighted sum.
-                self.kv_caches[layer] = torch.zeros(
-                    group.spec.cache_shape(group.num_blocks), dtype=dtype, device=device
+                self.kv_caches[layer] = torch.zeros(  # states (StateSpec) keep their own dtype (float32)
+                    group.spec.cache_shape(group.num_blocks),
+                    dtype=group.spec.dtype if isinstance(group.spec, StateSpec) else dtype, device=device,
                 )
                 self.layer_group[layer] = g
         self.sampler = Sampler()
@@ -144,7 +149,10 @@ class ModelRunner:
         sample_rows: list[int] = []
         sampled: list[tuple[int, _RunnerSequence]] = []
         row_adapters: list[tuple[int, int]] = []
-        builders = [GroupMetadataBuilder(g.spec, self.device) for g in self.groups]
+        builders: list[GroupMetadataBuilder | StateMetadataBuilder] = [
+            StateMetadataBuilder(self.device) if isinstance(g.spec, StateSpec) else GroupMetadataBuilder(g.spec, self.device)
+            for g in self.groups
+        ]
         num_decode = row = 0
         for chunk in scheduled.chunks:
             seq = self.sequences[chunk.seq_id]
@@ -192,10 +200,17 @@ class ModelRunner:
             return RunnerOutput((), (), (), routing)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=hidden.device)])
         rows = [SamplingRow(s.params, s.prompt, s.output, s.generator) for _, s in sampled]
+        bad: dict[int, str] = {}  # rows whose grammar failed: their requests fail, the batch goes on
+        if self.grammars is not None and any(s.params.structured_outputs for _, s in sampled):
+            states, masks, bad = self.grammars.prepare(
+                [(s.params.structured_outputs, s.grammar, s.output) for _, s in sampled])
+            for (_, s), state, mask, row in zip(sampled, states, masks, rows):
+                s.grammar, row.token_bitmask = state, mask
         seq_ids, tokens, logprobs, failed = [], [], [], []
-        for (seq_id, seq), r in zip(sampled, sample_isolated(self.sampler, logits, rows, self.eos_token_ids)):
-            if isinstance(r, str):  # this sequence's own sampling failed: only its request fails
-                failed.append((seq_id, r))
+        results = sample_isolated(self.sampler, logits, rows, self.eos_token_ids)
+        for i, ((seq_id, seq), r) in enumerate(zip(sampled, results)):
+            if i in bad or isinstance(r, str):  # this sequence's own sampling failed: only its request fails
+                failed.append((seq_id, bad.get(i) or str(r)))
                 continue
             seq.output.append(r[0])
             seq_ids.append(seq_id)

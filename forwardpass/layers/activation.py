@@ -1,4 +1,4 @@
-"""Activations used by gated MLPs."""
+"""Activations used by (gated) MLPs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from forwardpass.errors import UnsupportedArchitectureError
 
-_ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+_ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+         "relu2": lambda x: F.relu(x).square()}  # relu2: Nemotron-H's squared ReLU
 
 
 def get_activation(name: str):

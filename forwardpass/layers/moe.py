@@ -140,8 +140,11 @@ class FusedMoE(nn.Module):
 
 
 def moe_layers(model: nn.Module) -> list[tuple[int, FusedMoE]]:
-    """``(decoder layer index, FusedMoE)`` for every sparse layer of a Llama-family model."""
-    layers = model.model.layers
+    """``(decoder layer index, FusedMoE)`` for every sparse layer of a Llama-family model (none for a
+    model without a ``model.layers`` stack, e.g. Mamba2's ``backbone``)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        return []
     return [(i, layer.mlp) for i, layer in enumerate(layers) if isinstance(layer.mlp, FusedMoE)]
 
 

@@ -12,6 +12,13 @@ DeepSeek's multi-latent attention sizes (``_mla_fields``: checked to add up, one
 the field) and its MoE routing (``_deepseek_moe_fields``), and refuses a window larger than
 ``max_position_embeddings`` or an unknown ``layer_types`` entry.
 
+Models that keep a state instead of (or next to) a KV cache get ``layer_mixers`` (what each layer
+mixes with: attention, a Mamba2 mixer, a Gated DeltaNet, or nothing but an MLP) and their sizes:
+``SSMSpec`` (``_ssm_fields``: Mamba2, Nemotron-H's ``layers_block_type`` / ``hybrid_override_pattern``)
+and ``GDNSpec`` (``_gdn_fields``: Qwen3-Next's ``layer_types`` and ``linear_*`` keys, its partial
+rotary and attention output gate). ``state_bytes_per_sequence`` is what one request keeps in those
+layers whatever its length; ``kv_bytes_per_token`` counts the attention layers only.
+
 Field names are short (``hidden``, ``layers``, ``heads``) because the accounting formulas below and in
 ``forwardpass/analysis`` read like the equations they implement.
 """
@@ -29,11 +36,101 @@ from forwardpass.loader.validate import validate_config
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 
+# what a decoder layer mixes with (``ModelSpec.layer_mixers``); () means attention + MLP in every layer
+MIXER_ATTENTION = "attention"  # attention (paged KV) and, unless the model says otherwise, an MLP
+MIXER_MAMBA = "mamba"  # a Mamba2 mixer: a fixed-size state per request (conv window + SSM state)
+MIXER_MLP = "mlp"  # an MLP alone (Nemotron-H "-" layers): nothing cached
+MIXER_MOE = "moe"  # a MoE alone (Nemotron-H "E" layers): nothing cached
+MIXER_GDN = "gated_deltanet"  # Gated DeltaNet linear attention (Qwen3-Next): a fixed-size state per request
+
 LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 
 # architectures whose attention has a per-head RMSNorm on q and k before RoPE
 _QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")
 _GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3")
+
+
+@dataclass(frozen=True)
+class SSMSpec:
+    """A Mamba2 mixer's sizes (Mamba2 ``num_heads`` / ``head_dim`` / ``state_size``; Nemotron-H
+    ``mamba_num_heads`` / ``mamba_head_dim`` / ``ssm_state_size``)."""
+
+    heads: int
+    head_dim: int
+    state: int  # N: the SSM state per head is [head_dim, N]
+    groups: int  # B and C are shared by heads / groups heads
+    conv_kernel: int
+    chunk: int  # the SSD scan's chunk length (config chunk_size)
+    conv_bias: bool = True
+    bias: bool = False  # in_proj / out_proj bias
+    norm_eps: float = 1e-5
+    dt_min: float = 0.0  # the prefill scan clamps dt to [dt_min, dt_max] (HF time_step_limit)
+    dt_max: float = float("inf")
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal conv: x, B and C."""
+        return self.inner + 2 * self.groups * self.state
+
+    @property
+    def conv_state_size(self) -> int:
+        """Values of the conv window kept per request: the last ``conv_kernel - 1`` inputs."""
+        return self.conv_dim * (self.conv_kernel - 1)
+
+    @property
+    def ssm_state_size(self) -> int:
+        return self.heads * self.head_dim * self.state
+
+    @property
+    def state_size(self) -> int:
+        """Values one request keeps per Mamba layer, whatever its length."""
+        return self.conv_state_size + self.ssm_state_size
+
+    @property
+    def params(self) -> int:
+        """in_proj (z, xBC, dt), conv weights and bias, A, D, dt_bias, gated norm, out_proj."""
+        in_proj = self.inner + self.conv_dim + self.heads
+        return (self.hidden_in * in_proj + self.conv_dim * (self.conv_kernel + 1) + 3 * self.heads + self.inner
+                + self.inner * self.hidden_in)
+
+    hidden_in: int = 0  # the model's hidden size (for ``params``)
+
+
+@dataclass(frozen=True)
+class GDNSpec:
+    """A Gated DeltaNet layer's sizes (Qwen3-Next ``linear_*``): q/k heads of ``k_dim``, v heads of
+    ``v_dim`` (a multiple of the k heads), a short causal conv over q, k, v."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    conv_kernel: int
+    chunk: int = 64  # the chunked delta rule's block length (HF's torch_chunk_gated_delta_rule default)
+    hidden_in: int = 0
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+
+    @property
+    def conv_state_size(self) -> int:
+        return self.conv_dim * (self.conv_kernel - 1)
+
+    @property
+    def state_size(self) -> int:
+        """Conv window plus one ``[k_dim, v_dim]`` matrix per value head."""
+        return self.conv_state_size + self.v_heads * self.k_dim * self.v_dim
+
+    @property
+    def params(self) -> int:
+        qkvz = 2 * self.k_heads * self.k_dim + 2 * self.v_heads * self.v_dim
+        return (self.hidden_in * (qkvz + 2 * self.v_heads) + self.conv_dim * self.conv_kernel + 2 * self.v_heads
+                + self.v_dim + self.v_heads * self.v_dim * self.hidden_in)
 
 
 @dataclass(frozen=True)
@@ -87,6 +184,13 @@ class ModelSpec:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    # state-space / hybrid models: what each layer mixes with (MIXER_*); () = attention + MLP everywhere
+    layer_mixers: tuple[str, ...] = ()
+    ssm: SSMSpec | None = None  # the Mamba2 mixer's sizes when some layer is MIXER_MAMBA
+    mlp_gated: bool = True  # False: up -> act -> down (Nemotron-H, relu2)
+    gdn: GDNSpec | None = None  # Gated DeltaNet sizes when some layer is MIXER_GDN (Qwen3-Next)
+    attn_output_gate: bool = False  # attention output times sigmoid(a per-head gate from q_proj) (Qwen3-Next)
+    partial_rotary: float = 1.0  # fraction of head_dim that is rotated (Qwen3-Next 0.25)
 
     def __post_init__(self) -> None:
         if not self.layer_windows:  # built by hand without windows: every layer attends to everything
@@ -94,6 +198,13 @@ class ModelSpec:
         elif len(self.layer_windows) != self.layers:
             raise ConfigError(f"layer_windows has {len(self.layer_windows)} entries for {self.layers} layers",
                               param="layer_types")
+        if self.layer_mixers and len(self.layer_mixers) != self.layers:
+            raise ConfigError(f"layer_mixers has {len(self.layer_mixers)} entries for {self.layers} layers",
+                              param="layers_block_type")
+        if MIXER_MAMBA in self.layer_mixers and self.ssm is None:
+            raise ConfigError("Mamba layers need the SSM sizes (ssm)", param="state_size")
+        if MIXER_GDN in self.layer_mixers and self.gdn is None:
+            raise ConfigError("Gated DeltaNet layers need their sizes (gdn)", param="linear_num_key_heads")
 
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
@@ -112,10 +223,24 @@ class ModelSpec:
             return value
 
         hidden = int(need("hidden_size"))
-        layers = int(need("num_hidden_layers"))
-        heads = int(need("num_attention_heads"))
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        ssm_fields = _ssm_fields(cfg, hidden) or _gdn_fields(cfg, hidden)
+        if ssm_fields and "gdn" in ssm_fields:  # Qwen3-Next: attention sizes as usual
+            layers = len(ssm_fields["layer_mixers"])
+            heads = int(need("num_attention_heads"))
+            kv_heads = int(cfg.get("num_key_value_heads") or heads)
+            head_dim = int(cfg.get("head_dim") or hidden // heads)
+        elif ssm_fields:
+            mixers = ssm_fields["layer_mixers"]
+            layers = len(mixers)
+            ssm = ssm_fields["ssm"]
+            heads = int(cfg.get("num_attention_heads") or ssm.heads)
+            kv_heads = int(cfg.get("num_key_value_heads") or heads)
+            head_dim = int(cfg.get("head_dim") or hidden // heads) if MIXER_ATTENTION in mixers else ssm.head_dim
+        else:
+            layers = int(need("num_hidden_layers"))
+            heads = int(need("num_attention_heads"))
+            kv_heads = int(cfg.get("num_key_value_heads") or heads)
+            head_dim = int(cfg.get("head_dim") or hidden // heads)
         mla = _mla_fields(cfg, heads)
         if mla:  # every head has its own K/V expanded from one latent; head_dim is the q·k width
             kv_heads, head_dim = heads, mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
@@ -127,9 +252,15 @@ class ModelSpec:
             raise ConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}",
                               param="num_key_value_heads")
 
-        moe = _moe_fields(cfg, layers, arch, need)
+        if ssm_fields and "gdn" not in ssm_fields:  # Mamba2 / Nemotron-H: its MoE fields (if any) came with it
+            moe = {k: ssm_fields.pop(k) for k in list(ssm_fields) if k not in ("layer_mixers", "ssm", "mlp_gated")}
+            moe.setdefault("moe_layer_ids", ())
+        else:
+            moe = _moe_fields(cfg, layers, arch, need)
         intermediate = int(cfg.get("intermediate_size") or 0)
-        if len(moe["moe_layer_ids"]) < layers and intermediate <= 0:
+        if ssm_fields.get("ssm") is not None and MIXER_MLP not in ssm_fields["layer_mixers"]:
+            intermediate = 0  # Mamba2: no MLP at all
+        elif len(moe["moe_layer_ids"]) < layers and intermediate <= 0:
             raise ConfigError(f"config {name} has dense layers but no 'intermediate_size'", param="intermediate_size")
         rope_theta, rope_scaling = _rope(cfg)
         attention_bias = bool(cfg.get("attention_bias", False))
@@ -138,7 +269,7 @@ class ModelSpec:
         eps = cfg.get("rms_norm_eps")
         max_pos = cfg.get("max_position_embeddings")
         dtype = cfg.get("torch_dtype") or cfg.get("dtype")
-        layer_windows = _layer_windows(cfg, layers, model_type)
+        layer_windows = _layer_windows(cfg, layers, model_type) if not ssm_fields else (None,) * layers
         windows = [w for w in layer_windows if w]
         if windows and max_pos and max(windows) > int(max_pos):
             raise ConfigError(f"sliding_window={max(windows)} is larger than max_position_embeddings={max_pos}",
@@ -164,8 +295,9 @@ class ModelSpec:
             qkv_bias=attention_bias or qwen2,
             o_bias=attention_bias and not qwen2,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
-            hidden_act=str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu"),
-            rms_norm_eps=float(eps) if eps is not None else 1e-6,
+            hidden_act=str(cfg.get("mlp_hidden_act") or cfg.get("hidden_act") or cfg.get("hidden_activation")
+                           or "silu"),
+            rms_norm_eps=float(eps if eps is not None else cfg.get("layer_norm_epsilon") or 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             max_position_embeddings=int(max_pos) if max_pos else None,
@@ -178,9 +310,33 @@ class ModelSpec:
             local_rope_theta=local_theta,
             **mla,
             **moe,
+            **ssm_fields,
         )
 
     # ---- attention layout ------------------------------------------------------------------------
+    def mixer(self, layer: int) -> str:
+        """What ``layer`` mixes tokens with: MIXER_ATTENTION, MIXER_MAMBA or MIXER_MLP (none)."""
+        return self.layer_mixers[layer] if self.layer_mixers else MIXER_ATTENTION
+
+    @property
+    def attention_layers(self) -> int:
+        return sum(1 for i in range(self.layers) if self.mixer(i) == MIXER_ATTENTION)
+
+    @property
+    def mamba_layers(self) -> int:
+        return sum(1 for i in range(self.layers) if self.mixer(i) == MIXER_MAMBA)
+
+    @property
+    def gdn_layers(self) -> int:
+        return sum(1 for i in range(self.layers) if self.mixer(i) == MIXER_GDN)
+
+    def state_bytes_per_sequence(self, state_bytes: float) -> float:
+        """The fixed-size state one request keeps in every Mamba / Gated DeltaNet layer (constant in
+        its length)."""
+        mamba = self.mamba_layers * self.ssm.state_size if self.ssm is not None else 0
+        gdn = self.gdn_layers * self.gdn.state_size if self.gdn is not None else 0
+        return (mamba + gdn) * state_bytes
+
     def layer_kind(self, layer: int) -> str:
         return SLIDING_ATTENTION if self.layer_windows[layer] else FULL_ATTENTION
 
@@ -208,6 +364,9 @@ class ModelSpec:
 
     @property
     def dense_layers(self) -> int:
+        """Layers with a dense MLP (Mamba2: none; Nemotron-H: its MLP layers)."""
+        if self.ssm is not None:
+            return sum(1 for m in self.layer_mixers if m == MIXER_MLP)
         return self.layers - self.moe_layers
 
     @property
@@ -227,24 +386,35 @@ class ModelSpec:
                  else self.hidden * self.heads * qk)
             kv = self.hidden * self.kv_latent_dim + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
             return q + kv + self.heads * self.v_head_dim * self.hidden
-        return 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
+        gate = self.hidden * self.q_dim if self.attn_output_gate else 0  # Qwen3-Next: q_proj gives a gate too
+        return 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim + gate
 
     @property
     def norm_params(self) -> int:
-        """The two RMSNorms of one layer (and Qwen3's per-head q/k norms)."""
+        """The RMSNorms of one layer: two (and Qwen3's per-head q/k norms); one in a Mamba2 /
+        Nemotron-H block (the mixer's own gated norm is in ``SSMSpec.params``)."""
+        if self.ssm is not None:
+            return self.hidden
         return 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
 
     @property
+    def total_norm_params(self) -> int:
+        """The RMSNorms of every layer (q/k norms only where there is attention), not the final one."""
+        qk = 2 * self.head_dim if self.qk_norm and self.ssm is None else 0
+        return self.layers * (self.norm_params - qk) + self.attention_layers * qk
+
+    @property
     def expert_params(self) -> int:
-        return 3 * self.hidden * self.expert_intermediate
+        return (3 if self.mlp_gated else 2) * self.hidden * self.expert_intermediate  # Nemotron-H: up, down
 
     @property
     def router_params(self) -> int:
-        return self.hidden * self.num_experts + (self.hidden if self.shared_expert_intermediate else 0)
+        shared_gate = self.shared_expert_intermediate and self.ssm is None  # Nemotron-H's shared expert has none
+        return self.hidden * self.num_experts + (self.hidden if shared_gate else 0)
 
     @property
     def shared_expert_params(self) -> int:
-        return 3 * self.hidden * self.shared_expert_intermediate
+        return (3 if self.mlp_gated else 2) * self.hidden * self.shared_expert_intermediate
 
     @property
     def embedding_params(self) -> int:
@@ -256,13 +426,20 @@ class ModelSpec:
         return 0 if self.tied else self.vocab * self.hidden
 
     @property
+    def mixer_params(self) -> int:
+        """Token-mixing parameters of all layers: attention, Mamba2 and Gated DeltaNet mixers."""
+        mamba = self.mamba_layers * self.ssm.params if self.ssm is not None else 0
+        gdn = self.gdn_layers * self.gdn.params if self.gdn is not None else 0
+        return self.attention_layers * self.attention_params + mamba + gdn
+
+    @property
     def params(self) -> int:
         """Total parameters (every expert)."""
-        per_layer = self.attention_params + self.norm_params
         moe = self.num_experts * self.expert_params + self.router_params + self.shared_expert_params
         return (
-            self.layers * per_layer
-            + self.dense_layers * 3 * self.hidden * self.intermediate
+            self.mixer_params
+            + self.total_norm_params
+            + self.dense_layers * (3 if self.mlp_gated else 2) * self.hidden * self.intermediate
             + self.moe_layers * moe
             + self.embedding_params
             + self.lm_head_params
@@ -289,7 +466,16 @@ class ModelSpec:
         """K and V of one token in every layer (MLA: the latent vector only)."""
         if self.is_mla:
             return self.layers * self.kv_latent_dim * kv_bytes
-        return 2 * self.layers * self.kv_dim * kv_bytes
+        return 2 * self.attention_layers * self.kv_dim * kv_bytes  # Mamba / DeltaNet layers keep a state instead
+
+    @property
+    def state_flops_per_token(self) -> float:
+        """FLOPs of the state updates and reads per token (recurrent form): Mamba2 decays the state,
+        adds ``dt·x⊗B`` and reads it with ``C`` (~6 per state value); the delta rule decays, predicts
+        ``Sᵀk``, writes and reads with ``q`` (~8 per state value). The causal convs are left out."""
+        mamba = 6 * self.mamba_layers * self.ssm.ssm_state_size if self.ssm is not None else 0
+        gdn = 8 * self.gdn_layers * self.gdn.v_heads * self.gdn.k_dim * self.gdn.v_dim if self.gdn is not None else 0
+        return float(mamba + gdn)
 
     def unique_experts(self, tokens: float) -> float:
         """Expected distinct experts touched by ``tokens`` tokens under uniform routing."""
@@ -300,6 +486,106 @@ class ModelSpec:
 
 
 # ---- derivations ---------------------------------------------------------------------------------
+_NEMOTRON_H_TYPES = {"linear_attention": MIXER_MAMBA, "full_attention": MIXER_ATTENTION, "mlp": MIXER_MLP,
+                     "moe": MIXER_MOE}
+_NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+
+
+def _ssm_fields(cfg: Mapping[str, Any], hidden: int) -> dict[str, Any]:
+    """Mamba2 (every layer a Mamba2 mixer) and Nemotron-H (``layers_block_type``, or the older
+    ``hybrid_override_pattern`` string ``M`` / ``*`` / ``-``: Mamba2, attention, MLP, one per layer)."""
+    model_type = cfg.get("model_type")
+    if model_type == "mamba2":
+        mixers = (MIXER_MAMBA,) * int(cfg.get("num_hidden_layers") or 0)
+        heads, head_dim, state = cfg.get("num_heads"), cfg.get("head_dim"), cfg.get("state_size")
+        mlp_gated = True
+    elif model_type == "nemotron_h":
+        types = cfg.get("layers_block_type")
+        if types is None and isinstance(cfg.get("hybrid_override_pattern"), str):
+            types = [_NEMOTRON_H_PATTERN.get(c, c) for c in cfg["hybrid_override_pattern"]]
+        if not isinstance(types, list) or not types:
+            raise ConfigError("a Nemotron-H config needs layers_block_type (or hybrid_override_pattern)",
+                              param="layers_block_type")
+        unknown = sorted({str(t) for t in types if t not in _NEMOTRON_H_TYPES})
+        if unknown:
+            raise ConfigError(f"layers_block_type has entries {unknown} that are not supported (supported: "
+                              f"{sorted(_NEMOTRON_H_TYPES)})", param="layers_block_type")
+        if MIXER_MOE in types and cfg.get("moe_latent_size"):
+            raise ConfigError("Nemotron-H MoE layers with a latent projection (moe_latent_size) are not supported",
+                              param="moe_latent_size")
+        mixers = tuple(_NEMOTRON_H_TYPES[t] for t in types)
+        heads, head_dim, state = cfg.get("mamba_num_heads"), cfg.get("mamba_head_dim"), cfg.get("ssm_state_size")
+        mlp_gated = False
+    else:
+        return {}
+    if not mixers:
+        raise ConfigError(f"a {model_type} config needs num_hidden_layers >= 1", param="num_hidden_layers")
+    sizes = {"heads": heads, "head_dim": head_dim, "state": state, "groups": cfg.get("n_groups", 1),
+             "conv_kernel": cfg.get("conv_kernel", 4), "chunk": cfg.get("chunk_size", 256)}
+    for key, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 16:
+            raise ConfigError(f"{model_type}: the Mamba2 {key} must be an integer in [1, 65536], got {value!r:.40}",
+                              param=key)
+    if heads % sizes["groups"]:
+        raise ConfigError(f"{model_type}: the Mamba2 heads ({heads}) must split into n_groups={sizes['groups']}",
+                          param="n_groups")
+    if model_type == "mamba2" and int(cfg.get("expand") or 2) * hidden != heads * head_dim:
+        raise ConfigError(f"mamba2: hidden_size * expand must equal num_heads * head_dim ({heads * head_dim})",
+                          param="num_heads")
+    limit = cfg.get("time_step_limit") or (0.0, float("inf"))
+    lo, hi = (_json_float(v) for v in limit)
+    if model_type == "nemotron_h":  # HF NemotronHMamba2Mixer: (time_step_min, inf), whatever the config says
+        lo, hi = float(cfg.get("time_step_min") or 0.0), float("inf")
+    ssm = SSMSpec(**sizes, conv_bias=bool(cfg.get("use_conv_bias", True)), bias=bool(cfg.get("use_bias", False)),
+                  norm_eps=float(cfg.get("layer_norm_epsilon") or 1e-5), dt_min=lo, dt_max=hi, hidden_in=hidden)
+    out: dict[str, Any] = {"layer_mixers": mixers, "ssm": ssm, "mlp_gated": mlp_gated}
+    if MIXER_MOE in mixers:  # DeepSeek-V3 routing (sigmoid, bias-corrected groups), non-gated relu² experts
+        moe = _deepseek_moe_fields({**cfg, "model_type": "deepseek_v3",
+                                    "n_shared_experts": 0, "first_k_dense_replace": 0}, len(mixers), "")
+        shared = cfg.get("moe_shared_expert_intermediate_size") or 0
+        out.update(moe, moe_layer_ids=tuple(i for i, m in enumerate(mixers) if m == MIXER_MOE),
+                   shared_expert_intermediate=int(shared))
+    return out
+
+
+def _gdn_fields(cfg: Mapping[str, Any], hidden: int) -> dict[str, Any]:
+    """Qwen3-Next: ``layer_types`` of ``linear_attention`` (Gated DeltaNet) and ``full_attention`` (gated
+    attention with a partial rotary embedding) layers, each followed by its MLP or MoE."""
+    if cfg.get("model_type") != "qwen3_next":
+        return {}
+    types = cfg.get("layer_types")
+    kinds = {"linear_attention": MIXER_GDN, "full_attention": MIXER_ATTENTION}
+    if not isinstance(types, list) or not types or any(t not in kinds for t in types):
+        raise ConfigError(f"a Qwen3-Next config needs layer_types of {sorted(kinds)}, got {types!r:.80}",
+                          param="layer_types")
+    n = cfg.get("num_hidden_layers")
+    if n is not None and n != len(types):
+        raise ConfigError(f"config.json lists {len(types)} layer_types but num_hidden_layers is {n}; they must agree",
+                          param="layer_types")
+    sizes = {"k_heads": cfg.get("linear_num_key_heads"), "v_heads": cfg.get("linear_num_value_heads"),
+             "k_dim": cfg.get("linear_key_head_dim"), "v_dim": cfg.get("linear_value_head_dim"),
+             "conv_kernel": cfg.get("linear_conv_kernel_dim", 4)}
+    for key, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 16:
+            raise ConfigError(f"qwen3_next: the Gated DeltaNet {key} must be an integer in [1, 65536], got "
+                              f"{value!r:.40}", param=key)
+    if sizes["v_heads"] % sizes["k_heads"]:
+        raise ConfigError("linear_num_value_heads must be a multiple of linear_num_key_heads",
+                          param="linear_num_value_heads")
+    rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
+    partial = float(rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0)
+    if not 0 < partial <= 1:
+        raise ConfigError(f"partial_rotary_factor must be in (0, 1], got {partial}", param="partial_rotary_factor")
+    return {"layer_mixers": tuple(kinds[t] for t in types), "gdn": GDNSpec(**sizes, hidden_in=hidden),
+            "attn_output_gate": True, "partial_rotary": partial}
+
+
+def _json_float(value: Any) -> float:
+    """A float, also transformers' ``{"__float__": "Infinity"}`` encoding of a non-finite one."""
+    if isinstance(value, Mapping):
+        value = value.get("__float__")
+    return float(value)
+
 def _layer_windows(cfg: Mapping[str, Any], n: int, model_type: str) -> tuple[int | None, ...]:
     """Sliding window (or None) for each layer, from ``layer_types`` or the older flags, as HF does."""
     window = cfg.get("sliding_window")

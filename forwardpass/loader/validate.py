@@ -37,6 +37,15 @@ SIZE_LIMITS: dict[str, tuple[int, int]] = {
     "decoder_sparse_step": (1, 1024),
     "max_window_layers": (0, 1024),
     "sliding_window": (1, 1 << 27),
+    # Mamba2 / Nemotron-H mixers
+    "num_heads": (1, 1 << 16),
+    "mamba_num_heads": (1, 1 << 16),
+    "mamba_head_dim": (1, 1 << 16),
+    "state_size": (1, 1 << 16),
+    "ssm_state_size": (1, 1 << 16),
+    "n_groups": (1, 1 << 16),
+    "conv_kernel": (1, 1024),
+    "chunk_size": (1, 1 << 20),
 }
 _LAYER = re.compile(r"\blayers\.(\d+)\.")
 #: floats that must be finite and positive

@@ -19,6 +19,9 @@ _REGISTRY: dict[str, str] = {
     "Gemma3ForCausalLM": "forwardpass.models.gemma:Gemma3ForCausalLM",
     "DeepseekV2ForCausalLM": "forwardpass.models.deepseek:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "forwardpass.models.deepseek:DeepseekV3ForCausalLM",
+    "Mamba2ForCausalLM": "forwardpass.models.mamba:Mamba2ForCausalLM",
+    "NemotronHForCausalLM": "forwardpass.models.mamba:NemotronHForCausalLM",
+    "Qwen3NextForCausalLM": "forwardpass.models.qwen3_next:Qwen3NextForCausalLM",
 }
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forwardpass.errors import SamplingParamsError
+from forwardpass.structured.params import StructuredOutputsParams
 
 #: Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``).
 SAMPLING_EPS = 1e-5
@@ -28,6 +29,9 @@ MAX_TOP_K = 2**31 - 1
 MAX_TOKENS = 2**31 - 1
 MAX_TOKEN_ID = 2**31 - 1
 MAX_STOP_STRINGS = 1024
+#: OpenAI's range for ``logit_bias`` values (added to the logit of the token).
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_ENTRIES = 1 << 16
 
 
 @dataclass
@@ -51,6 +55,10 @@ class SamplingParams:
     logprobs: int | None = None  # k >= 0: chosen token's logprob + the k most likely
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # constrain the output to a JSON schema / regex / choice / grammar (xgrammar); a dict is converted
+    structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    allowed_token_ids: list[int] | None = None  # only these may be sampled (None = all)
 
     def __post_init__(self) -> None:
         self.n = _int("n", self.n, lo=1, hi=MAX_N)
@@ -87,6 +95,16 @@ class SamplingParams:
             self.logprobs = _int(
                 "logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS, hint=f"None, or 0..{MAX_LOGPROBS}"
             )
+
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise _fail("structured_outputs", self.structured_outputs, "StructuredOutputsParams, a dict, or None")
+        self.logit_bias = _logit_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise _fail("allowed_token_ids", self.allowed_token_ids, "a non-empty list of token ids, or None")
 
     @property
     def greedy(self) -> bool:
@@ -172,3 +190,18 @@ def _token_ids(name: str, ids: Any) -> list[int]:
         if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= int(t) <= MAX_TOKEN_ID:
             raise _fail(name, ids, f"a list of token ids in [0, {MAX_TOKEN_ID}], or None")
     return [int(t) for t in out]
+
+
+def _logit_bias(bias: Any) -> dict[int, float] | None:
+    if bias is None:
+        return None
+    allowed = f"a mapping of token id (>= 0) to a number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+    if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise _fail("logit_bias", bias, allowed)
+    out: dict[int, float] = {}
+    for k, v in bias.items():
+        if isinstance(k, str) and k.strip().isdigit():
+            k = int(k)
+        tid = _int("logit_bias", k, lo=0, hi=MAX_TOKEN_ID, hint=allowed + f" (bad token id {k!r})")
+        out[tid] = _float("logit_bias", v, lo=-MAX_LOGIT_BIAS, hi=MAX_LOGIT_BIAS)
+    return out or None

@@ -1,6 +1,7 @@
 """The sampler: one token per row from a [B, V] batch of logits, in vLLM v1's order.
 
-    min_tokens mask -> repetition penalty -> presence/frequency penalties -> (greedy: argmax)
+    allowed tokens (structured-output bitmask, allowed_token_ids) -> logit_bias -> min_tokens mask
+    -> repetition penalty -> presence/frequency penalties -> (greedy: argmax)
     -> temperature -> min_p -> top_k -> top_p -> draw
 
 Cost is what matters here (it runs every decode step over B x 152k logits), so:
@@ -49,6 +50,8 @@ class SamplingRow:
     prompt_token_ids: TokenIds
     output_token_ids: TokenIds
     generator: torch.Generator | None = None  # from make_generator when params.seed is set
+    # allowed next tokens of a structured-output row: int32 words, bit i of word w = token 32w + i
+    token_bitmask: torch.Tensor | None = None
 
 
 @dataclass
@@ -127,7 +130,8 @@ class Sampler:
     def apply_processors(
         self, logits: torch.Tensor, rows: list[SamplingRow], eos: Sequence[int] = ()
     ) -> torch.Tensor:
-        """min_tokens masking and penalties, applied to a copy of ``logits`` (never to ``logits``).
+        """Allowed-token masks, logit_bias, min_tokens masking and penalties, applied to a copy of
+        ``logits`` (never to ``logits``).
 
         Returns ``logits`` itself (as float32) when no row needs any. The copy is a workspace buffer
         that the next call overwrites: clone it to keep it.
@@ -138,11 +142,30 @@ class Sampler:
         min_tok = [i for i, r in enumerate(rows) if len(r.output_token_ids) < ps[i].min_tokens]
         rep = [i for i, p in enumerate(ps) if p.repetition_penalty != 1.0]
         pres_freq = [i for i, p in enumerate(ps) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
-        if not (min_tok or rep or pres_freq):
+        bitmasks = [(i, r.token_bitmask) for i, r in enumerate(rows) if r.token_bitmask is not None]
+        masked = [i for i, _ in bitmasks]
+        allowed = [i for i, p in enumerate(ps) if p.allowed_token_ids is not None]
+        bias = [i for i, p in enumerate(ps) if p.logit_bias]
+        if not (min_tok or rep or pres_freq or masked or allowed or bias):
             return logits if logits.dtype == torch.float32 else logits.float()
 
         x = self._ws.get("x", (B, V), torch.float32, dev)
         x.copy_(logits)
+        if masked:
+            words = torch.stack([m for _, m in bitmasks]).to(dev)
+            apply_token_bitmask(x, words, torch.tensor(masked, device=dev) if len(masked) < B else None)
+        if allowed:
+            keep = torch.zeros(len(allowed), V, dtype=torch.bool, device=dev)
+            for j, i in enumerate(allowed):
+                ids_ok = [t for t in (ps[i].allowed_token_ids or []) if t < V]
+                keep[j, torch.tensor(ids_ok, dtype=torch.long, device=dev)] = True
+            a = torch.tensor(allowed, device=dev)
+            x[a] = x[a].masked_fill(~keep, float("-inf"))
+        for i in bias:
+            b = ps[i].logit_bias or {}
+            tid = torch.tensor([t for t in b if t < V], dtype=torch.long, device=dev)
+            val = torch.tensor([v for t, v in b.items() if t < V], dtype=torch.float32, device=dev)
+            x[i].index_add_(0, tid, val)
         if min_tok:
             # vLLM: stop_token_ids always, EOS unless ignore_eos; ids past the vocab can never be drawn.
             # (stop_token_ids is a list after SamplingParams.__post_init__; ``or []`` tells the checker.)
@@ -283,6 +306,20 @@ class Sampler:
             top = list(zip(top_tok[j][:k], top_lps[j][:k]))
             result[i] = TokenLogprobs(token_id=chosen_ids[j], logprob=lp, rank=rk, top=top)
         return result
+
+
+def apply_token_bitmask(x: torch.Tensor, words: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """Set to -inf the logits of tokens whose bit is clear: ``words[j]`` masks row ``rows[j]`` of ``x``
+    (every row when ``rows`` is None). ``words`` are int32, bit i of word w = token 32w + i (xgrammar's
+    layout); bits past the vocabulary are ignored. Pure torch, so the same on CPU and CUDA."""
+    V = x.shape[1]
+    shifts = torch.arange(32, dtype=torch.int32, device=x.device)
+    bits = ((words[:, :, None] >> shifts) & 1).reshape(words.shape[0], -1)[:, :V]
+    refused = bits == 0
+    if rows is None:
+        x.masked_fill_(refused, float("-inf"))
+    else:
+        x[rows] = x[rows].masked_fill(refused, float("-inf"))
 
 
 # ----- draws: inverse CDF, one uniform per row ----------------------------------------------------

@@ -9,12 +9,16 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError as PydanticValidationError
 
 import forwardpass
 from forwardpass.engine.async_engine import AsyncLLMEngine
 from forwardpass.errors import EngineDeadError, ValidationError
 from forwardpass.server import errors
+from forwardpass.server.chat_page import chat_page_router
 from forwardpass.server.config import ServerConfig
 from forwardpass.server.dashboard import dashboard_router
 from forwardpass.server.metrics import ServerMetrics
@@ -59,12 +63,15 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
         except ClientDisconnected:
             return Response(status_code=499)
 
+    # llama.cpp's server answers the OpenAI routes without the /v1 prefix too; so do we (out of the schema).
     @app.post("/v1/completions", response_model=CompletionResponse, responses={**_ERRORS, 200: {"content": _SSE}})
+    @app.post("/completions", response_model=CompletionResponse, include_in_schema=False)
     async def completions(req: CompletionRequest, request: Request) -> Response | dict[str, Any]:
         return await run(serving.completions(req, request))
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
               responses={**_ERRORS, 200: {"content": _SSE}})
+    @app.post("/chat/completions", response_model=ChatCompletionResponse, include_in_schema=False)
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response | dict[str, Any]:
         return await run(serving.chat(req, request))
 
@@ -72,7 +79,34 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
 
     # Routes that return plain dicts say ``response_model=None``: their return annotation is for the type
     # checker only, not a response model for FastAPI to validate against and publish.
+    @app.post("/invocations", responses=_ERRORS, response_model=None)
+    async def invocations(request: Request) -> Response | dict[str, Any]:
+        """vLLM's (SageMaker's) one route: a body with ``messages`` is a chat request, else a completion."""
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            raise ValidationError(f"the request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise ValidationError("the request body must be a JSON object")
+        try:
+            if "messages" in body:
+                return await run(serving.chat(ChatCompletionRequest.model_validate(body), request))
+            return await run(serving.completions(CompletionRequest.model_validate(body), request))
+        except PydanticValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+
+    @app.get("/props", response_model=None)
+    async def props() -> dict[str, Any]:
+        """llama.cpp's server properties (what its web UI and clients read)."""
+        tok = engine.tokenizer
+        return {"default_generation_settings": {"n_ctx": engine.max_model_len, "model": config.default_model},
+                "total_slots": config.max_num_seqs, "model_alias": config.default_model,
+                "model_path": config.default_model,  # never a filesystem path
+                "chat_template": (tok.chat_template or "") if tok is not None else "",
+                "build_info": f"forwardpass {forwardpass.__version__}", "modalities": {"vision": False}}
+
     @app.get("/v1/models", response_model=None)
+    @app.get("/models", response_model=None, include_in_schema=False)
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "forwardpass",
@@ -108,7 +142,10 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
             if not req.prompt:
                 return {"tokens": [], "count": 0, "max_model_len": engine.max_model_len}
             ids = await serving.encode_async(req.prompt, req.add_special_tokens, for_generation=False)
-        body = {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
+        body: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
+        if req.return_token_strs and engine.tokenizer is not None:
+            tok = engine.tokenizer
+            body["token_strs"] = [tok.id_to_token(t) for t in ids]
         # a million ids: encoded in a worker too, not by FastAPI's per-item encoder on the event loop
         return Response(await serving.off_loop(json.dumps, body), media_type="application/json")
 
@@ -132,9 +169,13 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
             return {**info, "num_unfinished_front_end": engine.num_unfinished}
 
     app.include_router(dashboard_router(engine))  # /dashboard, /dashboard/state, /dashboard/events
+    app.include_router(chat_page_router())  # / : the web chat page (talks to /v1/chat/completions)
 
     # Outermost first: the key check, then the body limit, both before anything is parsed.
     app.add_middleware(BodyLimitMiddleware, limit=config.max_request_bytes, read_timeout_s=config.read_timeout_s)
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    if config.allowed_origins:  # outermost: a CORS preflight is answered before the key check
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], allow_credentials=False)
     return app

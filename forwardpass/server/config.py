@@ -34,6 +34,9 @@ class ServerConfig:
     template_time_limit_s: float = 2.0  # chat-template render time limit (400 above)
     template_max_chars: int = 8 << 20  # chat-template output-size limit (400 above)
     text_workers: int = 2  # threads for tokenization, detokenization and templates
+    allowed_origins: list[str] = field(default_factory=list)  # CORS (llama.cpp's habit); empty: no CORS headers
+    max_num_seqs: int = 64  # reported by /props (llama.cpp's total_slots)
+    reasoning_parser: str | None = None  # "qwen3" | "deepseek_r1": <think>...</think> -> reasoning_content
 
     @property
     def default_model(self) -> str:

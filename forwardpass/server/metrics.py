@@ -28,6 +28,7 @@ disable_created_metrics()  # no *_created series next to every counter and histo
 
 P = "forwardpass:"
 _LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 _ITL = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 
@@ -71,6 +72,24 @@ class ServerMetrics:
         self.mbu = g("model_bandwidth_utilization", "last step's bytes/s over the device's bandwidth (0..1)")
         self.flops_total = Counter(P + "step_flops", "FLOPs of all steps", list(lbl), registry=r).labels(**lbl)
         self.bytes_total = Counter(P + "step_bytes", "bytes moved by all steps", list(lbl), registry=r).labels(**lbl)
+        # vLLM's series, under its own names too (dashboards built for vLLM read these), and ours
+        self.vllm: dict[str, list[Histogram]] = {}
+
+        def both(name: str, doc: str, buckets: Sequence[float]) -> None:
+            self.vllm[name] = [Histogram(prefix + name, doc, list(lbl), buckets=buckets, registry=r).labels(**lbl)
+                               for prefix in (P, "vllm:")]
+
+        both("time_per_output_token_seconds", "TPOT: (last token - first token) / (tokens - 1)", _ITL)
+        both("request_prompt_tokens", "prompt tokens per request", _TOKENS)
+        both("request_generation_tokens", "generated tokens per request", _TOKENS)
+        both("request_prefill_time_seconds", "first scheduled to first token", _LATENCY)
+        both("request_decode_time_seconds", "first token to last token", _LATENCY)
+        both("request_inference_time_seconds", "first scheduled to last token", _LATENCY)
+        self.prefix_queries = [Counter(prefix + "prefix_cache_queries", "prompt tokens looked up in the prefix cache",
+                                       list(lbl), registry=r).labels(**lbl) for prefix in (P, "vllm:")]
+        self.prefix_hits = [Counter(prefix + "prefix_cache_hits", "prompt tokens found in the prefix cache",
+                                    list(lbl), registry=r).labels(**lbl) for prefix in (P, "vllm:")]
+        self._prefix_seen = (0, 0)
         from forwardpass.server.dashboard.state import engine_peaks
 
         self.peaks = engine_peaks(engine)[0]
@@ -87,6 +106,14 @@ class ServerMetrics:
             self.mbu.set(record.achieved_bytes_per_s / self.peaks.bandwidth)
         if record.num_preemptions:
             self.preemptions.inc(record.num_preemptions)
+        q, hits = record.prefix_cache_queries, record.prefix_cache_hits  # cumulative in the records
+        dq, dh = q - self._prefix_seen[0], hits - self._prefix_seen[1]
+        if dq >= 0 and dh >= 0:
+            for c in self.prefix_queries:
+                c.inc(dq)
+            for c in self.prefix_hits:
+                c.inc(dh)
+        self._prefix_seen = (q, hits)
 
     def on_finish(self, out: RequestOutput, timing: RequestTiming) -> None:
         self.ended.labels(**self.labels, status=timing.status).inc()
@@ -104,6 +131,23 @@ class ServerMetrics:
         m = out.metrics
         if m is not None and m.first_scheduled_time is not None:
             self.queue.observe(max(0.0, m.first_scheduled_time - m.arrival_time))
+        num_gen = sum(len(c.token_ids) for c in out.outputs)
+        self._observe("request_prompt_tokens", len(out.prompt_token_ids or ()))
+        self._observe("request_generation_tokens", num_gen)
+        first, last = timing.first_token, timing.last_token or timing.first_token
+        if first is not None and last is not None:
+            if num_gen > 1:
+                self._observe("time_per_output_token_seconds", (last - first) / (num_gen - 1))
+            self._observe("request_decode_time_seconds", last - first)
+            if m is not None and m.first_scheduled_time is not None:
+                # the engine's queue time (its own clock) placed on the front end's clock
+                sched = timing.arrival + max(0.0, m.first_scheduled_time - m.arrival_time)
+                self._observe("request_prefill_time_seconds", max(0.0, first - sched))
+                self._observe("request_inference_time_seconds", max(0.0, last - sched))
+
+    def _observe(self, name: str, value: float) -> None:
+        for hist in self.vllm[name]:
+            hist.observe(value)
 
     def render(self) -> bytes:
         s = self.engine.snapshot

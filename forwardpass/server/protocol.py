@@ -6,11 +6,13 @@ and documented by the response models at the end of this file.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal, Self, TypeGuard, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from forwardpass.sampling.params import MAX_TOKENS, MAX_TOP_K
+from forwardpass.errors import ValidationError
+from forwardpass.sampling.params import MAX_LOGIT_BIAS, MAX_TOKENS, MAX_TOP_K
 from forwardpass.server.config import (
     MAX_LOGPROBS,
     MAX_MESSAGES,
@@ -19,6 +21,7 @@ from forwardpass.server.config import (
     MAX_STOP_LENGTH,
     MAX_STOP_STRINGS,
 )
+from forwardpass.structured.params import MAX_CHOICES, StructuredOutputsParams
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
@@ -58,6 +61,45 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage on every chunk too
+
+
+class JsonSchemaFormat(_Strict):
+    name: Annotated[str, Field(max_length=256)] = "schema"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's ``response_format``: text, any JSON object, or JSON that follows a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> Self:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema object")
+        return self
+
+
+class StructuredOutputsRequest(_Strict):
+    """vLLM's ``structured_outputs``: exactly one constraint."""
+
+    json_: str | dict[str, Any] | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1, max_length=MAX_CHOICES)] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_fallback: bool = False  # accepted for vLLM clients; there is one backend (xgrammar)
+    disable_additional_properties: bool = False  # accepted for vLLM clients; schemas are used as given
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
 
 class _SamplingRequest(_Strict):
@@ -77,14 +119,73 @@ class _SamplingRequest(_Strict):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
     user: str | None = Field(None, max_length=256)
-    logit_bias: dict[str, float] | None = Field(None, description="not supported: must be empty")
+    logit_bias: dict[str, float] | None = Field(
+        None, max_length=1 << 16, description="token id (as a string) -> bias in [-100, 100] added to its logit")
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=1 << 20)] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: str | dict[str, Any] | None = Field(None, description="older vLLM form of structured_outputs.json")
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1, max_length=MAX_CHOICES)] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = Field(None, description="ignored: xgrammar is the only backend")
+
+    return_tokens_as_token_ids: bool = False  # vLLM: logprob tokens as "token_id:N" (no decoding)
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> Self:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
+        return self
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("logit_bias is not supported by this server")
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for k, bias in (v or {}).items():
+            if not (k.isascii() and k.isdigit() and len(k) <= 10):
+                raise ValueError(f"logit_bias keys must be token ids (digit strings); got {k!r:.40}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias values must be in [-100, 100]; token {k} has {bias}")
         return v
+
+    def _extra_constraint(self) -> dict[str, Any] | None:
+        return None
+
+    def logit_bias_ids(self) -> dict[int, float] | None:
+        return {int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """The request's one output constraint (validated by xgrammar: a 400 says what is wrong), or None."""
+        forms: dict[str, dict[str, Any]] = {}
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            forms["response_format"] = {"json_object": True}
+        elif rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
+            schema = rf.json_schema.schema_
+            forms["response_format"] = {"json": schema} if schema is not None else {"json_object": True}
+        if self.structured_outputs is not None:
+            so = self.structured_outputs
+            forms["structured_outputs"] = {
+                "json": so.json_, "regex": so.regex, "choice": so.choice, "grammar": so.grammar,
+                "json_object": bool(so.json_object), "structural_tag": so.structural_tag,
+                "disable_any_whitespace": so.disable_any_whitespace}
+        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                          ("guided_grammar", "grammar")):
+            if getattr(self, name) is not None:
+                forms[name] = {key: getattr(self, name)}
+        if (extra := self._extra_constraint()) is not None:
+            forms["tool_choice"] = extra
+        if not forms:
+            return None
+        if len(forms) > 1:
+            raise ValidationError(f"give one output constraint, not several: {', '.join(forms)}",
+                                  param=next(iter(forms)))
+        name, kwargs = next(iter(forms.items()))
+        try:
+            return StructuredOutputsParams(**kwargs)
+        except ValidationError as exc:  # name the request's own field
+            raise type(exc)(exc.message.replace("structured_outputs", name, 1) if name != "structured_outputs"
+                            else exc.message, param=name if name != "structured_outputs" else exc.param) from None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -102,8 +203,8 @@ class CompletionRequest(_SamplingRequest):
 
     @model_validator(mode="after")
     def _unsupported(self) -> Self:
-        if self.echo:
-            raise ValueError("echo is not supported by this server")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs (the prompt's logprobs) is not supported yet")
         if self.suffix:
             raise ValueError("suffix is not supported by this server")
         if self.best_of is not None and self.best_of != self.n:
@@ -134,6 +235,18 @@ class ChatMessage(_Strict):
     content: str | list[TextPart] | None = Field(None, description="text, or a list of text parts")
     name: Annotated[str, Field(max_length=256)] | None = None
     tool_call_id: Annotated[str, Field(max_length=256)] | None = None
+    tool_calls: Annotated[list[dict[str, Any]], Field(max_length=128)] | None = None
+    reasoning_content: str | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it (tool-call arguments as objects, as vLLM passes them)."""
+        d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        for key in ("name", "tool_call_id", "reasoning_content"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
+        if self.tool_calls is not None:
+            d["tool_calls"] = [_with_parsed_arguments(c) for c in self.tool_calls]
+        return d
 
     def text(self) -> str:
         if self.content is None:
@@ -143,33 +256,98 @@ class ChatMessage(_Strict):
         return "\n".join(part.text for part in self.content)
 
 
+#: template variables the server sets itself
+RESERVED_TEMPLATE_NAMES = {"messages", "add_generation_prompt", "time_limit_s", "max_output_chars", "tools",
+                           "bos_token", "eos_token", "unk_token", "pad_token"}
+
+
+def _with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call.get("function")
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            return {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+        except ValueError:
+            pass
+    return call
+
+
+class ToolFunction(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class NamedFunction(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="deprecated alias of max_completion_tokens")
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM: the last (assistant) message is continued, not closed
+    echo: bool = False  # vLLM: the response starts with the last message's content (when its role is assistant)
     chat_template: str | None = Field(None, description="refused: the model's own template is always used")
-    chat_template_kwargs: dict[str, Any] | None = Field(None, description="refused")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, max_length=64, description="extra template variables, e.g. {\"enable_thinking\": false}")
 
     @model_validator(mode="after")
     def _unsupported(self) -> Self:
-        if self.chat_template is not None or self.chat_template_kwargs is not None:
-            raise ValueError("request-supplied chat templates (chat_template, chat_template_kwargs) are refused; "
+        if self.chat_template is not None:
+            raise ValueError("request-supplied chat templates (chat_template) are refused; "
                              "the model's own chat template is used")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message needs add_generation_prompt: false")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ValueError("continue_final_message needs the last message to be the assistant's")
+        reserved = set(self.chat_template_kwargs or ()) & RESERVED_TEMPLATE_NAMES
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=true")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ValueError("response_format other than {'type': 'text'} is not supported")
-        if self.tools:
-            raise ValueError("tools are not supported by this server")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise ValueError("tool_choice is not supported by this server")
+        names = [t.function.name for t in self.tools or []]
+        if self.tool_choice is not None and self.tool_choice != "none" and not names:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not in tools")
         return self
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def tool_mode(self) -> str | None:
+        """None (no tool parsing), "auto" (parse <tool_call> blocks) or "forced" (required / a named tool)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return "auto" if self.tool_choice in (None, "auto") else "forced"
+
+    def _extra_constraint(self) -> dict[str, Any] | None:
+        from forwardpass.server.tools import required_schema
+
+        if self.tool_mode() != "forced" or not self.tools:
+            return None
+        if isinstance(self.tool_choice, NamedToolChoice):
+            name = self.tool_choice.function.name
+            tool = next(t for t in self.tools if t.function.name == name)
+            return {"json": tool.function.parameters or {"type": "object"}}
+        return {"json": required_schema(self.tool_dicts() or [])}
 
 
 class TokenizeRequest(_Strict):
@@ -178,6 +356,7 @@ class TokenizeRequest(_Strict):
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    return_token_strs: bool = False  # vLLM: the token strings too
 
     @model_validator(mode="after")
     def _one_of(self) -> Self:
@@ -216,16 +395,29 @@ class CompletionResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    reasoning_content: str | None = Field(None, description="with --reasoning-parser: the <think> part")
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: dict[str, Any] | None = None
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
     stop_reason: int | str | None = None
 
 

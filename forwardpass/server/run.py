@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from forwardpass.engine.async_engine import AsyncLLMEngine, EngineSpec
 from forwardpass.errors import EngineDeadError
@@ -26,7 +26,12 @@ logger = logging.getLogger(__name__)
 
 
 def run_server(spec: EngineSpec, config: ServerConfig, *, host: str = "127.0.0.1", port: int = 8000,
-               backend: str = "process", max_queued_requests: int = 1024, log_level: str = "info") -> None:
+               backend: str = "process", max_queued_requests: int = 1024, log_level: str = "info",
+               sockets: list[socket.socket] | None = None,
+               on_started: Callable[[AsyncLLMEngine], None] | None = None, access_log: bool | None = None) -> None:
+    """``sockets``: already-bound listening sockets to serve on (``serve`` binds before loading, so a busy
+    port fails fast); ``on_started(engine)`` runs once the engine is up and the server listens (the
+    banner); ``access_log`` one line per request (default: only at debug level)."""
     import uvicorn
 
     from forwardpass.server.app import build_app
@@ -39,6 +44,11 @@ def run_server(spec: EngineSpec, config: ServerConfig, *, host: str = "127.0.0.1
                 # uvicorn re-raises the SIGTERM it handled, so the process would die "killed by signal";
                 # a graceful stop is a clean exit here.
                 self._captured_signals.clear()
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and on_started is not None:
+                on_started(engine)
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             async def end_streams() -> None:
@@ -60,8 +70,8 @@ def run_server(spec: EngineSpec, config: ServerConfig, *, host: str = "127.0.0.1
         app, host=host, port=port, log_level=log_level, timeout_keep_alive=5,
         # uvicorn annotates this ``int | None`` but only hands it to asyncio.wait_for, which takes a float.
         timeout_graceful_shutdown=config.shutdown_timeout_s + SHUTDOWN_GRACE_S,  # type: ignore[arg-type]
-        access_log=log_level == "debug"))
-    server.run()
+        access_log=log_level == "debug" if access_log is None else access_log))
+    server.run(sockets=sockets)
     if not server.started:
         from forwardpass.errors import ForwardpassError
 

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
+from pydantic import BaseModel
 
 from forwardpass.engine.async_engine import AsyncLLMEngine, RequestStream
 from forwardpass.engine.outputs import CompletionOutput, Logprob, RequestOutput
@@ -29,10 +30,12 @@ from forwardpass.errors import (
 )
 from forwardpass.loader.chat_template import ChatTemplateLimitError
 from forwardpass.sampling.params import SamplingParams
+from forwardpass.server.chat_output import ChatOutputParser
 from forwardpass.server.config import MAX_SEQS_PER_REQUEST, ServerConfig
 from forwardpass.server.errors import sse_error
 from forwardpass.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from forwardpass.server.sse import SSEResponse
+from forwardpass.structured.params import StructuredOutputsParams
 
 if TYPE_CHECKING:
     from forwardpass.loader.tokenizer import Tokenizer
@@ -85,7 +88,8 @@ class Serving:
         return name, self.config.models[name]
 
     def sampling_params(self, req: CompletionRequest | ChatCompletionRequest, prompt_len: int,
-                        max_tokens: int | None, logprobs: int | None, what: str) -> SamplingParams:
+                        max_tokens: int | None, logprobs: int | None, what: str,
+                        structured: StructuredOutputsParams | None = None) -> SamplingParams:
         limit = self.engine.max_model_len
         if prompt_len >= limit:
             raise ContextLengthError(
@@ -100,6 +104,11 @@ class Serving:
                 f"{what} or max_tokens", param="max_tokens")
         d = self.engine.default_sampling_params()
         vocab = self.engine.vocab_size
+        for name, ids in (("logit_bias", list(req.logit_bias_ids() or ())), ("allowed_token_ids",
+                                                                             req.allowed_token_ids or [])):
+            if bad := [t for t in ids if t >= vocab]:
+                raise SamplingParamsError(f"{name}: token id {bad[0]} is not in the vocabulary [0, {vocab})",
+                                          param=name)
         if req.top_k is not None and req.top_k > vocab:
             raise SamplingParamsError(f"top_k must be -1 or 0 (disabled), or in [1, {vocab}] (the vocabulary "
                                       f"size), got {req.top_k}", param="top_k")
@@ -113,7 +122,8 @@ class Serving:
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
             repetition_penalty=pick(req.repetition_penalty, d.repetition_penalty), seed=req.seed, stop=req.stop,
             max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens), ignore_eos=req.ignore_eos,
-            logprobs=logprobs)
+            logprobs=logprobs, logit_bias=req.logit_bias_ids(), allowed_token_ids=req.allowed_token_ids,
+            structured_outputs=structured)
 
     def _check_text_length(self, text: str, what: str) -> None:
         """Before tokenizing: a text too long to fit the context window whatever its tokens (each token
@@ -144,14 +154,22 @@ class Serving:
             raise ValidationError("the prompt is empty after tokenization", param="prompt")
         return ids
 
-    def chat_prompt_blocking(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    def chat_prompt_blocking(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
+                             template_kwargs: dict[str, Any] | None = None, continue_final: bool = False) -> list[int]:
         tok = self.engine.tokenizer
         if tok is None:
             raise ValidationError("this model has no tokenizer, so it has no chat template", param="messages")
-        conv = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+        conv = [m.template_dict() for m in messages]
         text = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
                                        time_limit_s=self.config.template_time_limit_s,
-                                       max_output_chars=self.config.template_max_chars)
+                                       max_output_chars=self.config.template_max_chars, **(template_kwargs or {}))
+        if continue_final:  # as transformers does: cut what the template wrote after the last message's text
+            last = messages[-1].text()
+            at = text.rfind(last) if last else -1
+            if at < 0:
+                raise ValidationError("continue_final_message: the template did not render the last message's "
+                                      "text as given", param="messages")
+            text = text[:at + len(last)]
         self._check_text_length(text, "messages")
         ids = tok.encode(text, add_special_tokens=False)  # the template wrote any BOS it wants
         if not ids:
@@ -164,9 +182,11 @@ class Serving:
             return self.encode(prompt)
         return await self.off_loop(self.encode, prompt, add_special_tokens, for_generation)
 
-    async def chat_prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    async def chat_prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
+                          template_kwargs: dict[str, Any] | None = None, continue_final: bool = False) -> list[int]:
         try:  # the template checks its own deadline; this one also covers time spent waiting for a worker
-            return await self.off_loop(self.chat_prompt_blocking, messages, add_generation_prompt,
+            return await self.off_loop(self.chat_prompt_blocking, messages, add_generation_prompt, template_kwargs,
+                                       continue_final,
                                        timeout=self.config.template_time_limit_s + 10, pool=self._templates)
         except TimeoutError:
             raise ChatTemplateLimitError(f"rendering the chat template took longer than "
@@ -188,44 +208,75 @@ class Serving:
     async def completions(self, req: CompletionRequest, request: Request) -> SSEResponse | dict[str, Any]:
         model, lora = self.resolve_model(req.model)
         self.check_capacity(len(req.prompts()) * req.n)
+        structured = await self.off_loop(req.structured)  # a large schema is parsed off the event loop
         prompts = [await self.encode_async(p) for p in req.prompts()]
-        params = [self.sampling_params(req, len(p), req.max_tokens, req.logprobs, "prompt") for p in prompts]
+        params = [self.sampling_params(req, len(p), req.max_tokens, req.logprobs, "prompt", structured)
+                  for p in prompts]
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = await self.admit(prompts, params, rid, lora)
-        ctx = _Ctx(rid, model, int(time.time()), req.n, self.engine.tokenizer, top_k=req.logprobs or 0)
+        ctx = _Ctx(rid, model, int(time.time()), req.n, self.engine.tokenizer, top_k=req.logprobs or 0,
+                   as_ids=req.return_tokens_as_token_ids)
+        if req.echo:  # each choice's text starts with its prompt's text
+            ctx.echo_prompts = [p if isinstance(p, str) else await self.off_loop(self._decode, p)
+                                for p in req.prompts()]
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
+            ctx.continuous_usage = bool(req.stream_options and req.stream_options.continuous_usage_stats)
             return SSEResponse(self._stream(streams, ctx, usage, _completion_chunks))
         finals = await self._collect(streams, request)
         choices: list[dict[str, Any]] = []
         for i, out in enumerate(finals):
             for c in out.outputs:
-                choices.append({"index": i * req.n + c.index, "text": c.text,
-                                "logprobs": (_completion_logprobs(c.logprobs, 0, req.logprobs)
+                echo = ctx.echo_prompts[i] if ctx.echo_prompts else ""
+                choices.append({"index": i * req.n + c.index, "text": echo + c.text,
+                                "logprobs": (_completion_logprobs(c.logprobs, 0, req.logprobs, ctx.as_ids, ctx.skipped)
                                              if req.logprobs is not None and c.logprobs is not None
                                              else None),
                                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
         return {"id": rid, "object": "text_completion", "created": ctx.created, "model": model, "choices": choices,
                 "usage": _usage(finals), "system_fingerprint": None}
 
+    def _decode(self, ids: list[int]) -> str:
+        tok = self.engine.tokenizer
+        return tok.decode(ids) if tok is not None else ""
+
     # ----- /v1/chat/completions ------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest, request: Request) -> SSEResponse | dict[str, Any]:
         model, lora = self.resolve_model(req.model)
         self.check_capacity(req.n)
-        ids = await self.chat_prompt(req.messages)
+        structured = await self.off_loop(req.structured)
+        thinking = (req.chat_template_kwargs or {}).get("enable_thinking") is not False
+        tok = self.engine.tokenizer
+        if structured is not None and self.config.reasoning_parser is not None and thinking and tok is not None:
+            # the constraint applies to the answer: after the reasoning's closing tag
+            structured.reasoning_end = tuple(tok.encode("</think>", add_special_tokens=False))
+        kwargs = {**(req.chat_template_kwargs or {}), **({"tools": req.tool_dicts()} if req.tools else {})}
+        ids = await self.chat_prompt(req.messages, req.add_generation_prompt, kwargs, req.continue_final_message)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         k = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, len(ids), max_tokens, k, "messages")
+        params = self.sampling_params(req, len(ids), max_tokens, k, "messages", structured)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self.admit([ids], [params], rid, lora)
-        ctx = _Ctx(rid, model, int(time.time()), req.n, self.engine.tokenizer, top_k=req.top_logprobs or 0)
+
+        def parser() -> ChatOutputParser:
+            choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, BaseModel) else req.tool_choice
+            return ChatOutputParser(self.config.reasoning_parser, req.tool_mode(), choice,
+                                    req.parallel_tool_calls is not False)
+
+        echo = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
+        ctx = _Ctx(rid, model, int(time.time()), req.n, self.engine.tokenizer, top_k=req.top_logprobs or 0,
+                   parser=parser, as_ids=req.return_tokens_as_token_ids, echo=echo)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
+            ctx.continuous_usage = bool(req.stream_options and req.stream_options.continuous_usage_stats)
             return SSEResponse(self._stream(streams, ctx, usage, _chat_chunks))
         out = (await self._collect(streams, request))[0]
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": _chat_logprobs(c.logprobs, ctx.top_k) if req.logprobs else None,
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in out.outputs]
+        choices = []
+        for c in out.outputs:
+            p = parser()
+            choices.append({"index": c.index, "message": p.message(echo + c.text),
+                            "logprobs": _chat_logprobs(c.logprobs, ctx.top_k, ctx.as_ids) if req.logprobs else None,
+                            "finish_reason": p.finish_reason(c.finish_reason), "stop_reason": c.stop_reason})
         return {"id": rid, "object": "chat.completion", "created": ctx.created, "model": model, "choices": choices,
                 "usage": _usage([out]), "system_fingerprint": None}
 
@@ -260,14 +311,17 @@ class Serving:
             if make_chunks is _chat_chunks:  # the role comes first, once per choice
                 for j in range(ctx.n):
                     yield ctx.sse(ctx.chunk("chat.completion.chunk", [{
-                        "index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                        "index": j, "delta": {"role": "assistant", "content": ctx.echo}, "logprobs": None,
                         "finish_reason": None}], include_usage))
             async for i, out in _merge(streams):
-                for choice in make_chunks(ctx, i, out):
-                    yield ctx.sse(ctx.chunk(
-                        "chat.completion.chunk" if make_chunks is _chat_chunks else "text_completion",
-                        [choice], include_usage))
+                chunks = list(make_chunks(ctx, i, out))  # before the fold below: it extends out's lists
                 totals[i] = out if i not in totals else _merged(totals[i], out)
+                for choice in chunks:
+                    d = ctx.chunk("chat.completion.chunk" if make_chunks is _chat_chunks else "text_completion",
+                                  [choice], include_usage)
+                    if include_usage and ctx.continuous_usage:  # vLLM: running totals on every chunk
+                        d["usage"] = _usage(list(totals.values()))
+                    yield ctx.sse(d)
             if include_usage:
                 obj = "chat.completion.chunk" if make_chunks is _chat_chunks else "text_completion"
                 yield ctx.sse({**ctx.chunk(obj, [], False), "usage": _usage(list(totals.values()))})
@@ -284,9 +338,21 @@ class _Ctx:
     """Per-response constants and what has been sent per choice."""
 
     def __init__(self, rid: str, model: str, created: int, n: int, tokenizer: Tokenizer | None,
-                 top_k: int = 0) -> None:
+                 top_k: int = 0, parser: Callable[[], ChatOutputParser] = ChatOutputParser, as_ids: bool = False,
+                 echo: str = "") -> None:
         self.rid, self.model, self.created, self.n, self.tokenizer, self.top_k = rid, model, created, n, tokenizer, top_k
+        self.as_ids, self.echo = as_ids, echo
+        self.continuous_usage = False
+        self.echo_prompts: list[str] = []  # completions with echo: each prompt's text
+        self.skipped = tokenizer.skipped_special_ids if tokenizer is not None else frozenset()
         self.sent_text: dict[int, int] = {}
+        self.make_parser = parser
+        self.parsers: dict[int, ChatOutputParser] = {}  # per chat choice: reasoning and tool-call parsing
+
+    def parser(self, idx: int) -> ChatOutputParser:
+        if idx not in self.parsers:
+            self.parsers[idx] = self.make_parser()
+        return self.parsers[idx]
 
     def chunk(self, obj: str, choices: list[dict[str, Any]], include_usage: bool) -> dict[str, Any]:
         d: dict[str, Any] = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
@@ -309,21 +375,27 @@ class _Ctx:
 def _completion_chunks(ctx: _Ctx, i: int, out: RequestOutput) -> Iterator[dict[str, Any]]:
     for c in out.outputs:
         idx = i * ctx.n + c.index
+        first = idx not in ctx.sent_text
         text, lps, offset, new = ctx.deltas(idx, c)
+        if first and ctx.echo_prompts:
+            text = ctx.echo_prompts[i] + text
         if new or text or c.finish_reason:  # one chunk per step that made tokens, even with no text yet
             yield {"index": idx, "text": text,
-                   "logprobs": _completion_logprobs(lps, offset, ctx.top_k) if lps is not None else None,
+                   "logprobs": _completion_logprobs(lps, offset, ctx.top_k, ctx.as_ids, ctx.skipped) if lps is not None else None,
                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
 
 
 def _chat_chunks(ctx: _Ctx, i: int, out: RequestOutput) -> Iterator[dict[str, Any]]:
     for c in out.outputs:
         text, lps, _, new = ctx.deltas(c.index, c)
-        lp = _chat_logprobs(lps, ctx.top_k) if lps else None
-        if text or new:
-            yield {"index": c.index, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}
+        lp = _chat_logprobs(lps, ctx.top_k, ctx.as_ids) if lps else None
+        parser = ctx.parser(c.index)
+        if text or new or (c.finish_reason and not parser.plain):
+            delta = parser.delta(text, final=c.finish_reason is not None)
+            if delta is not None or lp is not None:
+                yield {"index": c.index, "delta": delta or {}, "logprobs": lp, "finish_reason": None}
         if c.finish_reason:
-            yield {"index": c.index, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason,
+            yield {"index": c.index, "delta": {}, "logprobs": None, "finish_reason": parser.finish_reason(c.finish_reason),
                    "stop_reason": c.stop_reason}
 
 
@@ -345,39 +417,46 @@ def _usage(outs: list[RequestOutput]) -> dict[str, int]:
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
-def _chosen_and_top(d: dict[int, Logprob], k: int) -> tuple[Logprob, list[Logprob]]:
-    """The sampled token's Logprob (the dict's first entry) and the k best by rank."""
-    chosen = next(iter(d.values()))
-    ranked = [(v.rank, v) for v in d.values() if v.rank is not None and 1 <= v.rank <= k]
+def _chosen_and_top(d: dict[int, Logprob], k: int) -> tuple[tuple[int, Logprob], list[tuple[int, Logprob]]]:
+    """The sampled token's (id, Logprob) (the dict's first entry) and the k best by rank."""
+    chosen = next(iter(d.items()))
+    ranked = [(v.rank, (t, v)) for t, v in d.items() if v.rank is not None and 1 <= v.rank <= k]
     ranked.sort(key=lambda rv: rv[0])
-    return chosen, [v for _, v in ranked[:k]]
+    return chosen, [tv for _, tv in ranked[:k]]
 
 
-def _completion_logprobs(entries: LogprobEntries, offset: int, k: int) -> dict[str, Any]:
+def _token_text(tid: int, v: Logprob, as_ids: bool) -> str:
+    """The token as a response shows it: its text, or ``token_id:N`` (vLLM's ``return_tokens_as_token_ids``)."""
+    return f"token_id:{tid}" if as_ids else (v.decoded_token or "")
+
+
+def _completion_logprobs(entries: LogprobEntries, offset: int, k: int, as_ids: bool = False,
+                         skipped: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """``skipped``: special tokens the text leaves out, so they do not move ``text_offset``."""
     tokens: list[str] = []
     lps: list[float] = []
     tops: list[dict[str, float] | None] = []
     offsets: list[int] = []
     for d in entries:
-        chosen, top = _chosen_and_top(d, k)
-        tok = chosen.decoded_token or ""
+        (tid, chosen), top = _chosen_and_top(d, k)
+        tok = _token_text(tid, chosen, as_ids)
         tokens.append(tok)
         lps.append(chosen.logprob)
-        tops.append({(v.decoded_token or ""): v.logprob for v in top} or None)
+        tops.append({_token_text(t, v, as_ids): v.logprob for t, v in top} or None)
         offsets.append(offset)
-        offset += len(tok)
+        offset += 0 if tid in skipped else len(chosen.decoded_token or "")
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _chat_logprobs(entries: LogprobEntries | None, k: int) -> dict[str, Any]:
-    def item(v: Logprob) -> dict[str, Any]:
-        tok = v.decoded_token or ""
-        return {"token": tok, "logprob": v.logprob, "bytes": list(tok.encode("utf-8"))}
+def _chat_logprobs(entries: LogprobEntries | None, k: int, as_ids: bool = False) -> dict[str, Any]:
+    def item(tid: int, v: Logprob) -> dict[str, Any]:
+        tok = _token_text(tid, v, as_ids)
+        return {"token": tok, "logprob": v.logprob, "bytes": list((v.decoded_token or "").encode("utf-8"))}
 
     content: list[dict[str, Any]] = []
     for d in entries or []:
-        chosen, top = _chosen_and_top(d, k)
-        content.append({**item(chosen), "top_logprobs": [item(v) for v in top]})
+        (tid, chosen), top = _chosen_and_top(d, k)
+        content.append({**item(tid, chosen), "top_logprobs": [item(t, v) for t, v in top]})
     return {"content": content}
 
 

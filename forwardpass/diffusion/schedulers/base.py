@@ -33,6 +33,9 @@ class Scheduler:
     UNSUPPORTED: ClassVar[dict[str, Any]] = {}
     #: "flow": state is x_σ = (1−σ)x₀ + σε; "vp": state is √ᾱ x₀ + √(1−ᾱ) ε (DDPM family).
     space: ClassVar[str] = "vp"
+    #: Settings this scheduler takes when it drives a denoiser that predicts the flow-matching velocity
+    #: (``prediction_type = "flow"``); see ``for_model``.
+    FLOW_MODEL_CONFIG: ClassVar[dict[str, Any]] = {}
     init_noise_sigma: float = 1.0
     order = 1
 
@@ -56,6 +59,25 @@ class Scheduler:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Scheduler:
         return cls(**config)
+
+    @classmethod
+    def for_model(cls, model_prediction: str, **config: Any) -> Scheduler:
+        """This scheduler, configured to drive a denoiser that predicts ``model_prediction``, as diffusers'
+        ``Scheduler.from_config(pipe.scheduler.config)`` does when a scheduler is swapped: the model's
+        prediction type decides the settings (``config`` overrides them), or a clear ``ConfigError``."""
+        cls.check_model_prediction(model_prediction)
+        base = cls.FLOW_MODEL_CONFIG if model_prediction == "flow" else {"prediction_type": model_prediction}
+        return cls(**{**base, **config})
+
+    @classmethod
+    def check_model_prediction(cls, model_prediction: str) -> None:
+        """Raise ``ConfigError`` unless this scheduler can step (directly or converted) such a model."""
+        if cls.space == "flow" and model_prediction != "flow":
+            raise ConfigError(
+                f"{cls.__name__} steps a flow-matching velocity, but this denoiser predicts {model_prediction!r}; "
+                "use DDIMScheduler or LCMScheduler with that prediction_type")
+        if cls.space == "vp" and model_prediction not in ("flow", "epsilon", "sample", "v_prediction"):
+            raise ConfigError(f"{cls.__name__} cannot drive a denoiser that predicts {model_prediction!r}")
 
     def to_config(self) -> dict[str, Any]:
         return {"_class_name": type(self).__name__, **self.config}
@@ -103,9 +125,18 @@ def _rescale_zero_terminal_snr(betas: torch.Tensor) -> torch.Tensor:
 
 
 class VPScheduler(Scheduler):
-    """Base for DDPM-family schedulers: builds ``betas``, ``alphas_cumprod`` and ``final_alpha_cumprod``."""
+    """Base for DDPM-family schedulers: builds ``betas``, ``alphas_cumprod`` and ``final_alpha_cumprod``.
+
+    On a flow-matching denoiser the pipeline converts the predicted velocity into what the scheduler asks
+    for (``prediction_type``). ``FLOW_MODEL_CONFIG`` makes the schedule match the flow model's: no clipping
+    of x̂₀ (latents are not bounded by ±1; clipping them draws strokes, not digits), a zero-terminal-SNR
+    noise table (the first step is pure noise, σ = 1, where the flow schedule starts too) and
+    ``v_prediction``, which stays finite at zero SNR where ``epsilon`` would divide by √ᾱ = 0.
+    """
 
     space = "vp"
+    FLOW_MODEL_CONFIG: ClassVar[dict[str, Any]] = {
+        "clip_sample": False, "rescale_betas_zero_snr": True, "prediction_type": "v_prediction"}
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)

@@ -1,0 +1,88 @@
+"""A chat choice's text as the response shows it: reasoning split off (``reasoning_content``), tool calls
+parsed out (``tool_calls``), the rest ``content`` — for whole responses and for streaming deltas.
+
+Order as in vLLM: the reasoning parser first, then the tool parser on what is left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from forwardpass.server.reasoning import ReasoningSplitter, split_reasoning
+from forwardpass.server.tools import ToolCallStreamer, forced_calls, new_call_id, parse_tool_calls
+
+
+@dataclass
+class ChatOutputParser:
+    """``tool_mode``: None, "auto" (parse ``<tool_call>`` blocks) or "forced" (the output is constrained to
+    the calls: ``tool_choice="required"`` or a named tool, given in ``tool_choice``)."""
+
+    reasoning_parser: str | None = None
+    tool_mode: str | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True  # False: only the first call is returned
+    _reasoning: ReasoningSplitter | None = field(default=None, init=False)
+    _tools: ToolCallStreamer | None = field(default=None, init=False)
+    _forced_text: str = field(default="", init=False)
+    num_calls: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.reasoning_parser is not None:
+            self._reasoning = ReasoningSplitter(self.reasoning_parser)
+        if self.tool_mode == "auto":
+            self._tools = ToolCallStreamer()
+
+    @property
+    def plain(self) -> bool:
+        return self.reasoning_parser is None and self.tool_mode is None
+
+    def message(self, text: str) -> dict[str, Any]:
+        """The whole response's message."""
+        msg: dict[str, Any] = {"role": "assistant"}
+        content: str | None = text
+        if self.reasoning_parser is not None:
+            msg["reasoning_content"], content = split_reasoning(self.reasoning_parser, text)
+        calls: list[dict[str, Any]] = []
+        if self.tool_mode == "auto":
+            content, calls = parse_tool_calls(content or "")
+        elif self.tool_mode == "forced":
+            calls, content = forced_calls(self.tool_choice, content or ""), None
+        msg["content"] = content
+        calls = calls if self.parallel_tool_calls else calls[:1]
+        if calls:
+            msg["tool_calls"] = calls
+        self.num_calls = len(calls)
+        return msg
+
+    def delta(self, text: str, final: bool) -> dict[str, Any] | None:
+        """A streaming delta (None when this text completes nothing yet)."""
+        if self.plain:
+            return {"content": text}
+        d: dict[str, Any] = {}
+        content = text
+        if self._reasoning is not None:
+            reasoning, content = self._reasoning.feed(text, final)
+            if reasoning:
+                d["reasoning_content"] = reasoning
+        if self._tools is not None:
+            content, calls = self._tools.feed(content, final)
+            calls = calls if self.parallel_tool_calls else [c for c in calls if c["index"] == 0]
+            if calls:
+                d["tool_calls"] = calls
+                self.num_calls += len(calls)
+        elif self.tool_mode == "forced":
+            self._forced_text += content
+            content = ""
+            if final:
+                calls = forced_calls(self.tool_choice, self._forced_text)
+                if calls:
+                    d["tool_calls"] = [{"index": i, **c, "id": c.get("id") or new_call_id()}
+                                       for i, c in enumerate(calls)]
+                    self.num_calls = len(calls)
+        if content:
+            d["content"] = content
+        return d or None
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return "tool_calls" if reason == "stop" and self.num_calls else reason

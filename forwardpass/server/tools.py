@@ -1,0 +1,123 @@
+"""Tool calls in the Hermes format (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, what Qwen's
+chat templates ask for): parsed out of whole responses and out of streams, and the structured-output
+constraints that enforce ``tool_choice="required"`` and a named tool.
+
+* ``auto``: the model decides; ``<tool_call>`` blocks that hold valid JSON become ``tool_calls``, the
+  rest stays ``content`` (a block that is not valid JSON stays content too, as vLLM does).
+* ``required``: the output is constrained to a JSON array of one or more ``{"name", "parameters"}``
+  objects, one of the given tools each; ``named``: to the named tool's parameters object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+START, END = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any]:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return {"id": call_id or new_call_id(), "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _parse_block(body: str) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    return _call(obj["name"], obj.get("arguments", obj.get("parameters", {})))
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content or None, tool calls) of a whole response."""
+    calls: list[dict[str, Any]] = []
+    kept: list[str] = []
+    pos = 0
+    for m in _BLOCK.finditer(text):
+        call = _parse_block(m.group(1))
+        if call is None:
+            continue
+        kept.append(text[pos:m.start()])
+        calls.append(call)
+        pos = m.end()
+    kept.append(text[pos:])
+    content = "".join(kept).strip() if calls else text
+    return (content or None) if calls else content, calls
+
+
+def forced_calls(tool_choice: Any, text: str) -> list[dict[str, Any]]:
+    """The tool calls of an output constrained by ``required`` (a JSON array) or a named tool (its arguments)."""
+    if isinstance(tool_choice, dict):
+        return [_call(tool_choice["function"]["name"], text)]
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return []
+    return [_call(i["name"], i.get("parameters", {})) for i in items if isinstance(i, dict) and "name" in i]
+
+
+def required_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """JSON array of one or more calls, each naming a given tool and matching its parameters (vLLM's form)."""
+    return {"type": "array", "minItems": 1, "items": {"anyOf": [
+        {"type": "object", "properties": {
+            "name": {"type": "string", "enum": [t["function"]["name"]]},
+            "parameters": t["function"].get("parameters") or {"type": "object"}},
+         "required": ["name", "parameters"]} for t in tools]}}
+
+
+class ToolCallStreamer:
+    """Streaming: text outside ``<tool_call>`` blocks passes through as content (a tail that may start a
+    tag is held back); each complete block becomes one tool-call delta with its index, id, name and
+    arguments."""
+
+    def __init__(self) -> None:
+        self.buf = ""
+        self.inside = False
+        self.calls: list[dict[str, Any]] = []
+
+    def feed(self, delta: str, final: bool = False) -> tuple[str, list[dict[str, Any]]]:
+        self.buf += delta
+        content = ""
+        new: list[dict[str, Any]] = []
+        while True:
+            if not self.inside:
+                i = self.buf.find(START)
+                if i >= 0:
+                    content += self.buf[:i]
+                    self.buf, self.inside = self.buf[i + len(START):], True
+                    continue
+                keep = 0 if final else _partial_tail(self.buf, START)
+                content += self.buf[:len(self.buf) - keep]
+                self.buf = self.buf[len(self.buf) - keep:]
+                break
+            j = self.buf.find(END)
+            if j < 0:
+                if final:  # an unclosed block: give the text back as content
+                    content += START + self.buf
+                    self.buf = ""
+                break
+            call = _parse_block(self.buf[:j].strip())
+            if call is None:
+                content += START + self.buf[:j + len(END)]
+            else:
+                new.append({"index": len(self.calls), **call})
+                self.calls.append(call)
+            self.buf, self.inside = self.buf[j + len(END):], False
+        return content, new
+
+
+def _partial_tail(text: str, tag: str) -> int:
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
