@@ -69,6 +69,8 @@ def load_paged_decode(wait: bool = True):
                 )
             if _background.poll() is None:
                 return None
+        if not _built_library().exists():  # a wait a person notices: say what it is, once
+            logger.warning("compiling the C++ paged-decode kernel (once, ~30 s; cached afterwards)")
         _kernel = _build_and_load()
     except Exception as exc:  # noqa: BLE001 - compiler or headers missing, ...: fall back, loudly once
         _failed = True

@@ -42,6 +42,7 @@ from forwardpass.engine.protocol import (
     StopSamples,
     portable,
 )
+from forwardpass.errors import ForwardpassError
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,10 @@ class EngineLoop:
         try:
             core = build_engine(self.spec)
         except BaseException as exc:
-            logger.exception("engine failed to start")
+            if isinstance(exc, ForwardpassError):  # a bad model or option: the message says it all
+                logger.error("engine failed to start: %s", exc)
+            else:
+                logger.exception("engine failed to start")
             self.emit([StartupFailed(portable(exc))])
             return
         self.core = core
