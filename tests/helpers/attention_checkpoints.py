@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from tests.helpers.checkpoints import BASE
+from tests.helpers.checkpoints import BASE, save_random_model
 
 # name -> (config class, model class, overrides)
 ATTENTION_VARIANTS = {
@@ -41,16 +39,5 @@ ATTENTION_VARIANTS.update({
 
 
 def make_attention_checkpoint(directory: Path, variant: str, seed: int = 0, **overrides) -> Path:
-    import transformers
-
     cfg_cls, model_cls, extra = ATTENTION_VARIANTS[variant]
-    config = getattr(transformers, cfg_cls)(**{**BASE, **extra, **overrides})
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(config).float().eval()
-    with torch.no_grad():
-        for name, buf in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):  # zeros by default: make the bias matter
-                buf.copy_(torch.rand(buf.shape) * 0.5)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    return directory
+    return save_random_model(directory, cfg_cls, model_cls, {**BASE, **extra, **overrides}, seed)

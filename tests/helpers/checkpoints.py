@@ -31,20 +31,33 @@ VARIANTS = {
 }
 
 
-def make_checkpoint(directory: Path, variant: str = "qwen3", seed: int = 0, dtype=torch.float32, **overrides) -> Path:
+def save_random_model(directory: Path, cfg_cls: str, model_cls: str, kwargs: dict, seed: int = 0,
+                      dtype=torch.float32) -> Path:
+    """Build transformers' ``model_cls`` with random weights from ``cfg_cls(**kwargs)`` and save it.
+
+    ``rope_scaling`` is moved into ``rope_parameters`` (transformers >= 5 keeps it there); MoE routers'
+    ``e_score_correction_bias`` buffers (zeros by default) get random values so the bias matters."""
     import transformers
 
-    cfg_cls, model_cls, extra = VARIANTS[variant]
-    kwargs = {**BASE, **extra, **overrides}
+    kwargs = dict(kwargs)
     rope = kwargs.pop("rope_scaling", None)
     config = getattr(transformers, cfg_cls)(**kwargs)
-    if rope is not None:  # transformers >= 5 keeps rope settings in rope_parameters
+    if rope is not None:
         config.rope_parameters = {**rope, "rope_theta": 10000.0}
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(dtype).eval()
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(torch.rand(buf.shape) * 0.5)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     return directory
+
+
+def make_checkpoint(directory: Path, variant: str = "qwen3", seed: int = 0, dtype=torch.float32, **overrides) -> Path:
+    cfg_cls, model_cls, extra = VARIANTS[variant]
+    return save_random_model(directory, cfg_cls, model_cls, {**BASE, **extra, **overrides}, seed, dtype)
 
 
 def random_prompts(n: int, lengths: list[int], vocab: int = 512, seed: int = 0) -> list[list[int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+from tests.helpers.checkpoints import save_random_model
 
 _COMMON = {"vocab_size": 512, "hidden_size": 64, "n_groups": 2, "chunk_size": 16, "conv_kernel": 4, "expand": 2,
            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
@@ -33,16 +33,5 @@ STATE_VARIANTS = {
 
 
 def make_state_checkpoint(directory: Path, variant: str, seed: int = 0, **overrides) -> Path:
-    import transformers
-
     cfg_cls, model_cls, extra = STATE_VARIANTS[variant]
-    config = getattr(transformers, cfg_cls)(**{**_COMMON, **extra, **overrides})
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(config).float().eval()
-    with torch.no_grad():
-        for name, buf in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):  # zeros by default: make the bias matter
-                buf.copy_(torch.rand(buf.shape) * 0.5)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    return directory
+    return save_random_model(directory, cfg_cls, model_cls, {**_COMMON, **extra, **overrides}, seed)
