@@ -166,6 +166,25 @@ class ExpertCheckpointLayout:
     down: str  # ("down_proj" / "w2")
 
 
+QWEN_EXPERT_LAYOUT = ExpertCheckpointLayout(block="mlp", gate="gate_proj", up="up_proj", down="down_proj")
+
+
+def load_expert_stack(param: torch.Tensor, source, block: str, which: str,
+                      layout: ExpertCheckpointLayout = QWEN_EXPERT_LAYOUT) -> None:
+    """Fill one stacked expert parameter (``gate_up_proj [E, 2I, H]`` or ``down_proj [E, H, I]``) from
+    the per-expert tensors ``{block}.experts.{e}.{gate|up|down}.weight`` that ``save_pretrained`` writes."""
+    from forwardpass.loader.weights import load_into
+
+    inter = param.shape[1] // 2  # gate rows, then up rows
+    for e in range(param.shape[0]):
+        prefix = f"{block}.experts.{e}"
+        if which == "gate_up_proj":
+            load_into(param[e, :inter], source, f"{prefix}.{layout.gate}.weight")
+            load_into(param[e, inter:], source, f"{prefix}.{layout.up}.weight")
+        else:
+            load_into(param[e], source, f"{prefix}.{layout.down}.weight")
+
+
 def _first_present(source, names: list[str]) -> str | None:
     return next((n for n in names if n in source), None)
 
@@ -196,14 +215,8 @@ def load_moe_weights(model: nn.Module, source, layout: ExpertCheckpointLayout) -
             load_into(param, source, stacked)
             continue
         block = next((b for b in blocks if f"{b}.experts.0.{layout.down}.weight" in source), blocks[0])
-        num_experts, inter = param.shape[0], sparse[int(m.group(1))].intermediate_size
-        for e in range(num_experts):
-            prefix = f"{block}.experts.{e}"
-            if which == "gate_up_proj":
-                load_into(param[e, :inter], source, f"{prefix}.{layout.gate}.weight")
-                load_into(param[e, inter:], source, f"{prefix}.{layout.up}.weight")
-            else:
-                load_into(param[e], source, f"{prefix}.{layout.down}.weight")
+        num_experts = param.shape[0]
+        load_expert_stack(param, source, block, which, layout)
         extra = f"{block}.experts.{num_experts}.{layout.down}.weight"
         if extra in source:
             raise WeightShapeError(

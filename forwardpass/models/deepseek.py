@@ -36,7 +36,7 @@ from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.mla import latent_attention
 from forwardpass.layers.linear import Linear, linear
 from forwardpass.layers.mlp import GatedMLP
-from forwardpass.layers.moe import FusedMoE, grouped_experts
+from forwardpass.layers.moe import FusedMoE, grouped_experts, load_expert_stack
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_interleaved, yarn_mscale
 from forwardpass.loader.spec import ModelSpec
@@ -189,13 +189,7 @@ class DeepseekV2ForCausalLM(nn.Module):
             if f"{block}.experts.{which}" in source:
                 load_into(param, source, f"{block}.experts.{which}")
                 continue
-            inter = self.spec.expert_intermediate
-            for e in range(param.shape[0]):
-                if which == "gate_up_proj":
-                    load_into(param[e, :inter], source, f"{block}.experts.{e}.gate_proj.weight")
-                    load_into(param[e, inter:], source, f"{block}.experts.{e}.up_proj.weight")
-                else:
-                    load_into(param[e], source, f"{block}.experts.{e}.down_proj.weight")
+            load_expert_stack(param, source, block, which)
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):

@@ -33,7 +33,7 @@ from forwardpass.attention.layer import CachedAttention
 from forwardpass.layers.gdn import gated_delta_chunked, gated_delta_step
 from forwardpass.layers.linear import Linear, MergedLinear, linear
 from forwardpass.layers.mlp import GatedMLP
-from forwardpass.layers.moe import FusedMoE, moe_layers
+from forwardpass.layers.moe import FusedMoE, load_expert_stack, moe_layers
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary
 from forwardpass.layers.ssd import causal_conv, causal_conv_step
 from forwardpass.loader.spec import MIXER_GDN, GDNSpec, ModelSpec
@@ -211,20 +211,13 @@ class Qwen3NextForCausalLM(nn.Module):
         from forwardpass.loader.weights import load_into
         from forwardpass.models.loading import _checkpoint_names
 
-        inter = self.spec.expert_intermediate
         for name, param in self.named_parameters():
             m = _STACKED.match(name)
             if m and (name in source or m.group(2) is None):
                 load_into(param, source, name)
                 continue
             if m:  # per-expert tensors (transformers' save_pretrained un-stacks them)
-                block = name[: name.index(".experts.")]
-                for e in range(param.shape[0]):
-                    if m.group(2) == "gate_up_proj":
-                        load_into(param[e, :inter], source, f"{block}.experts.{e}.gate_proj.weight")
-                        load_into(param[e, inter:], source, f"{block}.experts.{e}.up_proj.weight")
-                    else:
-                        load_into(param[e], source, f"{block}.experts.{e}.down_proj.weight")
+                load_expert_stack(param, source, name[: name.index(".experts.")], m.group(2))
                 continue
             for ckpt, span in _checkpoint_names(self, name):
                 load_into(param if span is None else param[span[0] : span[1]], source, ckpt)
