@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from forwardpass.engine.batch import TokenDelta
 from forwardpass.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
@@ -76,13 +76,7 @@ class RequestState:
     prompt: str | None
     prompt_token_ids: list[int]
     samples: list[SampleState]
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    finished_time: float | None = None
-    num_cached_tokens: int = 0
-    num_preemptions: int = 0
+    metrics: RequestMetrics  # kept up to date by OutputProcessor.process; each output gets a copy
 
     @property
     def finished(self) -> bool:
@@ -108,24 +102,14 @@ class RequestState:
                     stop_reason=s.stop_reason,
                 )
             )
-        finished = self.finished
-        metrics = RequestMetrics(
-            arrival_time=self.arrival_time,
-            first_scheduled_time=self.first_scheduled_time,
-            first_token_time=self.first_token_time,
-            last_token_time=self.last_token_time,
-            finished_time=self.finished_time if finished else None,
-            num_cached_tokens=self.num_cached_tokens,
-            num_preemptions=self.num_preemptions,
-        )
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,  # shared, never mutated
             outputs=completions,
-            finished=finished,
-            metrics=metrics,
-            num_cached_tokens=self.num_cached_tokens,
+            finished=self.finished,
+            metrics=replace(self.metrics),
+            num_cached_tokens=self.metrics.num_cached_tokens,
         )
 
 
@@ -157,7 +141,7 @@ class OutputProcessor:
             prompt,
             prompt_token_ids,
             samples,
-            arrival_time if arrival_time is not None else time.monotonic(),
+            RequestMetrics(arrival_time if arrival_time is not None else time.monotonic()),
         )
         self.requests[request_id] = state
         return state
@@ -179,12 +163,13 @@ class OutputProcessor:
             sample = state.samples[d.index]
             if sample.finished:
                 continue  # a stop string ended it; the core computed a step ahead
-            if state.first_token_time is None:
-                state.first_token_time = now
-            state.last_token_time = now
-            state.first_scheduled_time = d.first_scheduled_time
-            state.num_cached_tokens = d.num_cached_tokens
-            state.num_preemptions = max(state.num_preemptions, d.num_preemptions)
+            m = state.metrics
+            if m.first_token_time is None:
+                m.first_token_time = now
+            m.last_token_time = now
+            m.first_scheduled_time = d.first_scheduled_time
+            m.num_cached_tokens = d.num_cached_tokens
+            m.num_preemptions = max(m.num_preemptions, d.num_preemptions)
             self._append(sample, d)
             if (
                 sample.finish_reason == "stop"
@@ -195,7 +180,7 @@ class OutputProcessor:
             touched[d.request_id] = state
         for rid, state in touched.items():
             if state.finished:
-                state.finished_time = now
+                state.metrics.finished_time = now
                 del self.requests[rid]
         return list(touched.values()), stopped
 
