@@ -369,6 +369,20 @@ def test_plot_writes_a_png_with_the_agg_canvas(tmp_path, llama):
     assert "prefill" in labels and "decode b=1" in labels
 
 
+def test_plot_labels_never_print_over_each_other(llama):
+    from forwardpass.analysis.plot import plot_report
+
+    fig = plot_report(llama)
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(boxes) >= 4  # prefill and decode ops are labelled
+    inside = ax.get_window_extent(renderer)
+    for i, a in enumerate(boxes):
+        assert inside.x0 <= a.x0 and a.x1 <= inside.x1 and inside.y0 <= a.y0 and a.y1 <= inside.y1
+        assert not any(a.overlaps(b) for b in boxes[i + 1 :]), ax.texts[i].get_text()
+
+
 # ----- CLI ----------------------------------------------------------------------------------------
 def _cli(capsys, *argv):
     from forwardpass.cli import main

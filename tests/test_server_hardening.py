@@ -280,6 +280,14 @@ def test_break10_api_key_from_env_and_bearer_case_insensitive(server):
     assert_error(httpx.get(server.url + "/v1/models"), 401)
 
 
+def test_chat_page_loads_without_the_key_and_its_api_calls_need_it(server):
+    """The page's HTML, CSS and JS hold no data: they load without a key, then the page asks for it."""
+    for path in ("/", "/chat/static/chat.js", "/chat/static/chat.css"):
+        assert httpx.get(server.url + path).status_code == 200, path
+    assert_error(httpx.get(server.url + "/chat/static/../../v1/models"), 401)  # no way around the key
+    assert_error(httpx.post(server.url + "/v1/chat/completions", json={"messages": []}), 401)
+
+
 def test_break10_half_sent_body_times_out(server):
     body = json.dumps({"prompt": "hi", "max_tokens": 1}).encode()
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:

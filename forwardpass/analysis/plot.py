@@ -114,20 +114,13 @@ def plot_roofline(
     for p in points:
         if p.annotate:
             clusters.setdefault((p.series, round(math.log10(p.intensity) * 20)), []).append(p)
-    for i, ((_series, _), group) in enumerate(sorted(clusters.items(), key=lambda kv: kv[1][0].intensity)):
+    labels = []
+    for group in sorted(clusters.values(), key=lambda g: g[0].intensity):
         names = list(dict.fromkeys(p.label for p in group))
         text = ", ".join(names[:3]) + (f" +{len(names) - 3}" if len(names) > 3 else "")
-        p = group[0]
-        below = p.stage == "decode"
-        ax.annotate(
-            text,
-            (p.intensity, p.flops_per_s),
-            fontsize=6,
-            xytext=(4, -10 - 8 * (i % 3) if below else 4 + 8 * (i % 3)),
-            textcoords="offset points",
-            color=STAGE_COLOURS.get(p.stage, "tab:gray"),
-        )
+        labels.append((text, group[0]))
 
+    ys = [p.flops_per_s for p in points] + [bw * x_lo, peak]
     ys = [p.flops_per_s for p in points] + [bw * x_lo, peak]
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(10 ** math.floor(math.log10(max(min(ys), 1.0))), peak * 3)
@@ -137,6 +130,7 @@ def plot_roofline(
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
+    _place_labels(fig, ax, labels, points)  # after the layout: labels are placed in final display coordinates
     if path is not None:
         fig.savefig(str(path), format="png")
     return fig
@@ -153,3 +147,36 @@ def plot_report(report: Any, path: str | Path | None = None, extra: list[Point] 
         f"prefill {report.prefill.tokens}, context {report.decode[0].context}"
     )
     return plot_roofline(report.hardware, pts, path, dtype=report.act_dtype, title=title)
+
+
+def _place_labels(fig: Any, ax: Any, labels: list[tuple[str, Point]], points: list[Point]) -> None:
+    """Label each point next to it — prefill labels above the roof line, decode labels below — trying
+    offsets further away (with a leader line back to the point), on either side, until the label
+    overlaps no other label, no point, not the legend and stays inside the axes: no two labels ever
+    print over each other."""
+    from matplotlib.transforms import Bbox
+
+    renderer = fig.canvas.get_renderer()
+    legend = ax.get_legend()
+    taken = [legend.get_window_extent(renderer)] if legend is not None else []
+    for q in points:  # the markers themselves (~7 px across)
+        x, y = ax.transData.transform((q.intensity, q.flops_per_s))
+        taken.append(Bbox.from_extents(x - 3.5, y - 3.5, x + 3.5, y + 3.5))
+    inside = ax.get_window_extent(renderer)
+    for text, p in labels:
+        first = -12 if p.stage == "decode" else 4
+        shifts = [first] + [first + sign * 9 * k for k in range(1, 20) for sign in ((-1, 1) if first < 0 else (1, -1))]
+        candidates = [(dx, dy) for dy in shifts for dx in (5, -5)]
+        for attempt, (dx, dy) in enumerate(candidates):
+            ann = ax.annotate(
+                text, (p.intensity, p.flops_per_s), fontsize=6, xytext=(dx, dy), textcoords="offset points",
+                ha="left" if dx > 0 else "right", color=STAGE_COLOURS.get(p.stage, "tab:gray"),
+                arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.6"} if attempt > 1 else None,
+            )
+            ann.set_in_layout(False)
+            box = ann.get_window_extent(renderer)
+            fits = inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
+            if fits and not any(box.overlaps(t) for t in taken):
+                taken.append(box)
+                break
+            ann.remove()  # no free place at all (very crowded plots): the legend and markers still tell

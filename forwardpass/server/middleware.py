@@ -11,7 +11,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from forwardpass.server.errors import error_bytes
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/metrics", "/"})  # "/": the chat page's HTML (no data; it asks for the key)
+OPEN_PREFIXES = ("/chat/static/",)  # the chat page's CSS and JS
 
 
 async def _send_error(send: Send, status: int, message: str, code: str | None = None,
@@ -24,15 +25,16 @@ async def _send_error(send: Send, status: int, message: str, code: str | None = 
 
 
 class APIKeyMiddleware:
-    """``Authorization: Bearer KEY`` on every path but /health and /metrics (the scheme is
-    case-insensitive, as RFC 9110 says); constant-time compare of the key."""
+    """``Authorization: Bearer KEY`` on every path but /health, /metrics and the chat page's static
+    files (the scheme is case-insensitive, as RFC 9110 says); constant-time compare of the key."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
             return await self.app(scope, receive, send)
         given = b""
         for name, value in scope.get("headers", ()):
@@ -79,6 +81,8 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        if _is_binary_upload(scope):  # multipart forms (audio files) are checked by their route, not as JSON
+            return await self.app(scope, _replay(body, receive), send)
         try:  # JSON is UTF-8 (RFC 8259); raw NUL bytes only occur in UTF-16/32, which json.loads would guess
             body.decode("utf-8")
             if b"\x00" in body:
@@ -86,13 +90,25 @@ class BodyLimitMiddleware:
         except UnicodeDecodeError as exc:
             return await _send_error(send, 400, f"the request body must be UTF-8 encoded JSON (byte {exc.start} "
                                      "is not valid UTF-8 JSON text)")
-        replayed = False
+        return await self.app(scope, _replay(body, receive), send)
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: waits for http.disconnect
 
-        return await self.app(scope, replay, send)
+def _is_binary_upload(scope: Scope) -> bool:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            return value.split(b";")[0].strip().lower() in (b"multipart/form-data", b"application/octet-stream")
+    return False
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields the body already read, then the client's next message (its disconnect)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
