@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from forwardpass.build_progress import compile_progress
+
 logger = logging.getLogger(__name__)
 
 NAME = "forwardpass_paged_decode"
@@ -69,9 +71,11 @@ def load_paged_decode(wait: bool = True):
                 )
             if _background.poll() is None:
                 return None
-        if not _built_library().exists():  # a wait a person notices: say what it is, once
-            logger.warning("compiling the C++ paged-decode kernel (once, ~30 s; cached afterwards)")
-        _kernel = _build_and_load()
+        if _built_library().exists():
+            _kernel = _build_and_load()
+        else:  # a wait a person notices: show it
+            with compile_progress("the C++ paged-decode kernel", 30, logger):
+                _kernel = _build_and_load()
     except Exception as exc:  # noqa: BLE001 - compiler or headers missing, ...: fall back, loudly once
         _failed = True
         logger.warning("C++ paged-decode kernel unavailable (%s); using the PyTorch path", exc)
