@@ -430,3 +430,32 @@ def test_min_tokens_masks_eos_and_stop_tokens():
     logits = torch.zeros(500, 10)
     logits[:, 0] = 5.0
     assert 0 not in Sampler()(logits, many, eos_token_ids=[0]).token_ids
+
+
+# ----- thinking budget ---------------------------------------------------------------------------------
+def test_reasoning_budget_forces_the_closing_tag_once_spent():
+    from forwardpass.sampling.reasoning_budget import ReasoningBudget
+
+    b = ReasoningBudget(3, start_ids=(7,), end_ids=(8, 9))  # a two-token closing tag
+    assert b.forced_token([1, 2], [5, 5, 5, 5]) is None  # not reasoning: no tag anywhere
+    assert b.forced_token([1, 7], [5, 5]) is None  # opened by the prompt, 2 of 3 spent
+    assert b.forced_token([1, 7], [5, 5, 5]) == 8  # spent: the tag begins ...
+    assert b.forced_token([1, 7], [5, 5, 5, 8]) == 9  # ... and is completed
+    assert b.forced_token([1, 7], [5, 5, 5, 8, 9]) is None  # closed: the answer is free
+    assert b.forced_token([1], [7, 5, 5, 5]) == 8  # opened by the output counts from the tag
+    assert b.forced_token([1, 7, 4, 8, 9], [5] * 9) is None  # the prompt's block is already closed
+    assert b.forced_token([1, 7], [5, 8]) is None  # the model began the tag itself within budget
+    with pytest.raises(ValueError, match="max_reasoning_tokens"):
+        ReasoningBudget(-1, (7,), (8,))
+
+
+def test_reasoning_budget_in_the_sampler_overrides_even_a_certain_token():
+    from forwardpass.sampling.reasoning_budget import ReasoningBudget
+    from forwardpass.sampling.sampler import Sampler, SamplingRow
+
+    logits = torch.zeros(2, 16)
+    logits[:, 5] = 50.0  # the model is sure of token 5
+    budget = ReasoningBudget(2, start_ids=(7,), end_ids=(8,))
+    rows = [SamplingRow(SamplingParams(temperature=0.8, seed=1, reasoning_budget=budget), [7], [5, 5]),
+            SamplingRow(SamplingParams(temperature=0.8, seed=1, reasoning_budget=budget), [7], [5])]
+    assert Sampler()(logits, rows).token_ids == [8, 5]

@@ -178,3 +178,30 @@ def test_routes_without_v1_props_cors_and_invocations(server):
     other = httpx.options(server.url + "/v1/models", headers={"Origin": "http://evil.example",
                                                               "Access-Control-Request-Method": "GET"})
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_thinking_budget_closes_reasoning_and_usage_counts_it(client, server):
+    """The assistant turn is continued from an open <think>: after 4 reasoning tokens the server forces
+    </think>, the answer follows, and usage reports the reasoning tokens (closing tag included)."""
+    messages = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": "<think>"}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False, "ignore_eos": True}
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0,
+                                       extra_body={**extra, "max_reasoning_tokens": 4})
+    m = r.choices[0].message
+    assert m.reasoning_content and m.content
+    closing = httpx.post(server.url + "/tokenize", headers={"Authorization": f"Bearer {KEY}"},
+                         json={"prompt": "</think>", "add_special_tokens": False}).json()["count"]
+    assert r.usage.completion_tokens_details.reasoning_tokens == 4 + closing
+    assert r.usage.completion_tokens == 20
+    # without a budget the embedded model (which never learned the tag) does not close it: no reasoning
+    # is split off (qwen3's parser), and none is counted
+    free = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0,
+                                          extra_body=extra)
+    assert free.choices[0].message.reasoning_content is None
+    assert free.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_thinking_budget_needs_a_reasoning_parser_and_a_sane_value(client):
+    with pytest.raises(openai.BadRequestError, match="max_reasoning_tokens"):
+        client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=4,
+                                       extra_body={"max_reasoning_tokens": -1})

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forwardpass.errors import SamplingParamsError
+from forwardpass.sampling.reasoning_budget import ReasoningBudget
 from forwardpass.structured.params import StructuredOutputsParams
 
 #: Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``).
@@ -59,6 +60,7 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     allowed_token_ids: list[int] | None = None  # only these may be sampled (None = all)
+    reasoning_budget: ReasoningBudget | None = None  # force the reasoning's closing tag after N tokens
 
     def __post_init__(self) -> None:
         self.n = _int("n", self.n, lo=1, hi=MAX_N)
@@ -105,6 +107,8 @@ class SamplingParams:
             self.allowed_token_ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
             if not self.allowed_token_ids:
                 raise _fail("allowed_token_ids", self.allowed_token_ids, "a non-empty list of token ids, or None")
+        if self.reasoning_budget is not None and not isinstance(self.reasoning_budget, ReasoningBudget):
+            raise _fail("reasoning_budget", self.reasoning_budget, "a ReasoningBudget, or None")
 
     @property
     def greedy(self) -> bool:

@@ -146,7 +146,10 @@ class Sampler:
         masked = [i for i, _ in bitmasks]
         allowed = [i for i, p in enumerate(ps) if p.allowed_token_ids is not None]
         bias = [i for i, p in enumerate(ps) if p.logit_bias]
-        if not (min_tok or rep or pres_freq or masked or allowed or bias):
+        forced = [(i, t) for i, r in enumerate(rows) if r.params.reasoning_budget is not None
+                  and (t := r.params.reasoning_budget.forced_token(_ids(r.prompt_token_ids),
+                                                                   _ids(r.output_token_ids))) is not None]
+        if not (min_tok or rep or pres_freq or masked or allowed or bias or forced):
             return logits if logits.dtype == torch.float32 else logits.float()
 
         x = self._ws.get("x", (B, V), torch.float32, dev)
@@ -185,6 +188,9 @@ class Sampler:
             presence = torch.tensor([p.presence_penalty for p in ps], dtype=torch.float32, device=dev)
             frequency = torch.tensor([p.frequency_penalty for p in ps], dtype=torch.float32, device=dev)
             apply_presence_frequency(x, flat_keys(pres_freq, out, V, dev), presence, frequency)
+        for i, t in forced:  # the reasoning budget is spent: its closing tag is the only choice
+            x[i].fill_(float("-inf"))
+            x[i, t] = 0.0
         return x
 
     # ----- stage 2: greedy rows take the argmax, the others are sampled --------------------------
@@ -306,6 +312,10 @@ class Sampler:
             top = list(zip(top_tok[j][:k], top_lps[j][:k]))
             result[i] = TokenLogprobs(token_id=chosen_ids[j], logprob=lp, rank=rk, top=top)
         return result
+
+
+def _ids(ids: TokenIds) -> Sequence[int]:
+    return ids.tolist() if isinstance(ids, torch.Tensor) else ids
 
 
 def apply_token_bitmask(x: torch.Tensor, words: torch.Tensor, rows: torch.Tensor | None = None) -> None:

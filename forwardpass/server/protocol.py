@@ -307,6 +307,9 @@ class ChatCompletionRequest(_SamplingRequest):
     chat_template: str | None = Field(None, description="refused: the model's own template is always used")
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, max_length=64, description="extra template variables, e.g. {\"enable_thinking\": false}")
+    max_reasoning_tokens: int | None = Field(
+        None, ge=0, le=MAX_TOKENS, description="thinking budget: the reasoning's closing tag is forced after this "
+        "many reasoning tokens (needs --reasoning-parser); max_completion_tokens still covers reasoning + answer")
 
     @model_validator(mode="after")
     def _unsupported(self) -> Self:
@@ -371,10 +374,15 @@ class DetokenizeRequest(_Strict):
 
 
 # ----- response shapes (documentation; the routes build dicts) ---------------------------------------
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int  # part of completion_tokens: the reasoning block, its closing tag included
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None  # with a reasoning parser
 
 
 class CompletionChoice(BaseModel):

@@ -80,3 +80,16 @@ def split_reasoning(parser: str, text: str) -> tuple[str | None, str]:
     s = ReasoningSplitter(parser)
     reasoning, content = s.feed(text, final=True)
     return reasoning, content
+
+
+def reasoning_token_count(parser: str, token_ids: list[int], start_ids: tuple[int, ...],
+                          end_ids: tuple[int, ...]) -> int:
+    """How many of an output's tokens are reasoning (``usage.completion_tokens_details.reasoning_tokens``):
+    up to and including the closing tag; all of them if it never closes and the parser reads the output as
+    reasoning (as :func:`split_reasoning` does)."""
+    n = len(end_ids)
+    for i in range(len(token_ids) - n + 1):
+        if tuple(token_ids[i : i + n]) == end_ids:
+            return i + n
+    opened = tuple(token_ids[: len(start_ids)]) == start_ids
+    return len(token_ids) if parser == "deepseek_r1" or opened else 0

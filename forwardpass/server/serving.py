@@ -30,10 +30,12 @@ from forwardpass.errors import (
 )
 from forwardpass.loader.chat_template import ChatTemplateLimitError
 from forwardpass.sampling.params import SamplingParams
+from forwardpass.sampling.reasoning_budget import ReasoningBudget
 from forwardpass.server.chat_output import ChatOutputParser
 from forwardpass.server.config import MAX_SEQS_PER_REQUEST, ServerConfig
 from forwardpass.server.errors import sse_error
 from forwardpass.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from forwardpass.server.reasoning import END, START, reasoning_token_count
 from forwardpass.server.sse import SSEResponse
 from forwardpass.structured.params import StructuredOutputsParams
 
@@ -89,7 +91,8 @@ class Serving:
 
     def sampling_params(self, req: CompletionRequest | ChatCompletionRequest, prompt_len: int,
                         max_tokens: int | None, logprobs: int | None, what: str,
-                        structured: StructuredOutputsParams | None = None) -> SamplingParams:
+                        structured: StructuredOutputsParams | None = None,
+                        reasoning_budget: ReasoningBudget | None = None) -> SamplingParams:
         limit = self.engine.max_model_len
         if prompt_len >= limit:
             raise ContextLengthError(
@@ -123,7 +126,28 @@ class Serving:
             repetition_penalty=pick(req.repetition_penalty, d.repetition_penalty), seed=req.seed, stop=req.stop,
             max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens), ignore_eos=req.ignore_eos,
             logprobs=logprobs, logit_bias=req.logit_bias_ids(), allowed_token_ids=req.allowed_token_ids,
-            structured_outputs=structured)
+            structured_outputs=structured, reasoning_budget=reasoning_budget)
+
+    def _tags(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        tok = self.engine.tokenizer
+        if self.config.reasoning_parser is None or tok is None:
+            return None
+        return (tuple(tok.encode(START, add_special_tokens=False)), tuple(tok.encode(END, add_special_tokens=False)))
+
+    def _reasoning_budget(self, max_reasoning_tokens: int | None) -> ReasoningBudget | None:
+        if max_reasoning_tokens is None:
+            return None
+        tags = self._tags()
+        if tags is None:
+            raise SamplingParamsError("max_reasoning_tokens needs a server started with --reasoning-parser",
+                                      param="max_reasoning_tokens")
+        return ReasoningBudget(max_reasoning_tokens, *tags)
+
+    def _reasoning_counter(self) -> Callable[[list[int]], int] | None:
+        tags, parser = self._tags(), self.config.reasoning_parser
+        if tags is None or parser is None:
+            return None
+        return lambda ids: reasoning_token_count(parser, ids, *tags)
 
     def _check_text_length(self, text: str, what: str) -> None:
         """Before tokenizing: a text too long to fit the context window whatever its tokens (each token
@@ -254,7 +278,8 @@ class Serving:
         ids = await self.chat_prompt(req.messages, req.add_generation_prompt, kwargs, req.continue_final_message)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         k = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, len(ids), max_tokens, k, "messages", structured)
+        budget = self._reasoning_budget(req.max_reasoning_tokens) if thinking else None
+        params = self.sampling_params(req, len(ids), max_tokens, k, "messages", structured, budget)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self.admit([ids], [params], rid, lora)
 
@@ -266,6 +291,7 @@ class Serving:
         echo = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
         ctx = _Ctx(rid, model, int(time.time()), req.n, self.engine.tokenizer, top_k=req.top_logprobs or 0,
                    parser=parser, as_ids=req.return_tokens_as_token_ids, echo=echo)
+        ctx.count_reasoning = self._reasoning_counter()
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             ctx.continuous_usage = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -278,7 +304,7 @@ class Serving:
                             "logprobs": _chat_logprobs(c.logprobs, ctx.top_k, ctx.as_ids) if req.logprobs else None,
                             "finish_reason": p.finish_reason(c.finish_reason), "stop_reason": c.stop_reason})
         return {"id": rid, "object": "chat.completion", "created": ctx.created, "model": model, "choices": choices,
-                "usage": _usage([out]), "system_fingerprint": None}
+                "usage": _usage([out], ctx.count_reasoning), "system_fingerprint": None}
 
     # ----- running them --------------------------------------------------------------------------
     async def _collect(self, streams: list[RequestStream], request: Request) -> list[RequestOutput]:
@@ -320,11 +346,11 @@ class Serving:
                     d = ctx.chunk("chat.completion.chunk" if make_chunks is _chat_chunks else "text_completion",
                                   [choice], include_usage)
                     if include_usage and ctx.continuous_usage:  # vLLM: running totals on every chunk
-                        d["usage"] = _usage(list(totals.values()))
+                        d["usage"] = _usage(list(totals.values()), ctx.count_reasoning)
                     yield ctx.sse(d)
             if include_usage:
                 obj = "chat.completion.chunk" if make_chunks is _chat_chunks else "text_completion"
-                yield ctx.sse({**ctx.chunk(obj, [], False), "usage": _usage(list(totals.values()))})
+                yield ctx.sse({**ctx.chunk(obj, [], False), "usage": _usage(list(totals.values()), ctx.count_reasoning)})
         except Exception as exc:  # noqa: BLE001 - reported in-band: the status line is already sent
             yield sse_error(exc)
         finally:
@@ -343,6 +369,7 @@ class _Ctx:
         self.rid, self.model, self.created, self.n, self.tokenizer, self.top_k = rid, model, created, n, tokenizer, top_k
         self.as_ids, self.echo = as_ids, echo
         self.continuous_usage = False
+        self.count_reasoning: Callable[[list[int]], int] | None = None  # chat with a reasoning parser
         self.echo_prompts: list[str] = []  # completions with echo: each prompt's text
         self.skipped = tokenizer.skipped_special_ids if tokenizer is not None else frozenset()
         self.sent_text: dict[int, int] = {}
@@ -411,10 +438,14 @@ def _merged(acc: RequestOutput, delta: RequestOutput) -> RequestOutput:
     return acc
 
 
-def _usage(outs: list[RequestOutput]) -> dict[str, int]:
+def _usage(outs: list[RequestOutput], count_reasoning: Callable[[list[int]], int] | None = None) -> dict[str, Any]:
     p = sum(len(o.prompt_token_ids) for o in outs)
     c = sum(len(x.token_ids) for o in outs for x in o.outputs)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    usage: dict[str, Any] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    if count_reasoning is not None:  # OpenAI's shape: reasoning tokens are part of completion_tokens
+        r = sum(count_reasoning(x.token_ids) for o in outs for x in o.outputs)
+        usage["completion_tokens_details"] = {"reasoning_tokens": r}
+    return usage
 
 
 def _chosen_and_top(d: dict[int, Logprob], k: int) -> tuple[tuple[int, Logprob], list[tuple[int, Logprob]]]:
