@@ -222,6 +222,37 @@ def test_vllm_metric_names(client, server):
     assert "forwardpass:time_to_first_token_seconds_count{" in text  # ours stay
 
 
+def test_completion_echo_with_logprobs_lists_the_prompt_first(client):
+    """As vLLM: echo + logprobs gives the prompt's tokens (the first without a logprob) then the
+    completion's, with text offsets into the echoed text; streaming gives the same entries."""
+    kw = {"model": MODEL, "prompt": "Hello there, friend", "max_tokens": 3, "temperature": 0.0, "logprobs": 2}
+    plain = client.completions.create(**kw).choices[0]
+    r = client.completions.create(echo=True, extra_body={"prompt_logprobs": 2}, **kw).choices[0]
+    n_prompt = len(r.prompt_logprobs)
+    lp = r.logprobs
+    assert lp.tokens[n_prompt:] == plain.logprobs.tokens and lp.token_logprobs[n_prompt:] == plain.logprobs.token_logprobs
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and r.prompt_logprobs[0] is None
+    assert "".join(lp.tokens[:n_prompt]) == "Hello there, friend"
+    for i in range(1, n_prompt):  # the echoed entries are the prompt_logprobs of the same tokens
+        entry = next(v for v in r.prompt_logprobs[i].values() if v["decoded_token"] == lp.tokens[i])
+        assert entry["logprob"] == pytest.approx(lp.token_logprobs[i]) and len(lp.top_logprobs[i]) <= 2
+    assert lp.text_offset[n_prompt] == len("Hello there, friend") and lp.text_offset[0] == 0
+    chunks = [c.choices[0] for c in client.completions.create(echo=True, stream=True, **kw) if c.choices]
+    assert sum((c.logprobs.token_logprobs for c in chunks if c.logprobs), []) == lp.token_logprobs
+
+
+def test_prompt_logprobs_in_chat(client):
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2, temperature=0.0,
+                                       extra_body={"prompt_logprobs": 1})
+    prompt_lps = r.model_extra["prompt_logprobs"]
+    assert prompt_lps[0] is None and len(prompt_lps) == r.usage.prompt_tokens
+    assert all(1 <= len(d) <= 2 and all(v["logprob"] <= 0 for v in d.values()) for d in prompt_lps[1:])
+    stream = [c for c in client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2, temperature=0.0,
+                                                        stream=True, extra_body={"prompt_logprobs": 1})]
+    carried = [c.model_extra["prompt_logprobs"] for c in stream if c.model_extra.get("prompt_logprobs")]
+    assert carried == [prompt_lps]  # once, on one chunk
+
+
 def test_completion_echo(client):
     r = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=3, temperature=0.0, echo=True)
     plain = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=3, temperature=0.0)

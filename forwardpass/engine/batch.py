@@ -69,6 +69,8 @@ class RunnerOutput:
     routing_counts: tuple[tuple[int, ...], ...] | None = None
     # sequences whose own sampling failed this step, ``(seq_id, reason)``: only their requests fail
     failed: tuple[tuple[int, str], ...] = ()
+    # ``(seq_id, logprobs of each prompt token)`` with a sequence's first sampled token (prompt_logprobs)
+    prompt_logprobs: tuple[tuple[int, tuple[TokenLogprobs | None, ...]], ...] = ()
 
 
 EMPTY_RUNNER_OUTPUT = RunnerOutput((), (), ())
@@ -87,3 +89,4 @@ class TokenDelta:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None  # once, with the first token

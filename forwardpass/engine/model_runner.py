@@ -23,8 +23,9 @@ from forwardpass.attention.metadata import GroupMetadataBuilder, StateMetadataBu
 from forwardpass.engine.batch import EMPTY_RUNNER_OUTPUT, NewSequence, RunnerOutput, SchedulerOutput
 from forwardpass.engine.isolation import sample_isolated
 from forwardpass.engine.kv_cache_spec import KVCacheGroup, StateSpec
+from forwardpass.engine.prompt_logprobs import add_prompt_logprobs, take_prompt_logprobs
 from forwardpass.sampling.params import SamplingParams
-from forwardpass.sampling.sampler import Sampler, SamplingRow, make_generator
+from forwardpass.sampling.sampler import Sampler, SamplingRow, TokenLogprobs, make_generator
 from forwardpass.structured.backend import GrammarBackend, GrammarState
 
 
@@ -60,6 +61,7 @@ class _RunnerSequence:
     lora_id: int
     block_tables: list[list[int]] = field(default_factory=list)  # one per KV cache group
     grammar: GrammarState | None = None  # structured output: matcher of the tokens generated so far
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # being collected (prompt_logprobs.py)
 
     @property
     def num_tokens(self) -> int:
@@ -131,6 +133,7 @@ class ModelRunner:
         self.sequences[new.seq_id] = _RunnerSequence(
             list(new.prompt_token_ids), list(new.output_token_ids), new.params, gen, new.lora_id,
             [[] for _ in self.groups],
+            prompt_logprobs=[None] if new.params.prompt_logprobs is not None else None,
         )
 
     # ----- batch construction --------------------------------------------------------------------
@@ -196,6 +199,8 @@ class ModelRunner:
             if self.adapters is not None:
                 self.adapters.end_step()  # a direct model call later must not see this step's mapping
         routing = self.routing.collect() if self.routing is not None else None
+        if any(self.sequences[c.seq_id].prompt_logprobs is not None for c in scheduled.chunks):
+            add_prompt_logprobs(self.model.compute_logits, hidden, scheduled.chunks, self.sequences)
         if not sampled:
             return RunnerOutput((), (), (), routing)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=hidden.device)])
@@ -206,14 +211,16 @@ class ModelRunner:
                 [(s.params.structured_outputs, s.grammar, s.output) for _, s in sampled])
             for (_, s), state, mask, row in zip(sampled, states, masks, rows):
                 s.grammar, row.token_bitmask = state, mask
-        seq_ids, tokens, logprobs, failed = [], [], [], []
+        seq_ids, tokens, logprobs, failed, prompt_lps = [], [], [], [], []
         results = sample_isolated(self.sampler, logits, rows, self.eos_token_ids)
         for i, ((seq_id, seq), r) in enumerate(zip(sampled, results)):
             if i in bad or isinstance(r, str):  # this sequence's own sampling failed: only its request fails
                 failed.append((seq_id, bad.get(i) or str(r)))
                 continue
             seq.output.append(r[0])
+            if (lps := take_prompt_logprobs(seq)) is not None:
+                prompt_lps.append((seq_id, lps))
             seq_ids.append(seq_id)
             tokens.append(r[0])
             logprobs.append(r[1])
-        return RunnerOutput(tuple(seq_ids), tuple(tokens), tuple(logprobs), routing, tuple(failed))
+        return RunnerOutput(tuple(seq_ids), tuple(tokens), tuple(logprobs), routing, tuple(failed), tuple(prompt_lps))

@@ -77,6 +77,8 @@ class RequestState:
     prompt_token_ids: list[int]
     samples: list[SampleState]
     metrics: RequestMetrics  # kept up to date by OutputProcessor.process; each output gets a copy
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # when asked, from the first token on
+    prompt_logprobs_sent: bool = False  # streamed outputs (cursor) carry them once
 
     @property
     def finished(self) -> bool:
@@ -102,6 +104,10 @@ class RequestState:
                     stop_reason=s.stop_reason,
                 )
             )
+        prompt_lps = self.prompt_logprobs
+        if cursor is not None:
+            prompt_lps, self.prompt_logprobs_sent = (None if self.prompt_logprobs_sent else prompt_lps,
+                                                     self.prompt_logprobs_sent or prompt_lps is not None)
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
@@ -110,6 +116,7 @@ class RequestState:
             finished=self.finished,
             metrics=replace(self.metrics),
             num_cached_tokens=self.metrics.num_cached_tokens,
+            prompt_logprobs=prompt_lps,
         )
 
 
@@ -171,6 +178,8 @@ class OutputProcessor:
             m.num_cached_tokens = d.num_cached_tokens
             m.num_preemptions = max(m.num_preemptions, d.num_preemptions)
             self._append(sample, d)
+            if d.prompt_logprobs is not None and state.prompt_logprobs is None:  # every sample has them
+                state.prompt_logprobs = [None if lp is None else self._logprob_dict(lp) for lp in d.prompt_logprobs]
             if (
                 sample.finish_reason == "stop"
                 and isinstance(sample.stop_reason, str)

@@ -46,3 +46,5 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    # prompt_logprobs: None for the first token (no context), then one dict per prompt token
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

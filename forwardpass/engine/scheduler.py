@@ -121,7 +121,9 @@ class Scheduler:
             seq = self.waiting[0]
             if self.admission is not None and not self.admission.can_admit(seq, self.running):
                 break
-            cached = self.kv.find_cached_prefix(seq) if seq.num_computed_tokens == 0 else NO_PREFIX
+            # prompt_logprobs needs every prompt position's hidden state: no prefix-cache hits for it
+            fresh = seq.num_computed_tokens == 0 and seq.params.prompt_logprobs is None
+            cached = self.kv.find_cached_prefix(seq) if fresh else NO_PREFIX
             num_new = min(seq.num_tokens - seq.num_computed_tokens - cached.num_tokens, budget)
             if self.kv.allocate_slots(seq, num_new, cached) is None:
                 break
@@ -164,6 +166,7 @@ class Scheduler:
             if seq is not None:
                 seq.num_computed_tokens += chunk.num_new_tokens
         deltas = []
+        prompt_lps = dict(result.prompt_logprobs)
         for seq_id, token, logprobs in zip(result.seq_ids, result.token_ids, result.logprobs):
             seq = self.seqs.get(seq_id)
             if seq is None:  # aborted while the step ran
@@ -172,19 +175,9 @@ class Scheduler:
             reason, stop = self._check_stop(seq, token)
             if reason is not None:
                 self._finish(seq, reason, stop)
-            deltas.append(
-                TokenDelta(
-                    seq.request_id,
-                    seq.index,
-                    (token,),
-                    None if logprobs is None else (logprobs,),
-                    reason,
-                    stop,
-                    seq.num_cached_tokens,
-                    seq.num_preemptions,
-                    seq.first_scheduled_time,
-                )
-            )
+            deltas.append(TokenDelta(
+                seq.request_id, seq.index, (token,), None if logprobs is None else (logprobs,), reason, stop,
+                seq.num_cached_tokens, seq.num_preemptions, seq.first_scheduled_time, prompt_lps.get(seq_id)))
         return deltas
 
     # ----- internals -----------------------------------------------------------------------------

@@ -54,6 +54,7 @@ class SamplingParams:
     min_tokens: int = 0  # EOS / stop tokens are masked until this many were generated
     ignore_eos: bool = False
     logprobs: int | None = None  # k >= 0: chosen token's logprob + the k most likely
+    prompt_logprobs: int | None = None  # k >= 0: each prompt token's logprob + the k most likely there
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # constrain the output to a JSON schema / regex / choice / grammar (xgrammar); a dict is converted
@@ -97,6 +98,9 @@ class SamplingParams:
             self.logprobs = _int(
                 "logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS, hint=f"None, or 0..{MAX_LOGPROBS}"
             )
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs = _int("prompt_logprobs", self.prompt_logprobs, lo=0, hi=MAX_LOGPROBS,
+                                        hint=f"None, or 0..{MAX_LOGPROBS}")
 
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)

@@ -298,20 +298,27 @@ class Sampler:
         if not want:
             return result
         w = torch.tensor(want, device=logits.device)
-        raw = logits.index_select(0, w).float()
-        lse = torch.logsumexp(raw, dim=-1)  # log_softmax(raw)[t] = raw[t] - lse, without a [n, V] output
-        chosen = raw.gather(1, tokens[w, None]).squeeze(1)
-        rank = (raw > chosen[:, None]).sum(-1) + 1
-        k_max = max(rows[i].params.logprobs or 0 for i in want)
-        top_vals, top_ids = raw.topk(k_max, dim=-1) if k_max else (raw[:, :0], raw[:, :0].long())
-        top_lps: list[list[float]] = (top_vals - lse[:, None]).tolist()
-        top_tok: list[list[int]] = top_ids.tolist()
-        chosen_ids: list[int] = tokens[w].tolist()
-        for j, (i, lp, rk) in enumerate(zip(want, (chosen - lse).tolist(), rank.tolist())):
-            k = rows[i].params.logprobs or 0
-            top = list(zip(top_tok[j][:k], top_lps[j][:k]))
-            result[i] = TokenLogprobs(token_id=chosen_ids[j], logprob=lp, rank=rk, top=top)
+        found = token_logprobs(logits.index_select(0, w), tokens[w], [rows[i].params.logprobs or 0 for i in want])
+        for i, lp in zip(want, found):
+            result[i] = lp
         return result
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, ks: list[int]) -> list[TokenLogprobs]:
+    """Under the raw distribution of each row of ``logits``: the logprob and rank of ``tokens[i]`` and
+    the ``ks[i]`` most likely tokens. Used for sampled tokens and for prompt tokens (prompt_logprobs)."""
+    raw = logits.float()
+    lse = torch.logsumexp(raw, dim=-1)  # log_softmax(raw)[t] = raw[t] - lse, without a [n, V] output
+    chosen = raw.gather(1, tokens[:, None]).squeeze(1)
+    rank = (raw > chosen[:, None]).sum(-1) + 1
+    k_max = max(ks, default=0)
+    top_vals, top_ids = raw.topk(k_max, dim=-1) if k_max else (raw[:, :0], raw[:, :0].long())
+    top_lps: list[list[float]] = (top_vals - lse[:, None]).tolist()
+    top_tok: list[list[int]] = top_ids.tolist()
+    return [
+        TokenLogprobs(token_id=t, logprob=lp, rank=rk, top=list(zip(top_tok[j][:k], top_lps[j][:k])))
+        for j, (t, lp, rk, k) in enumerate(zip(tokens.tolist(), (chosen - lse).tolist(), rank.tolist(), ks))
+    ]
 
 
 def _ids(ids: TokenIds) -> Sequence[int]:

@@ -131,6 +131,8 @@ class _SamplingRequest(_Strict):
     guided_decoding_backend: str | None = Field(None, description="ignored: xgrammar is the only backend")
 
     return_tokens_as_token_ids: bool = False  # vLLM: logprob tokens as "token_id:N" (no decoding)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="vLLM: each prompt token's "
+                                        "logprob and the k most likely tokens at its position")
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> Self:
@@ -203,8 +205,6 @@ class CompletionRequest(_SamplingRequest):
 
     @model_validator(mode="after")
     def _unsupported(self) -> Self:
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs (the prompt's logprobs) is not supported yet")
         if self.suffix:
             raise ValueError("suffix is not supported by this server")
         if self.best_of is not None and self.best_of != self.n:
@@ -391,6 +391,8 @@ class CompletionChoice(BaseModel):
     logprobs: dict[str, Any] | None = None
     finish_reason: Literal["stop", "length"] | None
     stop_reason: int | str | None = None
+    # vLLM: with prompt_logprobs, None for the first prompt token, then {token id: {logprob, rank, decoded_token}}
+    prompt_logprobs: list[dict[str, Any] | None] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -437,6 +439,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    prompt_logprobs: list[dict[str, Any] | None] | None = None  # vLLM, with prompt_logprobs
 
 
 class ErrorBody(BaseModel):

@@ -92,7 +92,8 @@ class Serving:
     def sampling_params(self, req: CompletionRequest | ChatCompletionRequest, prompt_len: int,
                         max_tokens: int | None, logprobs: int | None, what: str,
                         structured: StructuredOutputsParams | None = None,
-                        reasoning_budget: ReasoningBudget | None = None) -> SamplingParams:
+                        reasoning_budget: ReasoningBudget | None = None, prompt_logprobs: int | None = None,
+                        ) -> SamplingParams:
         limit = self.engine.max_model_len
         if prompt_len >= limit:
             raise ContextLengthError(
@@ -126,7 +127,8 @@ class Serving:
             repetition_penalty=pick(req.repetition_penalty, d.repetition_penalty), seed=req.seed, stop=req.stop,
             max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens), ignore_eos=req.ignore_eos,
             logprobs=logprobs, logit_bias=req.logit_bias_ids(), allowed_token_ids=req.allowed_token_ids,
-            structured_outputs=structured, reasoning_budget=reasoning_budget)
+            structured_outputs=structured, reasoning_budget=reasoning_budget,
+            prompt_logprobs=req.prompt_logprobs if prompt_logprobs is None else prompt_logprobs)
 
     def _tags(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         tok = self.engine.tokenizer
@@ -234,12 +236,15 @@ class Serving:
         self.check_capacity(len(req.prompts()) * req.n)
         structured = await self.off_loop(req.structured)  # a large schema is parsed off the event loop
         prompts = [await self.encode_async(p) for p in req.prompts()]
-        params = [self.sampling_params(req, len(p), req.max_tokens, req.logprobs, "prompt", structured)
-                  for p in prompts]
+        # echo with logprobs: the prompt's tokens are listed first, with their own logprobs
+        echo_lps = max(req.logprobs, req.prompt_logprobs or 0) if req.echo and req.logprobs is not None else None
+        params = [self.sampling_params(req, len(p), req.max_tokens, req.logprobs, "prompt", structured,
+                                       prompt_logprobs=echo_lps) for p in prompts]
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = await self.admit(prompts, params, rid, lora)
         ctx = _Ctx(rid, model, int(time.time()), req.n, self.engine.tokenizer, top_k=req.logprobs or 0,
                    as_ids=req.return_tokens_as_token_ids)
+        ctx.echo_logprobs, ctx.show_prompt_logprobs = echo_lps is not None, req.prompt_logprobs is not None
         if req.echo:  # each choice's text starts with its prompt's text
             ctx.echo_prompts = [p if isinstance(p, str) else await self.off_loop(self._decode, p)
                                 for p in req.prompts()]
@@ -252,11 +257,13 @@ class Serving:
         for i, out in enumerate(finals):
             for c in out.outputs:
                 echo = ctx.echo_prompts[i] if ctx.echo_prompts else ""
-                choices.append({"index": i * req.n + c.index, "text": echo + c.text,
-                                "logprobs": (_completion_logprobs(c.logprobs, 0, req.logprobs, ctx.as_ids, ctx.skipped)
-                                             if req.logprobs is not None and c.logprobs is not None
-                                             else None),
-                                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                lps = (_completion_logprobs(c.logprobs, len(echo), req.logprobs, ctx.as_ids, ctx.skipped)
+                       if req.logprobs is not None and c.logprobs is not None else None)
+                if lps is not None and ctx.echo_logprobs:
+                    lps = _joined(ctx.prompt_part(out), lps)
+                choices.append({"index": i * req.n + c.index, "text": echo + c.text, "logprobs": lps,
+                                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                                **ctx.prompt_logprobs_field(out)})
         return {"id": rid, "object": "text_completion", "created": ctx.created, "model": model, "choices": choices,
                 "usage": _usage(finals), "system_fingerprint": None}
 
@@ -292,6 +299,7 @@ class Serving:
         ctx = _Ctx(rid, model, int(time.time()), req.n, self.engine.tokenizer, top_k=req.top_logprobs or 0,
                    parser=parser, as_ids=req.return_tokens_as_token_ids, echo=echo)
         ctx.count_reasoning = self._reasoning_counter()
+        ctx.show_prompt_logprobs = req.prompt_logprobs is not None
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             ctx.continuous_usage = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -304,7 +312,8 @@ class Serving:
                             "logprobs": _chat_logprobs(c.logprobs, ctx.top_k, ctx.as_ids) if req.logprobs else None,
                             "finish_reason": p.finish_reason(c.finish_reason), "stop_reason": c.stop_reason})
         return {"id": rid, "object": "chat.completion", "created": ctx.created, "model": model, "choices": choices,
-                "usage": _usage([out], ctx.count_reasoning), "system_fingerprint": None}
+                "usage": _usage([out], ctx.count_reasoning), "system_fingerprint": None,
+                **ctx.prompt_logprobs_field(out)}
 
     # ----- running them --------------------------------------------------------------------------
     async def _collect(self, streams: list[RequestStream], request: Request) -> list[RequestOutput]:
@@ -342,9 +351,11 @@ class Serving:
             async for i, out in _merge(streams):
                 chunks = list(make_chunks(ctx, i, out))  # before the fold below: it extends out's lists
                 totals[i] = out if i not in totals else _merged(totals[i], out)
+                extra = ctx.prompt_logprobs_field(out) if make_chunks is _chat_chunks else {}  # chat: top level
                 for choice in chunks:
                     d = ctx.chunk("chat.completion.chunk" if make_chunks is _chat_chunks else "text_completion",
                                   [choice], include_usage)
+                    d, extra = {**d, **extra}, {}
                     if include_usage and ctx.continuous_usage:  # vLLM: running totals on every chunk
                         d["usage"] = _usage(list(totals.values()), ctx.count_reasoning)
                     yield ctx.sse(d)
@@ -370,6 +381,8 @@ class _Ctx:
         self.as_ids, self.echo = as_ids, echo
         self.continuous_usage = False
         self.count_reasoning: Callable[[list[int]], int] | None = None  # chat with a reasoning parser
+        self.echo_logprobs = False  # completions with echo and logprobs: the prompt's entries come first
+        self.show_prompt_logprobs = False  # the request asked for prompt_logprobs (vLLM's field)
         self.echo_prompts: list[str] = []  # completions with echo: each prompt's text
         self.skipped = tokenizer.skipped_special_ids if tokenizer is not None else frozenset()
         self.sent_text: dict[int, int] = {}
@@ -392,6 +405,25 @@ class _Ctx:
     def sse(d: dict[str, Any]) -> str:
         return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
 
+    def prompt_logprobs_field(self, out: RequestOutput) -> dict[str, Any]:
+        """vLLM's ``prompt_logprobs``: None for the first token, then ``{token id: {logprob, rank,
+        decoded_token}}`` per prompt token — on the output that carries them."""
+        if not self.show_prompt_logprobs or out.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": [None if d is None else {str(t): {"logprob": v.logprob, "rank": v.rank,
+                                                                      "decoded_token": v.decoded_token}
+                                                             for t, v in d.items()} for d in out.prompt_logprobs]}
+
+    def prompt_part(self, out: RequestOutput) -> dict[str, Any]:
+        """The prompt's tokens in a completion's ``logprobs`` (echo): the first has no logprob."""
+        first, rest = out.prompt_token_ids[0], out.prompt_logprobs or [None]
+        text = "" if self.tokenizer is None else self.tokenizer.decode([first], skip_special_tokens=False)
+        head = {"tokens": [f"token_id:{first}" if self.as_ids else text], "token_logprobs": [None],
+                "top_logprobs": [None], "text_offset": [0]}
+        offset = 0 if first in self.skipped else len(text)
+        entries = [d for d in rest[1:] if d is not None]
+        return _joined(head, _completion_logprobs(entries, offset, self.top_k, self.as_ids, self.skipped))
+
     def deltas(self, idx: int, c: CompletionOutput) -> tuple[str, list[dict[int, Logprob]] | None, int, int]:
         """(new text, new logprob entries, text offset, new token count) of choice ``idx``; ``c`` is a delta."""
         t0 = self.sent_text.get(idx, 0)
@@ -404,12 +436,14 @@ def _completion_chunks(ctx: _Ctx, i: int, out: RequestOutput) -> Iterator[dict[s
         idx = i * ctx.n + c.index
         first = idx not in ctx.sent_text
         text, lps, offset, new = ctx.deltas(idx, c)
-        if first and ctx.echo_prompts:
-            text = ctx.echo_prompts[i] + text
+        echo = ctx.echo_prompts[i] if first and ctx.echo_prompts else ""
         if new or text or c.finish_reason:  # one chunk per step that made tokens, even with no text yet
-            yield {"index": idx, "text": text,
-                   "logprobs": _completion_logprobs(lps, offset, ctx.top_k, ctx.as_ids, ctx.skipped) if lps is not None else None,
-                   "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            logprobs = _completion_logprobs(lps, offset + len(echo), ctx.top_k, ctx.as_ids, ctx.skipped) \
+                if lps is not None else None
+            if first and logprobs is not None and ctx.echo_logprobs:
+                logprobs = _joined(ctx.prompt_part(out), logprobs)
+            yield {"index": idx, "text": echo + text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                   "stop_reason": c.stop_reason, **(ctx.prompt_logprobs_field(out) if first else {})}
 
 
 def _chat_chunks(ctx: _Ctx, i: int, out: RequestOutput) -> Iterator[dict[str, Any]]:
@@ -435,6 +469,7 @@ def _merged(acc: RequestOutput, delta: RequestOutput) -> RequestOutput:
             a.logprobs.extend(d.logprobs)
         a.cumulative_logprob, a.finish_reason, a.stop_reason = d.cumulative_logprob, d.finish_reason, d.stop_reason
     acc.finished, acc.metrics = delta.finished, delta.metrics
+    acc.prompt_logprobs = acc.prompt_logprobs or delta.prompt_logprobs  # on one delta only
     return acc
 
 
@@ -477,6 +512,10 @@ def _completion_logprobs(entries: LogprobEntries, offset: int, k: int, as_ids: b
         offsets.append(offset)
         offset += 0 if tid in skipped else len(chosen.decoded_token or "")
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _joined(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return {key: a[key] + b[key] for key in a}
 
 
 def _chat_logprobs(entries: LogprobEntries | None, k: int, as_ids: bool = False) -> dict[str, Any]:
