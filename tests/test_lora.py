@@ -257,3 +257,35 @@ def test_lora_on_moe_model(tmp_path_factory):
     with pytest.raises(LoRAAdapterError, match="target_parameters"):
         llm.generate(prompts, GREEDY, lora_request=LoRARequest("experts", 2, str(experts)), use_tqdm=False)
     llm.engine.check_invariants()
+
+
+def test_an_adapter_that_cannot_be_reloaded_fails_only_its_requests(base, adapters, tmp_path):
+    """An adapter evicted from memory whose files were deleted since: the step runs without its rows,
+    its request fails with the reason, and the requests beside it get exactly their tokens alone."""
+    from forwardpass.errors import ForwardpassError
+
+    doomed_dir = tmp_path / "doomed"
+    shutil.copytree(adapters["r8"][0].lora_path, doomed_dir)
+    doomed, good = LoRARequest("doomed", 7, str(doomed_dir)), adapters["r16_rs"][0]
+    llm = LLM(base, enable_lora=True, max_loras=2, max_lora_rank=16, num_kv_blocks=64)
+    prompts = random_prompts(3, [20, 30, 25], seed=12)
+    alone = {"base": llm.generate([prompts[0]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids,
+             "good": llm.generate([prompts[2]], GREEDY, lora_request=good, use_tqdm=False)[0].outputs[0].token_ids}
+    engine = llm.engine
+    engine.add_request("base", prompts[0], GREEDY)
+    engine.add_request("doomed", prompts[1], GREEDY, lora_request=doomed)  # validated and loaded here
+    engine.add_request("good", prompts[2], GREEDY, lora_request=good)
+    engine.lora_manager._uninstall(7)  # evicted while queued, as the LRU policy does under pressure ...
+    shutil.rmtree(doomed_dir)  # ... and its files are gone before its first step
+    finished, errors = {}, []
+    while engine.has_unfinished_requests():
+        try:
+            outs = engine.step()
+        except ForwardpassError as exc:
+            errors.append(str(exc))
+            continue
+        finished.update({o.request_id: o.outputs[0].token_ids for o in outs if o.finished})
+    assert len(errors) == 1 and "'doomed'" in errors[0] and "could not be reloaded" in errors[0], errors
+    assert finished == alone
+    engine.check_invariants()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks

@@ -4,15 +4,22 @@ An error attributable to one sequence (its sampling parameters, a logits process
 sampling each row alone after the batched sampler raised; the rows that fail are reported in
 ``RunnerOutput.failed`` and the engine core fails only their requests (the scheduler frees their
 blocks). The other rows keep exactly the tokens the batch would have given them.
+
+Before the forward pass, a sequence whose LoRA adapter cannot be made resident (evicted, and its files
+changed or deleted since it was validated) is taken out of the batch the same way: the step runs
+without its rows and only its request fails.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
 
 import torch
 
+from forwardpass.engine.batch import SchedulerOutput
 from forwardpass.sampling.sampler import Sampler, SamplingRow, TokenLogprobs
 
 logger = logging.getLogger(__name__)
@@ -46,3 +53,23 @@ def sample_isolated(
         except Exception as exc:  # noqa: BLE001 - fails this row's request only
             results.append(f"sampling failed for this request: {type(exc).__name__}: {exc}")
     return results
+
+
+class _Adapters(Protocol):
+    def load_missing(self, adapter_ids: set[int]) -> dict[int, str]: ...
+
+
+def drop_unloadable(
+    scheduled: SchedulerOutput, sequences: Mapping[int, Any], adapters: _Adapters | None
+) -> tuple[SchedulerOutput, tuple[tuple[int, str], ...]]:
+    """``scheduled`` without the chunks whose adapter cannot be loaded, and ``(seq_id, reason)`` for each."""
+    wanted = {sequences[c.seq_id].lora_id for c in scheduled.chunks} - {0}
+    if adapters is None or not wanted:
+        return scheduled, ()
+    broken = adapters.load_missing(wanted)
+    if not broken:
+        return scheduled, ()
+    failed = tuple((c.seq_id, broken[sequences[c.seq_id].lora_id]) for c in scheduled.chunks
+                   if sequences[c.seq_id].lora_id in broken)
+    dropped = {seq_id for seq_id, _ in failed}
+    return replace(scheduled, chunks=tuple(c for c in scheduled.chunks if c.seq_id not in dropped)), failed

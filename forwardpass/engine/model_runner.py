@@ -13,7 +13,7 @@ prefill chunk that stops short of the prompt's end samples nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -21,7 +21,7 @@ import torch
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.metadata import GroupMetadataBuilder, StateMetadataBuilder
 from forwardpass.engine.batch import EMPTY_RUNNER_OUTPUT, NewSequence, RunnerOutput, SchedulerOutput
-from forwardpass.engine.isolation import sample_isolated
+from forwardpass.engine.isolation import drop_unloadable, sample_isolated
 from forwardpass.engine.kv_cache_spec import KVCacheGroup, StateSpec
 from forwardpass.engine.prompt_logprobs import add_prompt_logprobs, take_prompt_logprobs
 from forwardpass.sampling.params import SamplingParams
@@ -31,6 +31,9 @@ from forwardpass.structured.backend import GrammarBackend, GrammarState
 
 class BatchAdapters(Protocol):
     """Per-step adapter mapping (LoRA): which rows of the flattened batch use which adapter."""
+
+    def load_missing(self, adapter_ids: set[int]) -> dict[int, str]:
+        """Make these adapters resident (reloading evicted ones); the ones that fail, with the reason."""
 
     def begin_step(self, row_adapters: list[tuple[int, int]]) -> None:
         """``[(adapter id or 0, number of rows)]`` for each chunk, in batch order."""
@@ -188,6 +191,11 @@ class ModelRunner:
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         """Run the scheduled chunks; sample for the sequences whose known tokens are now all computed."""
         self._update_states(scheduled)
+        scheduled, unloadable = drop_unloadable(scheduled, self.sequences, self.adapters)  # their requests fail
+        out = self._run(scheduled)
+        return replace(out, failed=unloadable + out.failed) if unloadable else out
+
+    def _run(self, scheduled: SchedulerOutput) -> RunnerOutput:
         if scheduled.is_empty:
             return EMPTY_RUNNER_OUTPUT
         input_ids, positions, ctx, sample_rows, sampled, row_adapters = self._prepare(scheduled)

@@ -150,14 +150,29 @@ class LoRAManager:
         active = {s.lora_id for s in running if s.lora_request is not None}
         return seq.lora_id in active or len(active) < self.max_loras
 
+    def load_missing(self, adapter_ids: set[int]) -> dict[int, str]:
+        """Reload this step's evicted adapters (keeping all of the step's resident); those that fail — their
+        files deleted or changed since they were validated — with the reason, so only their requests fail."""
+        broken: dict[int, str] = {}
+        for aid in adapter_ids - set(self.adapters):
+            request = self.requests[aid]
+            try:
+                adapter = load_adapter(request, self.model, self.spec, self.max_lora_rank, self.dtype, self.device)
+            except Exception as exc:  # noqa: BLE001 - any load error is this adapter's, reported to its requests
+                broken[aid] = f"LoRA adapter {request.lora_name!r} could not be reloaded: {exc}"
+                continue
+            self._install(aid, adapter)
+            logger.info("reloaded LoRA adapter %r (id %d)", request.lora_name, aid)
+        self._evict(keep=adapter_ids)
+        return broken
+
     def begin_step(self, row_adapters: list[tuple[int, int]]) -> None:
-        """Map the rows of the flattened batch to adapters: ``[(adapter id or 0, rows)]`` per chunk."""
+        """Map the rows of the flattened batch to adapters: ``[(adapter id or 0, rows)]`` per chunk
+        (``load_missing`` has made them resident)."""
         spans: dict[int, list[list[int]]] = {}
         row = 0
         for aid, n in row_adapters:
             if aid:
-                if aid not in self.adapters:  # evicted since it was validated: load it again
-                    self.add_adapter(self.requests[aid])
                 runs = spans.setdefault(aid, [])
                 if runs and runs[-1][1] == row:
                     runs[-1][1] = row + n  # adjacent rows: extend the run
