@@ -193,6 +193,43 @@ def test_break5_swapped_streams_finish_identical(ckpt):
     assert out == alone
 
 
+def test_break5_fairness_also_when_the_kv_cache_is_full(ckpt):
+    """Two long streams hold the KV cache (free slots, no free blocks): a newcomer whose prompt does not
+    fit gets a stream swapped out for it at once, instead of waiting for one to finish; tokens unchanged."""
+    kw = {"num_kv_blocks": 20, "block_size": 4, "max_num_seqs": 8}
+    streams = SamplingParams(temperature=0.0, max_tokens=36, ignore_eos=True)  # 10 blocks each at the end
+    short = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    prompts = [[11, 12, 13, 14], [21, 22, 23, 24]]
+    newcomer = [(7 * i) % 500 + 3 for i in range(48)]  # 12 blocks: more than the 10 free at step 16
+    alone = LLM(str(ckpt), **kw, fair_share_tokens=0)
+    expected = [o.outputs[0].token_ids for o in alone.generate(prompts, streams)]
+    expected_new = alone.generate([newcomer], short)[0].outputs[0].token_ids
+
+    def run(fair_share_tokens: int) -> tuple[int, dict[str, list[int]]]:
+        engine = LLM(str(ckpt), **kw, fair_share_tokens=fair_share_tokens).engine
+        for i, p in enumerate(prompts):
+            engine.add_request(f"s{i}", p, streams)
+        for _ in range(16):
+            engine.step()
+        engine.add_request("new", newcomer, short)
+        steps, first, done = 0, None, {}
+        while engine.has_unfinished_requests():
+            steps += 1
+            for o in engine.step():
+                if o.request_id == "new" and first is None and o.outputs[0].token_ids:
+                    first = steps
+                if o.finished:
+                    done[o.request_id] = o.outputs[0].token_ids
+        engine.check_invariants()
+        return first, done
+
+    first_fair, done = run(fair_share_tokens=8)
+    assert first_fair <= 3, first_fair
+    assert done == {"s0": expected[0], "s1": expected[1], "new": expected_new}
+    first_unfair, _ = run(fair_share_tokens=0)
+    assert first_unfair > 15  # without fairness it waits for a stream to finish
+
+
 # ----- break 8: LoRA patterns cannot backtrack for ever ---------------------------------------------
 def test_break8_lora_rank_pattern_regex_is_restricted():
     import time

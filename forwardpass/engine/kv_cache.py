@@ -85,6 +85,12 @@ class KVCacheManager:
         paged = [g.num_blocks for g in self.groups if g.spec.blocks_needed(1 << 40) > 1]
         return min(paged) * self.block_size if paged else 1 << 40
 
+    def can_fit(self, num_tokens: int, freeing: Sequence | None = None) -> bool:
+        """Would a new sequence's first ``num_tokens`` get blocks now (after ``freeing`` gave its back)?"""
+        tables = self.tables.get(freeing.seq_id, []) if freeing is not None else []
+        return all(p.num_free + (len(tables[i]) if tables else 0) >= g.spec.blocks_needed(num_tokens)
+                   for i, (g, p) in enumerate(zip(self.groups, self.pools)))
+
     def blocks_needed(self, num_tokens: int) -> int:
         return self.groups[0].spec.blocks_needed(num_tokens)
 

@@ -9,11 +9,11 @@ When the KV pool runs dry, the most recently admitted running sequence is preemp
 freed and it returns to the *front* of the waiting queue, to be recomputed later (its generated
 tokens are kept and become part of what it recomputes). Nothing admitted is ever dropped.
 
-Fairness: when every batch slot (``max_num_seqs``) is taken and the head of the queue is a newcomer
-(nothing generated yet), the running sequence that has generated the most (at least
-``fair_share_tokens``) is swapped out to the *back* of the queue, one per step, so a newcomer's first
-token does not wait for a long stream to end. Its full blocks stay in the prefix cache, so coming
-back usually recomputes less than a block.
+Fairness: when every batch slot (``max_num_seqs``) is taken, or the KV cache has no room for its
+first chunk, and the head of the queue is a newcomer (nothing generated yet), the running sequence
+that has generated the most (at least ``fair_share_tokens``) is swapped out to the *back* of the
+queue, one per step, so a newcomer's first token does not wait for a long stream to end. Its full
+blocks stay in the prefix cache, so coming back usually recomputes less than a block.
 
 ``schedule()`` decides; ``update()`` applies the runner's sampled tokens (appends them, checks the
 token-level stop conditions, finishes and frees) and returns one ``TokenDelta`` per new token.
@@ -197,14 +197,18 @@ class Scheduler:
 
     def _make_room_for_newcomer(self) -> None:
         """Fairness (see the module docstring): swap the longest-served sequence out for a newcomer."""
-        if not self.fair_share_tokens or not self.waiting or len(self.running) < self.max_num_seqs:
+        if not self.fair_share_tokens or not self.waiting or not self.running:
             return
         head = self.waiting[0]
-        if head.output_token_ids or head.num_preemptions:
-            return
+        first_chunk = min(head.num_tokens, self.max_num_batched_tokens)
+        slots_full = len(self.running) >= self.max_num_seqs
+        if head.output_token_ids or head.num_preemptions or not (slots_full or not self.kv.can_fit(first_chunk)):
+            return  # not a newcomer, or it has a slot and KV blocks as things are
         victim = max(self.running, key=lambda s: len(s.output_token_ids))
         if len(victim.output_token_ids) < self.fair_share_tokens:
             return
+        if not slots_full and not self.kv.can_fit(first_chunk, freeing=victim):
+            return  # swapping it out would not make room: no point interrupting it
         self.running.remove(victim)
         self._preempt(victim)
         self.waiting.popleft()  # _preempt put it first; it queues behind the newcomers instead
