@@ -8,6 +8,7 @@ be made slow or stuck, short watchdog / request / shutdown timeouts; its last te
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -297,6 +298,22 @@ def test_break10_half_sent_body_times_out(server):
         reply = s.recv(4096)
         assert b" 408 " in reply.split(b"\r\n", 1)[0], reply
         assert 1.5 < time.monotonic() - t0 < 8
+
+
+def test_break10_half_sent_headers_time_out(server):
+    """Slowloris: headers trickled in (or never sent) do not hold a connection past --read-timeout."""
+    for opening in (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", b""):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(opening)
+            t0 = time.monotonic()
+            for _ in range(3):  # a byte now and then does not extend the deadline
+                time.sleep(0.5)
+                with contextlib.suppress(OSError):
+                    s.sendall(b"X")
+            reply = s.recv(4096)
+            assert reply == b"" or b" 408 " in reply.split(b"\r\n", 1)[0], reply
+            assert 1.5 < time.monotonic() - t0 < 8
+    assert httpx.get(server.url + "/health").status_code == 200
 
 
 # ----- noisy neighbour -------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ def run_server(spec: EngineSpec, config: ServerConfig, *, host: str = "127.0.0.1
     import uvicorn
 
     from forwardpass.server.app import build_app
+    from forwardpass.server.header_timeout import header_timeout_protocol
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -68,6 +69,7 @@ def run_server(spec: EngineSpec, config: ServerConfig, *, host: str = "127.0.0.1
     app = build_app(engine, config)
     server = Server(uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_keep_alive=5,
+        http=header_timeout_protocol(config.read_timeout_s),  # headers too get --read-timeout (slowloris)
         # uvicorn annotates this ``int | None`` but only hands it to asyncio.wait_for, which takes a float.
         timeout_graceful_shutdown=config.shutdown_timeout_s + SHUTDOWN_GRACE_S,  # type: ignore[arg-type]
         access_log=log_level == "debug" if access_log is None else access_log))
