@@ -44,10 +44,10 @@ class HeaderTimeoutProtocol(H11Protocol):
 
     def _expired(self) -> None:
         self._header_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            if self.cycle is None or self.cycle.response_complete:  # never cut a response being sent
-                self.transport.write(_REPLY)
-                self.transport.close()
+        idle = self.cycle is None or self.cycle.response_complete  # never cut a response being sent
+        if idle and self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.write(_REPLY)
+            self.transport.close()
 
 
 def header_timeout_protocol(timeout_s: float) -> type[HeaderTimeoutProtocol]:
