@@ -53,6 +53,7 @@ def server(model_dir):
     with ServerProcess(model_dir, "--num-kv-blocks", "256", "--max-request-bytes", str(3 << 20),
                        "--read-timeout", "2", "--chat-template-timeout", "0.5",
                        "--max-stats-records", "500",  # bounded, and full after the RSS test's warm-up
+                       "--max-request-tokens", "20000",
                        env={"FORWARDPASS_API_KEY": KEY}) as srv:
         srv.api_key = KEY
         yield srv
@@ -314,6 +315,14 @@ def test_break10_half_sent_headers_time_out(server):
             assert reply == b"" or b" 408 " in reply.split(b"\r\n", 1)[0], reply
             assert 1.5 < time.monotonic() - t0 < 8
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_break5_request_size_budget_in_tokens(http):
+    """Bytes are not the only bound: a small body asking for much work is refused by its token count."""
+    body = {"prompt": ["hi"] * 8, "n": 8, "max_tokens": 400}  # ~26k tokens of work in ~100 bytes
+    r = http.post("/v1/completions", json=body)
+    assert_error(r, 400)
+    assert r.json()["error"]["param"] == "max_tokens" and "limit" in r.json()["error"]["message"]
 
 
 # ----- noisy neighbour -------------------------------------------------------------------------------

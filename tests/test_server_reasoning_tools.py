@@ -69,10 +69,13 @@ def test_tool_parsers_units():
     assert [c["function"]["name"] for c in calls] == ["f"] and json.loads(calls[0]["function"]["arguments"]) == {"x": 1}
     assert content == "ok  <tool_call>not json</tool_call>"
     st = ToolCallStreamer()
-    out = [st.feed(d) for d in ["hi <tool", '_call>{"name": "g", ', '"arguments": {}}</tool_', "call> bye"]]
-    out.append(st.feed("", True))
+    parts = ["hi <tool", '_call>{"name": "g", ', '"arguments": {"a": ', '[1, {"b": 2}]}', "}</tool_", "call> bye"]
+    out = [st.feed(d) for d in parts] + [st.feed("", True)]
     assert "".join(c for c, _ in out) == "hi  bye"
-    assert [c["function"]["name"] for _, cs in out for c in cs] == ["g"]
+    deltas = [c for _, cs in out for c in cs]
+    assert [c["function"].get("name") for c in deltas if "id" in c] == ["g"]  # one header, then fragments
+    assert json.loads("".join(c["function"]["arguments"] for c in deltas)) == {"a": [1, {"b": 2}]}
+    assert len(deltas) >= 3 and st.calls[0]["function"]["arguments"] == '{"a": [1, {"b": 2}]}'
     p = ChatOutputParser(None, "forced", "required")
     assert p.message('[{"name": "g", "parameters": {"a": 1}}]')["tool_calls"][0]["function"]["name"] == "g"
     assert p.finish_reason("stop") == "tool_calls"
@@ -119,8 +122,10 @@ def test_auto_tool_call_parsed_and_streamed(client):
             calls += ch.delta.tool_calls or []
             finish = ch.finish_reason or finish
     assert content.strip() == "Sure." and finish == "tool_calls"
-    assert [tc.function.name for tc in calls] == ["get_weather"] and calls[0].index == 0
-    assert json.loads(calls[0].function.arguments) == args
+    # as vLLM streams them: the id and name first, then the arguments' JSON text in several fragments
+    assert calls[0].id.startswith("call_") and calls[0].function.name == "get_weather" and len(calls) > 2
+    assert all(tc.index == 0 and tc.id is None and tc.function.name is None for tc in calls[1:])
+    assert json.loads("".join(tc.function.arguments or "" for tc in calls)) == args
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
@@ -134,6 +139,18 @@ def test_required_and_named_tool_choice_are_enforced(client, choice):
         for call in c.message.tool_calls:
             assert call.function.name == "get_weather"
             jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    if isinstance(choice, dict):  # a named call streams its arguments as they are generated
+        calls, finish = [], None
+        for chunk in client.chat.completions.create(model=MODEL, messages=MSG, tools=[WEATHER], tool_choice=choice,
+                                                    temperature=0.8, max_tokens=120, seed=6, stream=True,
+                                                    extra_body=NO_THINK):
+            for ch in chunk.choices:
+                calls += ch.delta.tool_calls or []
+                finish = ch.finish_reason or finish
+        assert calls[0].function.name == "get_weather" and len(calls) > 2
+        if finish == "tool_calls":
+            args = json.loads("".join(tc.function.arguments or "" for tc in calls))
+            jsonschema.validate(args, WEATHER["function"]["parameters"])
 
 
 def test_tool_choice_errors(server):

@@ -190,6 +190,25 @@ def test_tokenize_token_strs_and_chat_messages(server):
     assert r["count"] > 0
 
 
+def test_custom_roles_and_extra_message_fields_reach_the_template(server):
+    """As vLLM: a role the template knows (here any: the template prints it) and extra message fields are
+    passed to the template; names are bounded and checked."""
+    from forwardpass.server.protocol import ChatMessage
+
+    msg = ChatMessage.model_validate({"role": "ipython", "content": "42", "tool_name": "calc", "step": 3})
+    assert msg.template_dict() == {"role": "ipython", "content": "42", "tool_name": "calc", "step": 3}
+    chat = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "ipython", "content": "42"}],
+                                                      "add_generation_prompt": False}).json()
+    text = httpx.post(server.url + "/tokenize", json={"prompt": "<|im_start|>ipython\n42<|im_end|>\n",
+                                                      "add_special_tokens": False}).json()
+    assert chat["tokens"] == text["tokens"]
+    bad = [{"role": "no spaces allowed", "content": "x"}, {"role": "user", "content": "x", "bad-name": 1},
+           {"role": "user", "content": "x", **{f"f{i}": i for i in range(17)}}]
+    for m in bad:
+        r = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, "messages": [m], "max_tokens": 1})
+        assert r.status_code == 400 and "messages" in (r.json()["error"]["param"] or ""), (m, r.text)
+
+
 def test_continue_final_message_and_chat_echo(client, server):
     msgs = [*MSG, {"role": "assistant", "content": "It is raining in"}]
     body = {"model": MODEL, "messages": msgs, "max_tokens": 3, "temperature": 0.0,

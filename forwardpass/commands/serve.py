@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-threads", type=int, default=None,
                    help="torch compute threads of the engine (default: torch's; use 1 on small, shared machines)")
     p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="413 for larger request bodies")
+    p.add_argument("--max-request-tokens", type=int, default=1 << 20,
+                   help="400 for a request whose (prompt + max_tokens) x n over its prompts is larger")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds in-flight requests get to finish (then: an error event and [DONE])")
     p.add_argument("--request-timeout", type=float, default=None,
@@ -115,10 +117,14 @@ def run(args: argparse.Namespace) -> int:
                         ("--shutdown-timeout", args.shutdown_timeout)):
         if value is not None and not value > 0:
             raise ValidationError(f"{flag} must be a positive number of seconds, got {value}", param=flag)
+    for flag, count in (("--max-request-bytes", args.max_request_bytes), ("--max-request-tokens", args.max_request_tokens)):
+        if count < 1:
+            raise ValidationError(f"{flag} must be a positive integer, got {count}", param=flag)
     engine_config = EngineConfig(**config_kwargs)  # validates the engine options (e.g. --max-num-seqs 0)
     spec_info = check_model(model, engine_config)  # unsupported architectures and bad configs, before loading
     api_key = args.api_key or os.environ.get("FORWARDPASS_API_KEY") or None
     server_config = ServerConfig(models=models, api_key=api_key, max_request_bytes=args.max_request_bytes,
+                                 max_request_tokens=args.max_request_tokens,
                                  enable_debug_endpoints=args.enable_debug_endpoints,
                                  shutdown_timeout_s=args.shutdown_timeout, request_timeout_s=args.request_timeout,
                                  watchdog_timeout_s=args.watchdog_timeout, read_timeout_s=args.read_timeout,

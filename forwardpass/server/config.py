@@ -25,6 +25,8 @@ class ServerConfig:
     models: dict[str, LoRARequest | None] = field(default_factory=lambda: {"forwardpass": None})
     api_key: str | None = None
     max_request_bytes: int = 4 << 20  # 413 above this
+    # a request's work in tokens: (prompt + max_tokens) summed over its n x prompts sequences (400 above)
+    max_request_tokens: int = 1 << 20
     retry_after_s: int = 1  # Retry-After sent with 503 when the waiting queue is full
     enable_debug_endpoints: bool = False  # GET /debug/engine (free blocks, invariants) for tests
     shutdown_timeout_s: float = 30.0  # on SIGTERM: then every stream still open ends with an error + [DONE]

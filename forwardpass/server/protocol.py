@@ -230,17 +230,39 @@ class TextPart(_Strict):
     text: str
 
 
+#: At most this many extra fields per message (vLLM passes a message's unknown keys to the template).
+MAX_EXTRA_MESSAGE_FIELDS = 16
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    """A chat message. As vLLM: any role (the usual five, or a custom one the model's template knows, e.g.
+    ``ipython``), and extra fields passed through to the chat template (bounded in number and name)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")]
     content: str | list[TextPart] | None = Field(None, description="text, or a list of text parts")
     name: Annotated[str, Field(max_length=256)] | None = None
     tool_call_id: Annotated[str, Field(max_length=256)] | None = None
     tool_calls: Annotated[list[dict[str, Any]], Field(max_length=128)] | None = None
     reasoning_content: str | None = None
 
+    @model_validator(mode="after")
+    def _bounded_extras(self) -> Self:
+        extra = self.model_extra or {}
+        if len(extra) > MAX_EXTRA_MESSAGE_FIELDS:
+            raise ValueError(f"a message may carry at most {MAX_EXTRA_MESSAGE_FIELDS} extra fields, got {len(extra)}")
+        for key, value in extra.items():
+            if not (key.isidentifier() and len(key) <= 64):
+                raise ValueError(f"extra message field names must be identifiers of at most 64 characters: {key!r}")
+            if _has_lone_surrogate(value):
+                raise ValueError(f"{key} must be valid Unicode text")
+        return self
+
     def template_dict(self) -> dict[str, Any]:
         """The message as chat templates read it (tool-call arguments as objects, as vLLM passes them)."""
-        d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        d: dict[str, Any] = {**(self.model_extra or {}),
+                             "role": "system" if self.role == "developer" else self.role, "content": self.text()}
         for key in ("name", "tool_call_id", "reasoning_content"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)

@@ -80,6 +80,15 @@ class Serving:
             raise QueueFullError(f"the waiting queue is full ({engine.num_queued} of {engine.max_queued_requests} "
                                  f"sequences waiting, this request adds {num_seqs}); retry later")
 
+    def check_token_budget(self, tokens: int) -> None:
+        """The request-size budget in tokens (bytes are the middleware's): prompts and every token the
+        request may generate, over all its sequences."""
+        limit = self.config.max_request_tokens
+        if tokens > limit:
+            raise ValidationError(f"this request may use {tokens} tokens (prompt + max_tokens, times n, over its "
+                                  f"prompts), more than this server's limit of {limit}; lower max_tokens or n, or "
+                                  "send fewer prompts", param="max_tokens")
+
     # ----- admission -----------------------------------------------------------------------------
     def resolve_model(self, name: str | None) -> tuple[str, LoRARequest | None]:
         """(served name, lora request or None); 404 for a name this server does not serve."""
@@ -240,6 +249,7 @@ class Serving:
         echo_lps = max(req.logprobs, req.prompt_logprobs or 0) if req.echo and req.logprobs is not None else None
         params = [self.sampling_params(req, len(p), req.max_tokens, req.logprobs, "prompt", structured,
                                        prompt_logprobs=echo_lps) for p in prompts]
+        self.check_token_budget(sum(len(p) + (s.max_tokens or 0) for p, s in zip(prompts, params)) * req.n)
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = await self.admit(prompts, params, rid, lora)
         ctx = _Ctx(rid, model, int(time.time()), req.n, self.engine.tokenizer, top_k=req.logprobs or 0,
@@ -287,6 +297,7 @@ class Serving:
         k = (req.top_logprobs or 0) if req.logprobs else None
         budget = self._reasoning_budget(req.max_reasoning_tokens) if thinking else None
         params = self.sampling_params(req, len(ids), max_tokens, k, "messages", structured, budget)
+        self.check_token_budget((len(ids) + (params.max_tokens or 0)) * req.n)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self.admit([ids], [params], rid, lora)
 
@@ -451,13 +462,14 @@ def _chat_chunks(ctx: _Ctx, i: int, out: RequestOutput) -> Iterator[dict[str, An
         text, lps, _, new = ctx.deltas(c.index, c)
         lp = _chat_logprobs(lps, ctx.top_k, ctx.as_ids) if lps else None
         parser = ctx.parser(c.index)
+        delta = None
         if text or new or (c.finish_reason and not parser.plain):
             delta = parser.delta(text, final=c.finish_reason is not None)
-            if delta is not None or lp is not None:
-                yield {"index": c.index, "delta": delta or {}, "logprobs": lp, "finish_reason": None}
-        if c.finish_reason:
-            yield {"index": c.index, "delta": {}, "logprobs": None, "finish_reason": parser.finish_reason(c.finish_reason),
-                   "stop_reason": c.stop_reason}
+        if c.finish_reason:  # as vLLM: the last chunk carries the last text with the finish reason
+            yield {"index": c.index, "delta": delta or {}, "logprobs": lp,
+                   "finish_reason": parser.finish_reason(c.finish_reason), "stop_reason": c.stop_reason}
+        elif delta is not None or lp is not None:
+            yield {"index": c.index, "delta": delta or {}, "logprobs": lp, "finish_reason": None}
 
 
 def _merged(acc: RequestOutput, delta: RequestOutput) -> RequestOutput:

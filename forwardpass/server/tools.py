@@ -75,15 +75,23 @@ def required_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
          "required": ["name", "parameters"]} for t in tools]}}
 
 
+# the start of a call object up to its arguments: name first (the order Hermes templates and Qwen use)
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
 class ToolCallStreamer:
     """Streaming: text outside ``<tool_call>`` blocks passes through as content (a tail that may start a
-    tag is held back); each complete block becomes one tool-call delta with its index, id, name and
-    arguments."""
+    tag is held back). Inside a block, as in vLLM: once the name is known, a delta with the call's index,
+    id and name (``arguments: ""``), then the arguments' JSON text in fragments as it arrives (the call
+    object's closing brace held back until the block closes). A block whose name does not come first is
+    sent whole when it closes; one that never opens a call object stays content."""
 
     def __init__(self) -> None:
         self.buf = ""
         self.inside = False
         self.calls: list[dict[str, Any]] = []
+        self._args_at: int | None = None  # where the current block's arguments start in buf (header sent)
+        self._args_sent = 0  # characters of them already sent
 
     def feed(self, delta: str, final: bool = False) -> tuple[str, list[dict[str, Any]]]:
         self.buf += delta
@@ -102,18 +110,45 @@ class ToolCallStreamer:
                 break
             j = self.buf.find(END)
             if j < 0:
-                if final:  # an unclosed block: give the text back as content
+                if self._args_at is None and (m := _HEAD.match(self.buf)):
+                    call = _call(json.loads(f'"{m.group(1)}"'), "")
+                    new.append({"index": len(self.calls), **call, "function": dict(call["function"])})  # a copy:
+                    self.calls.append(call)  # the arguments accumulate in the kept call only
+                    self._args_at, self._args_sent = m.end(), 0
+                if self._args_at is not None:
+                    new.extend(self._fragment(self._streamable()))
+                elif final:  # an unclosed block: give the text back as content
                     content += START + self.buf
                     self.buf = ""
                 break
-            call = _parse_block(self.buf[:j].strip())
-            if call is None:
-                content += START + self.buf[:j + len(END)]
+            if self._args_at is not None:  # the rest of the arguments, up to the object's closing brace
+                body = self.buf[self._args_at:j].strip()
+                new.extend(self._fragment(body[:-1].rstrip() if body.endswith("}") else body))
+                self._args_at = None
             else:
-                new.append({"index": len(self.calls), **call})
-                self.calls.append(call)
+                call = _parse_block(self.buf[:j].strip())
+                if call is None:
+                    content += START + self.buf[:j + len(END)]
+                else:
+                    new.append({"index": len(self.calls), **call})
+                    self.calls.append(call)
             self.buf, self.inside = self.buf[j + len(END):], False
         return content, new
+
+    def _streamable(self) -> str:
+        """The arguments text so far, less what may still be the object's closing brace or the end tag."""
+        assert self._args_at is not None
+        text = self.buf[self._args_at:].lstrip()
+        text = text[:len(text) - _partial_tail(text, END)].rstrip()
+        return text.removesuffix("}")
+
+    def _fragment(self, args_text: str) -> list[dict[str, Any]]:
+        piece = args_text[self._args_sent:]
+        if not piece:
+            return []
+        self._args_sent = len(args_text)
+        self.calls[-1]["function"]["arguments"] += piece
+        return [{"index": len(self.calls) - 1, "function": {"arguments": piece}}]
 
 
 def _partial_tail(text: str, tag: str) -> int:
