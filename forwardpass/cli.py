@@ -14,7 +14,7 @@ import logging
 import sys
 
 # Order is the order shown in --help. A module that does not exist (yet) is skipped.
-COMMANDS = ["generate", "chat", "serve", "models", "bench", "roofline", "image", "explain"]
+COMMANDS = ["generate", "chat", "serve", "models", "bench", "roofline", "image", "video", "transcribe", "explain"]
 
 
 def build_parser() -> argparse.ArgumentParser:

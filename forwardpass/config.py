@@ -56,9 +56,17 @@ class EngineConfig:
     max_loras: int = 1  # distinct adapters in one batch
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # adapters kept loaded (least recently used evicted)
+    # weight-only quantization at load (CPU): "int8" (Q8_0 blocks), "int4" (Q4_0 blocks) or None (the
+    # checkpoint's weights in `dtype`); see forwardpass/quant/apply.py
+    quantization: str | None = None
+    # tensor parallelism (forwardpass/distributed): the model split across this many processes (ranks),
+    # each holding 1/N of the weights and of the KV cache (kv_cache_memory / num_kv_blocks are per rank)
+    tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False  # MoE: whole experts per rank instead of every expert split
+    distributed_timeout_s: float = 60.0  # a collective that waits longer fails the engine (a hung rank)
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}", param=name)
@@ -72,10 +80,27 @@ class EngineConfig:
             raise ConfigError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}", param="kv_cache_memory")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}", param="max_model_len")
+        if not self.distributed_timeout_s > 0:
+            raise ConfigError(f"distributed_timeout_s must be > 0 seconds, got {self.distributed_timeout_s}",
+                              param="distributed_timeout_s")
+        if self.enable_expert_parallel and self.tensor_parallel_size < 2:
+            raise ConfigError("enable_expert_parallel needs tensor_parallel_size >= 2 (the ranks the experts are "
+                              "spread over)", param="enable_expert_parallel")
         if self.cpu_kernels not in (True, False, "auto"):
             raise ConfigError(f"cpu_kernels must be True, False or 'auto', got {self.cpu_kernels!r}",
                               param="cpu_kernels")
+        if self.quantization is not None:
+            from forwardpass.quant import QUANTIZATIONS
+
+            if self.quantization not in QUANTIZATIONS:
+                raise ConfigError(f"unknown quantization {self.quantization!r}; use {' or '.join(QUANTIZATIONS)}",
+                                  param="quantization")
+            if not self.device.startswith("cpu"):
+                raise ConfigError("quantization (int8/int4 weights) is a CPU feature; on CUDA use bfloat16",
+                                  param="quantization")
         self.torch_dtype = resolve_dtype(self.dtype, self.device)
+        if self.quantization is not None and self.torch_dtype != torch.float32:
+            raise ConfigError("quantization computes in float32: leave dtype at auto/float32", param="dtype")
 
 
 DEFAULT_KV_CACHE_MEMORY = 1 << 30

@@ -26,12 +26,18 @@ class LLM:
     the embedded default model shipped in ``forwardpass/assets``.
     Engine options (``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, ``num_kv_blocks``,
     ``kv_cache_memory``, ``max_model_len``, ``enable_prefix_caching``, ``attention_backend``,
-    ``cpu_kernels``, ``seed``, ``enable_lora``, ``max_loras``, ``max_lora_rank``) are passed through to
-    :class:`forwardpass.config.EngineConfig`.
+    ``cpu_kernels``, ``seed``, ``enable_lora``, ``max_loras``, ``max_lora_rank``, ``tensor_parallel_size``,
+    ``enable_expert_parallel``, ``distributed_timeout_s``) are passed through to
+    :class:`forwardpass.config.EngineConfig`. With ``tensor_parallel_size > 1`` worker processes are
+    spawned, so a script needs an ``if __name__ == "__main__":`` guard (``docs/distributed.md``).
+
+    ``task``: ``"generate"``, ``"embed"`` (an encoder such as a sentence-transformers ``BertModel``:
+    ``llm.embed(texts)``; options ``device``, ``max_model_len``, ``max_num_batched_tokens``,
+    ``attention_backend``) or ``"auto"`` (embed for encoders, generate otherwise).
     """
 
     def __init__(self, model: str | Path | None = None, dtype: str = "auto", revision: str | None = None,
-                 **engine_kwargs: Any):
+                 task: str = "auto", **engine_kwargs: Any):
         if model is None:
             from forwardpass.assets import default_llm_path
 
@@ -40,11 +46,43 @@ class LLM:
             from forwardpass.loader.hub import resolve_model_path
 
             model = resolve_model_path(model, revision=revision)
-        self.engine = LLMEngine(model, EngineConfig(dtype=dtype, **engine_kwargs))
+        from forwardpass.embed.task import resolve_task
+
+        # task="embed" (or "auto" on an encoder such as BertModel): no paged engine, an EmbeddingRunner
+        self.task = resolve_task(model, task)
         self._ids = itertools.count()
+        self.embedder = None
+        if self.task == "embed":
+            from forwardpass.embed.offline import build_runner
+
+            self.embedder = build_runner(model, dtype, engine_kwargs)
+            return
+        self.engine = LLMEngine(model, EngineConfig(dtype=dtype, **engine_kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "engine" and self.__dict__.get("task") == "embed":
+            raise ValidationError("this LLM embeds (task='embed'); use llm.embed(texts), or load a generative "
+                                  "model to generate", param="task")
+        raise AttributeError(name)
 
     def get_tokenizer(self):
-        return self.engine.tokenizer
+        return self.embedder.tokenizer if self.embedder is not None else self.engine.tokenizer
+
+    # ----- embed ---------------------------------------------------------------------------------
+    def embed(self, prompts: PromptType | Seq[PromptType], *, truncate_prompt_tokens: int | None = None,
+              use_tqdm: bool = True) -> list:
+        """One ``EmbeddingRequestOutput`` per prompt (``out.outputs.embedding``), in the prompts' order.
+
+        ``truncate_prompt_tokens``: ``k`` keeps at most ``k`` tokens, ``-1`` the model's maximum; without
+        it an input longer than the model's maximum is an error. See ``forwardpass/embed/``.
+        """
+        if self.embedder is None:
+            raise ValidationError("embed() needs an embedding model: load an encoder (e.g. a sentence-transformers "
+                                  "BertModel directory) with LLM(model, task='embed')", param="task")
+        from forwardpass.embed.offline import embed_prompts
+
+        return embed_prompts(self.embedder, prompts, truncate_prompt_tokens=truncate_prompt_tokens,
+                             use_tqdm=use_tqdm, ids=self._ids)
 
     # ----- generate ------------------------------------------------------------------------------
     def generate(
@@ -57,16 +95,18 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in the order of the prompts.
 
-        A prompt is a string, a list of token ids, or ``{"prompt": str}`` / ``{"prompt_token_ids": [...]}``.
+        A prompt is a string, a list of token ids, or ``{"prompt": str}`` / ``{"prompt_token_ids": [...]}``;
+        a speech model's dict also has ``"multi_modal_data": {"audio": (samples, sample_rate)}``.
         """
-        prompts = self._normalize_prompts(prompts)
+        prompts, media = self._normalize_prompts(prompts)
         params = self._per_prompt(sampling_params, len(prompts), "sampling_params")
         loras = self._per_prompt(lora_request, len(prompts), "lora_request")
         ids = []
         try:
-            for prompt, p, lora in zip(prompts, params, loras):
+            for prompt, p, lora, mm in zip(prompts, params, loras, media):
                 rid = str(next(self._ids))
-                self.engine.add_request(rid, prompt, p or self.engine.default_sampling_params(), lora_request=lora)
+                self.engine.add_request(rid, prompt, p or self.engine.default_sampling_params(), lora_request=lora,
+                                        multi_modal_data=mm)
                 ids.append(rid)
             return self._run(ids, use_tqdm)
         except BaseException:
@@ -110,13 +150,16 @@ class LLM:
         return [results[i] for i in ids]
 
     @staticmethod
-    def _normalize_prompts(prompts) -> list[str | list[int]]:
+    def _normalize_prompts(prompts) -> tuple[list[str | list[int]], list[dict | None]]:
+        """The prompts, and each one's ``multi_modal_data`` (audio for Whisper) or None."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]
         out: list[str | list[int]] = []
+        media: list[dict | None] = []
         for p in prompts:
+            media.append(p.get("multi_modal_data") if isinstance(p, dict) else None)
             if isinstance(p, dict):
                 if "prompt_token_ids" in p:
                     p = list(p["prompt_token_ids"])
@@ -130,7 +173,7 @@ class LLM:
             out.append(p)
         if not out:
             raise ValidationError("no prompts given", param="prompts")
-        return out
+        return out, media
 
     @staticmethod
     def _per_prompt(value, n: int, name: str) -> list:

@@ -92,7 +92,7 @@ def test_bench_serve_names_an_http_error(capsys):
 def test_a_kernel_build_shows_progress_on_a_terminal_and_one_line_in_logs(caplog):
     """A one-time compile is a wait a person notices: a live bar with the elapsed time on a terminal."""
     pexpect = pytest.importorskip("pexpect")
-    code = ("import logging, time; from forwardpass.build_progress import compile_progress\n"
+    code = ("import logging, time; from forwardpass.kernel_build import compile_progress\n"
             "with compile_progress('the test kernel', 30, logging.getLogger('t')): time.sleep(1.5)\n"
             "print('built')")
     child = pexpect.spawn(sys.executable, ["-c", code], encoding="utf-8", timeout=60, dimensions=(24, 120))
@@ -101,7 +101,7 @@ def test_a_kernel_build_shows_progress_on_a_terminal_and_one_line_in_logs(caplog
     child.expect("built")
     child.close()
 
-    from forwardpass.build_progress import compile_progress  # not a terminal: one log line
+    from forwardpass.kernel_build import compile_progress  # not a terminal: one log line
 
     with caplog.at_level("WARNING"), compile_progress("the test kernel", 30, __import__("logging").getLogger("t")):
         pass

@@ -182,6 +182,10 @@ def forward_ops(
         from forwardpass.analysis.state import state_mixer_ops
 
         ops += state_mixer_ops(shape, stage, tokens=T, batch=batch, wb=wb, ab=ab)
+    if shape.dsv4 is not None:  # DeepSeek-V4: window + compressed attention, hyper-connections (kv_len = context)
+        from forwardpass.analysis.compressed import dsv4_layer_ops
+
+        ops = dsv4_layer_ops(shape, stage, batch=batch, new_tokens=new_tokens, context=kv_len, wb=wb, ab=ab, kvb=kvb)
 
     # feed-forward: dense layers
     if shape.dense_layers:
@@ -497,6 +501,8 @@ def analyze(
     budget = float(memory_budget) if memory_budget is not None else 0.9 * hw.capacity
     free = budget - shape.params * wb
     per_seq = kv_per_token * L + shape.state_bytes_per_sequence(4)  # KV grows with L; a state does not
+    if shape.dsv4 is not None:  # its window is bounded, its entries grow as L / m
+        per_seq = shape.dsv4.cache_bytes(context, kvb) + shape.state_bytes_per_sequence(4)
     max_batch = max(0, int(free // per_seq)) if free > 0 and per_seq > 0 else 0
 
     notes = [s.format(attention=attention, attention_note=_ATTENTION_NOTES[attention]) for s in ASSUMPTIONS]

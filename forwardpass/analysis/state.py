@@ -11,7 +11,10 @@ is the state's "KV traffic" (``kv_read_bytes`` / ``kv_write_bytes``), constant i
 and bytes of softmax attention (reads all L keys), sliding-window attention (at most W), linear
 attention / Gated DeltaNet and Mamba2 (a fixed state, whatever L) and compressed attention (a window
 plus one compressed entry per ``compress_rate`` tokens, DeepSeek-V4 style: L / m entries) as the
-context grows; ``plot_mixer_cost`` draws it (log-log).
+context grows; ``plot_mixer_cost`` draws it (log-log). Given a DeepSeek-V4 ``model``, the compressed
+curve is that model's own layer mix instead (``compressed_decode_cost``: one K=V vector per position,
+its window, HCA layers reading all ``L / m'`` entries, CSA layers scoring all ``L / m`` index keys and
+reading only the indexer's top-k entries).
 """
 
 from __future__ import annotations
@@ -62,9 +65,28 @@ def state_mixer_ops(shape: ModelSpec, stage: str, *, tokens: int, batch: int, wb
     return ops
 
 
+def compressed_decode_cost(model: ModelSpec, context: int, kv_bytes: float = 2.0) -> tuple[float, float]:
+    """(FLOPs, bytes) of one decode token's attention in a DeepSeek-V4 model, averaged over its layers."""
+    v4 = model.dsv4
+    assert v4 is not None, f"{model.name} has no compressed attention"
+    d, heads, flops, nbytes = model.head_dim, model.heads, 0.0, 0.0
+    for layer, m in enumerate(v4.compress_rates):
+        used = min(context, v4.window)  # window positions, one K=V vector each
+        if m and v4.sparse(layer):  # every index key scored, only the top-k entries attended
+            entries = context // m
+            flops += 2.0 * v4.index_heads * v4.index_head_dim * entries
+            nbytes += entries * v4.index_head_dim * kv_bytes
+            used += min(v4.index_topk, entries)
+        elif m:
+            used += context // m
+        flops += 4.0 * heads * d * used
+        nbytes += used * d * kv_bytes
+    return flops / model.layers, nbytes / model.layers
+
+
 def mixer_cost_vs_context(
     hidden: int, contexts: list[int], *, heads: int | None = None, window: int = 4096, compress_rate: int = 128,
-    state: int = 128, kv_bytes: float = 2.0,
+    state: int = 128, kv_bytes: float = 2.0, model: ModelSpec | None = None,
 ) -> dict[str, list[dict[str, float]]]:
     """Decode FLOPs and bytes of one token-mixing layer of width ``hidden`` per new token, at each
     context length: ``{kind: [{"context", "flops", "bytes"}, ...]}`` for softmax, sliding, linear,
@@ -83,6 +105,9 @@ def mixer_cost_vs_context(
         }
         for kind, positions in rows.items():
             out[kind].append({"context": L, "flops": 4.0 * d * positions, "bytes": kv_per_pos * positions})
+        if model is not None and model.dsv4 is not None:
+            flops, nbytes = compressed_decode_cost(model, L, kv_bytes)
+            out["compressed"][-1] = {"context": L, "flops": flops, "bytes": nbytes}
         lin_state = heads * head_dim * head_dim  # one [d_k, d_v] matrix per head
         out["linear"].append({"context": L, "flops": 8.0 * lin_state, "bytes": 2 * lin_state * STATE_BYTES})
         ssm_state = 2 * d * state  # Mamba2: expand 2, a [head_dim, N] state per head

@@ -10,7 +10,8 @@ layers, sliding-window layers, latent (MLA) layers each have their own block poo
 has its own slot mapping and block tables (``GroupMetadata``). A layer reads its group's metadata
 with ``ctx.for_layer(layer_idx)``. A state group (Mamba layers, ``StateSpec``) has a ``StateMetadata``
 instead: each sequence's slot and whether its state carries over from an earlier step
-(``ctx.for_state(layer_idx)``).
+(``ctx.for_state(layer_idx)``). A compressed-entry group (DeepSeek-V4) has a ``CompressedMetadata``:
+each sequence's table of entry blocks and where its chunk starts (``ctx.for_compressed(cache_id)``).
 
 Block tables of a sliding-window group start at the sequence's first block still inside the window
 (the blocks before it have been freed); ``context_len`` and ``decode_seq_lens`` then count tokens
@@ -69,10 +70,28 @@ class StateMetadata:
 
 
 @dataclass
+class CompressedSpan:
+    """One sequence's chunk in a compressed-entry group (DeepSeek-V4): entries ``start // m`` to
+    ``(start + q_len) // m - 1`` are emitted this step, the ones before are already in the cache."""
+
+    q_start: int
+    q_len: int
+    start: int  # tokens of the sequence computed before this chunk
+    block_table: torch.Tensor  # [num_blocks] int64: entry e lives in block e // block_size
+
+
+@dataclass
+class CompressedMetadata:
+    """Every sequence of the step, in batch order (decode rows first), for one compressed-entry group."""
+
+    spans: list[CompressedSpan] = field(default_factory=list)
+
+
+@dataclass
 class AttentionContext:
     kv_caches: list[torch.Tensor]  # per layer: [2, num_blocks, block_size, Hkv, D] (MLA: [num_blocks, bs, latent];
     # state: [num_slots, state_size])
-    groups: list[GroupMetadata | StateMetadata]
+    groups: list[GroupMetadata | StateMetadata | CompressedMetadata]
     layer_group: list[int]  # layer index -> index into groups
     num_decode: int = 0  # rows 0..num_decode-1 are decode tokens, one per sequence
     backend: str = "sdpa"  # how scores are computed once K/V are read: "sdpa", "naive" or "flash"
@@ -88,4 +107,10 @@ class AttentionContext:
         """The state slots of a state layer's group (Mamba)."""
         meta = self.groups[self.layer_group[layer_idx]]
         assert isinstance(meta, StateMetadata), f"layer {layer_idx} keeps paged KV, not a state"
+        return meta
+
+    def for_compressed(self, cache_id: int) -> CompressedMetadata:
+        """The block tables of a compressed-entry group (DeepSeek-V4)."""
+        meta = self.groups[self.layer_group[cache_id]]
+        assert isinstance(meta, CompressedMetadata), f"cache {cache_id} does not hold compressed entries"
         return meta

@@ -23,34 +23,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from forwardpass.build_progress import compile_progress
+from forwardpass.kernel_build import CppKernel
 
 logger = logging.getLogger(__name__)
 
-NAME = "forwardpass_paged_decode"
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
+KERNEL = CppKernel(
+    "forwardpass_paged_decode", Path(__file__).with_name("csrc") / "paged_decode.cpp",
+    cflags=("-O3", "-mavx2", "-mfma", "-ffast-math", "-fopenmp"), ldflags=("-fopenmp",),
+    what="the C++ paged-decode kernel", expected_s=30,
+)
 _kernel = None
 _failed = False
 _background: subprocess.Popen | None = None
-
-
-def _build_and_load():
-    from torch.utils.cpp_extension import load
-
-    module = load(
-        name=NAME,
-        sources=[str(SOURCE)],
-        extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-        verbose=False,
-    )
-    return module.paged_decode
-
-
-def _built_library() -> Path:
-    from torch.utils.cpp_extension import _get_build_directory
-
-    return Path(_get_build_directory(NAME, verbose=False)) / f"{NAME}.so"
 
 
 def load_paged_decode(wait: bool = True):
@@ -63,7 +47,7 @@ def load_paged_decode(wait: bool = True):
     if _kernel is not None or _failed or os.environ.get("FORWARDPASS_CPU_KERNEL", "1") == "0":
         return _kernel
     try:
-        if not wait and not _built_library().exists():
+        if not wait and not KERNEL.is_built():
             if _background is None:
                 _background = subprocess.Popen(
                     [sys.executable, "-m", "forwardpass.attention.cpu_kernel"],
@@ -71,11 +55,7 @@ def load_paged_decode(wait: bool = True):
                 )
             if _background.poll() is None:
                 return None
-        if _built_library().exists():
-            _kernel = _build_and_load()
-        else:  # a wait a person notices: show it
-            with compile_progress("the C++ paged-decode kernel", 30, logger):
-                _kernel = _build_and_load()
+        _kernel = KERNEL.load(logger).paged_decode
     except Exception as exc:  # noqa: BLE001 - compiler or headers missing, ...: fall back, loudly once
         _failed = True
         logger.warning("C++ paged-decode kernel unavailable (%s); using the PyTorch path", exc)
@@ -102,4 +82,4 @@ def resolve_decode_kernel(mode: bool | str, device: str, dtype, backend: str):
 
 if __name__ == "__main__":  # the background build
     os.nice(10)
-    _build_and_load()
+    KERNEL.load(logger)

@@ -8,7 +8,8 @@ For a sliding-window group the first ``spec.freeable_prefix_blocks(start)`` entr
 have been freed by the KV cache manager (the same rule, so the two always agree); the tables handed
 to attention start after them and lengths are counted from there.
 
-``StateMetadataBuilder`` does the same for a state group (Mamba layers): a table there is one slot.
+``StateMetadataBuilder`` does the same for a state group (Mamba layers): a table there is one slot;
+``CompressedMetadataBuilder`` for a compressed-entry group (DeepSeek-V4): each chunk with its table.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from typing import Protocol
 
 import torch
 
-from forwardpass.attention.context import GroupMetadata, PrefillSpan, StateMetadata, StateSpan
+from forwardpass.attention.context import (
+    CompressedMetadata,
+    CompressedSpan,
+    GroupMetadata,
+    PrefillSpan,
+    StateMetadata,
+    StateSpan,
+)
 
 
 class PagedSpec(Protocol):
@@ -88,3 +96,18 @@ class StateMetadataBuilder:
             decode_has_initial=torch.tensor(self.decode_has_initial, dtype=torch.bool, device=self.device),
             prefills=self.prefills,
         )
+
+
+class CompressedMetadataBuilder:
+    """``CompressedMetadata`` of one compressed-entry group (DeepSeek-V4): every chunk with its table."""
+
+    def __init__(self, device: str | torch.device):
+        self.device = device
+        self.spans: list[CompressedSpan] = []
+
+    def add(self, table: list[int], start: int, end: int, row: int) -> None:
+        self.spans.append(CompressedSpan(row, end - start, start,
+                                         torch.tensor(table, dtype=torch.long, device=self.device)))
+
+    def build(self) -> CompressedMetadata:
+        return CompressedMetadata(self.spans)

@@ -19,6 +19,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
 
 
+def add_quantization_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantization", default=None, choices=["int8", "int4"],
+                   help="quantize the weights at load for CPU decode: int8 (Q8_0 blocks, ~4x fewer bytes per "
+                   "token than float32) or int4 (Q4_0 blocks); default: none")
+
+
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
     p.add_argument("--max-tokens", type=int, default=max_tokens)
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: generation_config)")
@@ -97,6 +103,7 @@ def load_engine(args: argparse.Namespace, **config_kwargs):
 
     device = check_device(args.device)
     model = resolve_model(args.model, getattr(args, "revision", None))
+    config_kwargs.setdefault("quantization", getattr(args, "quantization", None))
     config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len, device=device, **config_kwargs)
     with progress(f"loading {model if args.model else 'the embedded model'}"):
         return LLMEngine(model, config)

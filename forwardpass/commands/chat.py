@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Self
 
-from forwardpass.commands._common import add_model_args, add_sampling_args
+from forwardpass.commands._common import add_model_args, add_quantization_arg, add_sampling_args
 
 HELP = """commands:
   /help            this list
@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Chat with a model in the terminal. " + HELP.replace("\n", " "),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
+    add_quantization_arg(p)
     add_sampling_args(p, max_tokens=256)
     p.add_argument("--system", default=None, help="system message")
     p.add_argument("--no-history", action="store_true", help="do not read or write the input history file")

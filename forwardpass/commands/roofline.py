@@ -4,6 +4,7 @@ forwardpass roofline MODEL_DIR_OR_CONFIG_OR_PRESET --hardware h100 [--prefill 20
     [--batch 1,8,64] [--weight-dtype bf16] [--kv-dtype bf16] [--json] [--plot roofline.png] [--measure]
 forwardpass roofline attention --n 4096 --d 128 [--heads 32 --kv-heads 8] [--dtype fp16]
 forwardpass roofline dit --latent 64x64 --patch 2 --width 1152 --depth 28 --text-len 120 --steps 20 --cfg
+forwardpass roofline video --frames 16 --latent 60x104 --space-time full|factorized --batch 1,2,4 --cfg
 forwardpass roofline hardware          # the spec table (add --hardware this-machine to measure)
 """
 
@@ -14,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-SPECIAL = ("attention", "dit", "hardware")
+SPECIAL = ("attention", "dit", "video", "hardware")
 
 
 def _batches(text: str) -> list[int]:
@@ -49,7 +50,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "target",
         help="a model directory, a config.json, a built-in shape (llama-3-8b, qwen3-0.6b, qwen3-30b-a3b, ...), "
-        "or one of: attention, dit, hardware",
+        "or one of: attention, dit, video, hardware",
     )
     p.add_argument(
         "--hardware", default="h100", help="a100, h100, h200, b200, l4, l40s, mi300x or this-machine"
@@ -71,6 +72,10 @@ def register(subparsers: Any) -> None:
     m.add_argument("--attention", choices=("fused", "naive"), default="fused", help="attention kernel model")
     m.add_argument("--memory-budget", type=_gb, default=None, metavar="GB",
                    help="memory for weights + KV cache (default 90%% of the device)")  # fmt: skip
+    m.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor-parallel ranks: also print the communication per step and its time")  # fmt: skip
+    m.add_argument("--interconnect", default=None, help="for --tp: nvlink3/4/5, pcie4/5, ib-hdr/ndr, "
+                   "infinity-fabric (default: the hardware's GPU-to-GPU link)")  # fmt: skip
     m.add_argument("--brief", action="store_true", help="omit the per-operation tables")
     m.add_argument("--measure", action="store_true",
                    help="also run the engine on this machine and print predicted vs measured")  # fmt: skip
@@ -99,6 +104,13 @@ def register(subparsers: Any) -> None:
     d.add_argument("--mlp-ratio", type=float, default=4.0)
     d.add_argument("--steps", type=int, default=20, help="denoising steps")
     d.add_argument("--cfg", action="store_true", help="classifier-free guidance (2 passes per step)")
+    v = p.add_argument_group("video (forwardpass roofline video ...; also the diffusion flags above)")
+    v.add_argument("--frames", type=int, default=16, help="latent frames in the clip")
+    v.add_argument("--patch-t", type=int, default=1, help="temporal patch size")
+    v.add_argument("--space-time", choices=("full", "factorized"), default="full",
+                   help="full spatio-temporal attention, or space then time (factorised)")  # fmt: skip
+    v.add_argument("--frames-sweep", type=_batches, default=[1, 4, 8, 16, 32, 64],
+                   help="clip lengths for the attention-share table, e.g. 1,8,32")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -106,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
     target = args.target
     if target == "attention":
         return _run_attention(args)
+    if target == "video":
+        from forwardpass.analysis.video_report import run_video
+
+        return run_video(args)
     if target == "dit":
         return _run_dit(args)
     if target == "hardware":
@@ -152,6 +168,14 @@ def _run_model(args: argparse.Namespace) -> int:
         with progress("measuring this machine's per-step overhead"):
             oh = this_machine_overhead(remeasure=args.remeasure)
         oh_rows = overhead_rows(report, oh)
+    comm = None
+    if args.tp > 1:  # what the ranks exchange per step (analysis/parallel.py)
+        from forwardpass.analysis.parallel import communication_rows
+
+        act = args.act_dtype or report.hardware.default_dtype
+        comm = communication_rows(resolve_spec(args.target), args.tp, args.prefill, args.batch or (1, 8, 64),
+                                  dtype_bytes=4 if act in ("fp32", "float32") else 2,
+                                  interconnect=args.interconnect, hardware=report.hardware)
     measured = None
     if args.measure:
         from forwardpass.analysis.measure import measure
@@ -179,6 +203,8 @@ def _run_model(args: argparse.Namespace) -> int:
             out["measure"] = measured.to_dict()
         if args.plot:
             out["plot"] = args.plot
+        if comm is not None:
+            out["communication"] = comm
         _emit_json(out)
         return 0
     from forwardpass.analysis.report import console, render_measure, render_overhead, render_roofline
@@ -191,6 +217,12 @@ def _run_model(args: argparse.Namespace) -> int:
     if measured is not None:
         c.print()
         render_measure(measured.rows, out=c, settings=measured.settings)
+    if comm is not None:
+        from forwardpass.analysis.parallel import render_communication
+
+        c.print()
+        for line in render_communication(comm):
+            c.print(line, highlight=False)
     if args.plot:
         c.print(f"\nroofline plot written to {args.plot}")
     return 0

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from forwardpass.commands._common import add_model_args
+from forwardpass.commands._common import add_model_args, add_quantization_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     add_model_args(p)
+    add_quantization_arg(p)
+    p.add_argument("--task", choices=["auto", "generate", "embed"], default="auto",
+                   help="generate (completions, chat) or embed (/v1/embeddings); auto: embed for encoder models")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' "
@@ -45,6 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a request body not fully received within this many seconds gets a 408")
     p.add_argument("--chat-template-timeout", type=float, default=2.0,
                    help="render time limit of the chat template per request (a 400 above it)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="split the model across this many processes (ranks: gloo on CPU, NCCL on GPU); each holds "
+                   "1/N of the weights and of the KV cache. Under torchrun: the world size (see docs/distributed.md)")
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help="MoE models: whole experts per rank instead of every expert split across the ranks")
+    p.add_argument("--distributed-timeout", type=float, default=60.0,
+                   help="seconds a collective between ranks may wait before the engine fails (a hung rank)")
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                   help="run this many engine replicas behind the one API; each request goes to the least loaded")
     p.add_argument("--engine-backend", choices=["process", "thread"], default="process",
                    help="run the engine loop in its own process (default) or in a thread of the server")
     from forwardpass.lora.cli import add_lora_args  # light: no torch
@@ -56,6 +68,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--enable-debug-endpoints", action="store_true", help="GET /debug/engine (for tests)")
     p.add_argument("--reasoning-parser", choices=["qwen3", "deepseek_r1"], default=None,
                    help="split <think>...</think> into reasoning_content (chat responses and stream deltas)")
+    p.add_argument("--image-model", default=None, metavar="DIR|default",
+                   help="also serve POST /v1/images/generations with this diffusion pipeline folder ('default': the "
+                   "embedded digits model); loaded at the first request")  # fmt: skip
+    p.add_argument("--video-model", default=None, metavar="DIR|default",
+                   help="also serve /v1/videos jobs with this video pipeline folder ('default': the embedded "
+                   "moving-digits model); loaded at the first request")  # fmt: skip
     p.add_argument("--allowed-origins", nargs="*", default=[],
                    help="CORS: origins browsers may call the API from ('*' for any); preflights need no API key")
     # MODULE:NAME of an LLMEngine subclass to build instead (tests inject faults with it).
@@ -76,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         startup_errors_one_line,
     )
     from forwardpass.config import EngineConfig
+    from forwardpass.distributed.executor import torchrun_world
     from forwardpass.engine.async_engine import EngineSpec
     from forwardpass.errors import ModelNotFoundError, ValidationError
     from forwardpass.server.config import ServerConfig
@@ -84,19 +103,35 @@ def run(args: argparse.Namespace) -> int:
     # Everything a user can get wrong is checked here, in this order, before the model loads: the address
     # (a busy port is found in a second, not after a minute of loading), the device, the engine options,
     # then the model directory and its architecture. Each failure is one line and exit code 1.
-    sock = reserve_port(args.host, args.port)
+    torchrun = torchrun_world()
+    worker = torchrun is not None and torchrun[0] != 0  # torchrun rank > 0: no HTTP, a shard of the model
+    sock = None if worker else reserve_port(args.host, args.port)
     device = check_device(args.device)
     model = resolve_model(args.model, args.revision)
     if not (Path(model) / "config.json").is_file():
         raise ModelNotFoundError(f"{model} is not a model directory (no config.json)"
                                  + ("; the embedded default model is not built yet" if not args.model else ""))
+    from forwardpass.embed.task import resolve_task
+
+    if resolve_task(model, args.task) == "embed":  # an encoder: its own small app, no generation engine
+        from forwardpass.commands.serve_embed import run_embed
+
+        return run_embed(args, model, sock, device)
     config_kwargs = {
         "dtype": args.dtype, "device": device, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "fair_share_tokens": args.fair_share_tokens, "max_stats_records": args.max_stats_records, "num_kv_blocks": args.num_kv_blocks,
         "kv_cache_memory": args.kv_cache_memory, "block_size": args.block_size,
         "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
+        "quantization": args.quantization,
+        "tensor_parallel_size": args.tensor_parallel_size, "enable_expert_parallel": args.enable_expert_parallel,
+        "distributed_timeout_s": args.distributed_timeout,
     }
+    if worker:  # computes the steps rank 0's engine broadcasts, until rank 0 stops
+        from forwardpass.distributed.worker import torchrun_worker_main
+
+        torchrun_worker_main(str(model), EngineConfig(**config_kwargs))
+        return 0
     name = args.served_model_name or (Path(model).resolve().name if args.model else "forwardpass-default")
     if args.model and not Path(args.model).expanduser().exists() and not args.served_model_name:
         name = args.model  # a Hugging Face id is served under that id, as vLLM does
@@ -120,7 +155,13 @@ def run(args: argparse.Namespace) -> int:
     for flag, count in (("--max-request-bytes", args.max_request_bytes), ("--max-request-tokens", args.max_request_tokens)):
         if count < 1:
             raise ValidationError(f"{flag} must be a positive integer, got {count}", param=flag)
+    if args.data_parallel_size < 1:
+        raise ValidationError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}",
+                              param="--data-parallel-size")
     engine_config = EngineConfig(**config_kwargs)  # validates the engine options (e.g. --max-num-seqs 0)
+    from forwardpass.server.diffusion_service import resolve_folder
+
+    resolve_folder(args.image_model, "image"), resolve_folder(args.video_model, "video")  # before loading
     spec_info = check_model(model, engine_config)  # unsupported architectures and bad configs, before loading
     api_key = args.api_key or os.environ.get("FORWARDPASS_API_KEY") or None
     server_config = ServerConfig(models=models, api_key=api_key, max_request_bytes=args.max_request_bytes,
@@ -130,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
                                  watchdog_timeout_s=args.watchdog_timeout, read_timeout_s=args.read_timeout,
                                  template_time_limit_s=args.chat_template_timeout,
                                  reasoning_parser=args.reasoning_parser, allowed_origins=list(args.allowed_origins),
-                                 max_num_seqs=args.max_num_seqs)
+                                 max_num_seqs=args.max_num_seqs,
+                                 image_model=args.image_model, video_model=args.video_model)
     level = logging.getLogger().getEffectiveLevel()
     factory = None
     if args.engine_factory:
@@ -158,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
             run_server(spec, server_config, host=args.host, port=args.port, backend=args.engine_backend,
                        max_queued_requests=args.max_queued_requests,
                        log_level="info" if level > logging.DEBUG else "debug", sockets=[sock],
-                       on_started=started, access_log=not args.no_access_log)
+                       on_started=started, access_log=not args.no_access_log,
+                       data_parallel_size=args.data_parallel_size)
         except SystemExit as exc:  # uvicorn exits 3 when the app's start-up (loading the engine) failed
             if exc.code in (0, None):
                 raise

@@ -153,6 +153,7 @@ class AsyncLLMEngine(FrontEndView):
         request_id: str,
         lora_request: LoRARequest | None = None,
         output_kind: Literal["cumulative", "delta"] = "cumulative",
+        encoder_input: Any = None,  # encoder–decoder models: log-mel features (engine/multimodal.py)
     ) -> RequestStream:
         """Submit a request and wait until the engine has admitted it (or raised its validation error).
 
@@ -179,7 +180,7 @@ class AsyncLLMEngine(FrontEndView):
         req = self._requests[request_id] = FrontRequest(state, self._loop.create_future(), timing)
         if self.request_timeout_s is not None:
             req.timer = self._loop.call_later(self.request_timeout_s, self._expire, req)
-        self._send(AddRequest(request_id, prompt, params, lora_request, timing.arrival))
+        self._send(AddRequest(request_id, prompt, params, lora_request, timing.arrival, encoder_input))
         stream = RequestStream(self, req, delta=output_kind == "delta")
         try:
             await req.ack

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from forwardpass.sampling.params import SamplingParams
 from forwardpass.sampling.sampler import TokenLogprobs
 
@@ -29,6 +31,7 @@ class NewSequence:
     params: SamplingParams
     sample_index: int  # which of the request's n samples (seeds its generator)
     lora_id: int  # 0 = the base model
+    encoder_input: torch.Tensor | None = None  # encoder–decoder models: log-mel features (encoder_step.py)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,9 @@ import torch
 
 from forwardpass.attention.cpu_kernel import resolve_decode_kernel
 from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
+from forwardpass.distributed.driver import local_attention_spec
+from forwardpass.distributed.executor import ParallelGroup
+from forwardpass.distributed.worker import WorkerSetup
 from forwardpass.engine.core import EngineCore
 from forwardpass.engine.cost import StepCostModel
 from forwardpass.engine.kv_cache import KVCacheManager
@@ -26,6 +29,7 @@ from forwardpass.engine.scheduler import Scheduler
 from forwardpass.errors import ConfigError
 from forwardpass.layers.moe import ModelRoutingCounter, RoutingStats, moe_layers
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
+from forwardpass.loader.gguf import is_gguf_dir, load_gguf_model
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.lora.manager import LoRAManager
@@ -53,18 +57,30 @@ def build_engine_core(
     *,
     model_and_spec: tuple[torch.nn.Module, ModelSpec] | None = None,
     core_cls: type[EngineCore] = EngineCore,
+    parallel: ParallelGroup | None = None,
 ) -> EngineCore:
     model_dir = Path(model)
     config = config or EngineConfig()
+    if config.tensor_parallel_size > 1 and parallel is None:  # rank 0: start the workers, load this shard
+        from forwardpass.distributed.driver import build_parallel_core
+
+        return build_parallel_core(model_dir, config, core_cls)
     dtype = config.torch_dtype
     t0 = time.perf_counter()
+    if model_and_spec is None and is_gguf_dir(model_dir):  # weights read from a llama.cpp file
+        model_and_spec = load_gguf_model(model_dir, dtype, config.device)
     net, spec = model_and_spec or load_model(model_dir, dtype, config.device)
     logger.info("loaded %s in %.2fs", model_dir, time.perf_counter() - t0)
+    if config.quantization is not None:  # before LoRA slots and the runner: they see the final weights
+        from forwardpass.quant.apply import quantize_model
+
+        quantize_model(net, config.quantization)
     eos, defaults = resolve_eos_token_ids(model_dir, spec)
 
     # ----- KV budget -------------------------------------------------------------------------------
+    kv_spec = spec if parallel is None else local_attention_spec(spec, parallel.size)  # this rank's KV heads
     groups = plan_groups(
-        layer_specs(spec, config.block_size, dtype),
+        layer_specs(kv_spec, config.block_size, dtype),
         config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY,
         config.num_kv_blocks,
         config.max_num_seqs,
@@ -129,7 +145,7 @@ def build_engine_core(
         fair_share_tokens=config.fair_share_tokens,
     )
     kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
-    runner = ModelRunner(
+    runner = (ModelRunner if parallel is None else parallel.make_runner)(
         cast(CausalLM, net),  # every registered model class has forward + compute_logits
         groups,
         dtype=dtype,
@@ -142,6 +158,8 @@ def build_engine_core(
         # structured output needs the vocabulary; the tokenizer is read on the first such request
         grammars=GrammarBackend(model_dir, spec.vocab, eos) if (model_dir / "tokenizer.json").exists() else None,
     )
+    if parallel is not None:  # the workers build the same KV cache and use the same decode kernel
+        parallel.share_setup(WorkerSetup(groups, kernel is not None))
     torch.manual_seed(config.seed)  # unseeded requests draw from the global generator
     return core_cls(
         model_dir=model_dir,

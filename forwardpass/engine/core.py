@@ -19,6 +19,7 @@ import torch
 from forwardpass.config import EngineConfig
 from forwardpass.engine.batch import SchedulerOutput, TokenDelta
 from forwardpass.engine.cost import StepCost
+from forwardpass.engine.encoder_step import check_encoder_input
 from forwardpass.engine.kv_cache import KVCacheManager
 from forwardpass.engine.model_runner import ModelRunner
 from forwardpass.engine.scheduler import Scheduler
@@ -86,8 +87,10 @@ class EngineCore:
         *,
         lora_request: LoRARequest | None = None,
         arrival_time: float | None = None,
+        encoder_input: torch.Tensor | None = None,  # encoder–decoder models (Whisper): log-mel features
     ) -> None:
         """Validate and queue a request; raises a ``ForwardpassError`` naming the bad field."""
+        check_encoder_input(self.spec, encoder_input)
         if request_id in self.scheduler.requests:
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
         if not isinstance(params, SamplingParams):
@@ -125,7 +128,8 @@ class EngineCore:
         ids = list(prompt_token_ids)
         self.scheduler.add_request(
             [
-                Sequence(request_id, ids, params, index=i, lora_request=lora_request, arrival_time=arrival)
+                Sequence(request_id, ids, params, index=i, lora_request=lora_request, arrival_time=arrival,
+                         encoder_input=encoder_input)
                 for i in range(params.n)
             ]
         )

@@ -42,7 +42,7 @@ from forwardpass.engine.protocol import (
     StopSamples,
     portable,
 )
-from forwardpass.errors import ForwardpassError
+from forwardpass.errors import EngineDeadError, ForwardpassError
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +151,7 @@ class EngineLoop:
                                 cmd.params,
                                 lora_request=cmd.lora_request,
                                 arrival_time=cmd.arrival_time,
+                                encoder_input=cmd.encoder_input,
                             )
                         except Exception as exc:  # noqa: BLE001 - validation errors go back to the caller
                             events.append(Admitted(rid, portable(exc)))
@@ -197,6 +198,10 @@ class EngineLoop:
         logger.exception("engine step failed; failing the %d requests in the engine", len(rids))
         self.core.abort(list(rids))
         events.append(RequestsFailed(rids, portable(exc)))  # the requests learn the real cause
+        if isinstance(exc, EngineDeadError):  # e.g. a tensor-parallel worker died: no later step can run
+            events.append(EngineDead(str(exc)))
+            self.emit(events)
+            raise _EngineBroken from exc
         try:
             self.core.check_invariants()
         except AssertionError as broken:  # the fault broke the KV pool: the engine cannot go on

@@ -31,7 +31,8 @@ Implemented kinds:
   state). ``plan_groups`` gives such a group ``max_num_seqs`` slots before dividing the rest of the
   budget among the paged groups. No prefix caching (a state is not a function of a block's tokens).
 
-Still to come: cross-attention (``blocks_needed`` of the encoder length).
+* **cross-attention** (``CrossAttentionSpec``, ``cross_attention_spec.py``: Whisper) — a state slot per request.
+* **compressed attention** (``compressed_spec.py``: DeepSeek-V4) — window pages, entries paged by entry index, a slot.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class KVCacheSpec:
     @property
     def supports_prefix_caching(self) -> bool:
         return True
+
+    @property
+    def tokens_per_block(self) -> int:
+        """Sequence tokens one block covers (a compressed-entry block covers ``block_size · rate``)."""
+        return self.block_size
 
     def cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         """Shape of one layer's cache tensor for ``num_blocks`` blocks."""
@@ -172,6 +178,14 @@ class KVCacheGroup:
 
 def layer_specs(model: ModelSpec, block_size: int, dtype: torch.dtype) -> list[KVCacheSpec | None]:
     """The cache spec of each decoder layer of ``model`` (None: the layer caches nothing, an MLP)."""
+    if model.dsv4 is not None:  # DeepSeek-V4: sliding pages, compressed entries, compressor states
+        from forwardpass.engine.compressed_spec import deepseek_v4_specs
+
+        return deepseek_v4_specs(model, block_size, dtype)
+    if model.whisper is not None:  # encoder–decoder: self-attention pages + one cross-attention K/V slot
+        from forwardpass.engine.cross_attention_spec import encoder_decoder_specs
+
+        return encoder_decoder_specs(model, block_size, dtype)
     if model.layer_mixers:  # Mamba2 / hybrid: state slots for Mamba layers, pages for attention layers
         paged = _attention_specs(model, block_size, dtype)
         # states stay in float32 whatever the weights' dtype: they accumulate over the whole sequence
@@ -225,7 +239,7 @@ def sequence_capacity(groups: list[KVCacheGroup], max_chunk: int) -> int | None:
     group is windowed and its live blocks fit)."""
     unbounded = 1 << 40
     caps = [
-        g.num_blocks * g.spec.block_size
+        g.num_blocks * g.spec.tokens_per_block
         for g in groups
         if g.spec.max_blocks_per_sequence(unbounded, max_chunk) > g.num_blocks
     ]

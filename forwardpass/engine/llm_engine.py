@@ -16,6 +16,7 @@ from forwardpass.config import EngineConfig
 from forwardpass.engine.builder import build_engine_core
 from forwardpass.engine.core import EngineCore
 from forwardpass.engine.kv_cache import KVCacheManager
+from forwardpass.engine.multimodal import encoder_input_for
 from forwardpass.engine.output_processor import OutputProcessor
 from forwardpass.engine.outputs import RequestOutput
 from forwardpass.engine.scheduler import Scheduler
@@ -99,11 +100,14 @@ class LLMEngine:
         *,
         lora_request: LoRARequest | None = None,
         arrival_time: float | None = None,
+        multi_modal_data: dict | None = None,
     ) -> None:
+        """``multi_modal_data={"audio": (samples, sample_rate)}`` for speech models (Whisper)."""
         params = params or self.default_sampling_params()
         token_ids = self.encode_prompt(prompt)
         self.core.add_request(
-            request_id, token_ids, params, lora_request=lora_request, arrival_time=arrival_time
+            request_id, token_ids, params, lora_request=lora_request, arrival_time=arrival_time,
+            encoder_input=encoder_input_for(self.spec, multi_modal_data),
         )
         self.output_processor.add_request(
             request_id, prompt if isinstance(prompt, str) else None, token_ids, params, arrival_time

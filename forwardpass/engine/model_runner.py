@@ -19,8 +19,14 @@ from typing import Protocol
 import torch
 
 from forwardpass.attention.context import AttentionContext
-from forwardpass.attention.metadata import GroupMetadataBuilder, StateMetadataBuilder
+from forwardpass.attention.metadata import (
+    CompressedMetadataBuilder,
+    GroupMetadataBuilder,
+    StateMetadataBuilder,
+)
 from forwardpass.engine.batch import EMPTY_RUNNER_OUTPUT, NewSequence, RunnerOutput, SchedulerOutput
+from forwardpass.engine.compressed_spec import CompressedSpec
+from forwardpass.engine.encoder_step import run_encoders
 from forwardpass.engine.isolation import drop_unloadable, sample_isolated
 from forwardpass.engine.kv_cache_spec import KVCacheGroup, StateSpec
 from forwardpass.engine.prompt_logprobs import add_prompt_logprobs, take_prompt_logprobs
@@ -65,6 +71,7 @@ class _RunnerSequence:
     block_tables: list[list[int]] = field(default_factory=list)  # one per KV cache group
     grammar: GrammarState | None = None  # structured output: matcher of the tokens generated so far
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # being collected (prompt_logprobs.py)
+    encoder_input: torch.Tensor | None = None  # encoder–decoder models: the request's features (encoder_step.py)
 
     @property
     def num_tokens(self) -> int:
@@ -135,7 +142,7 @@ class ModelRunner:
         gen = make_generator(new.params.seed, new.sample_index) if new.params.seed is not None else None
         self.sequences[new.seq_id] = _RunnerSequence(
             list(new.prompt_token_ids), list(new.output_token_ids), new.params, gen, new.lora_id,
-            [[] for _ in self.groups],
+            [[] for _ in self.groups], encoder_input=new.encoder_input,
             prompt_logprobs=[None] if new.params.prompt_logprobs is not None else None,
         )
 
@@ -155,8 +162,10 @@ class ModelRunner:
         sample_rows: list[int] = []
         sampled: list[tuple[int, _RunnerSequence]] = []
         row_adapters: list[tuple[int, int]] = []
-        builders: list[GroupMetadataBuilder | StateMetadataBuilder] = [
-            StateMetadataBuilder(self.device) if isinstance(g.spec, StateSpec) else GroupMetadataBuilder(g.spec, self.device)
+        builders: list[GroupMetadataBuilder | StateMetadataBuilder | CompressedMetadataBuilder] = [
+            StateMetadataBuilder(self.device) if isinstance(g.spec, StateSpec) else
+            CompressedMetadataBuilder(self.device) if isinstance(g.spec, CompressedSpec) else
+            GroupMetadataBuilder(g.spec, self.device)
             for g in self.groups
         ]
         num_decode = row = 0
@@ -199,6 +208,8 @@ class ModelRunner:
         if scheduled.is_empty:
             return EMPTY_RUNNER_OUTPUT
         input_ids, positions, ctx, sample_rows, sampled, row_adapters = self._prepare(scheduled)
+        # encoder–decoder models: the encoder of each request starting now fills its cross-attention slot
+        run_encoders(self.model, scheduled.chunks, self.sequences, self.groups, self.kv_caches, self.dtype)
         if self.adapters is not None:
             self.adapters.begin_step(row_adapters)
         try:

@@ -25,6 +25,7 @@ class AddRequest:
     params: SamplingParams
     lora_request: LoRARequest | None
     arrival_time: float
+    encoder_input: Any = None  # encoder–decoder models (Whisper): the request's log-mel features, a tensor
 
 
 @dataclass(frozen=True)

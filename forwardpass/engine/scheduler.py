@@ -142,7 +142,7 @@ class Scheduler:
                         tuple(seq.output_token_ids),
                         seq.params,
                         seq.index,
-                        seq.lora_id,
+                        seq.lora_id, seq.encoder_input,
                     )
                 )
                 seq.in_runner = True

@@ -16,6 +16,7 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from forwardpass.lora.request import LoRARequest
 from forwardpass.sampling.params import SamplingParams
@@ -49,6 +50,7 @@ class Sequence:
     num_preemptions: int = 0
     in_runner: bool = False  # the model runner holds this sequence's tokens and block tables
     first_scheduled_time: float | None = None
+    encoder_input: Any = None  # encoder–decoder models: the request's log-mel features (a tensor)
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)

@@ -3,7 +3,9 @@
 On this kind of CPU (AMD, AVX2, no AVX-512) ``F.linear`` goes through MKL's generic path, which reads
 weights at ~18–29 GB/s; oneDNN's ``_linear_pointwise`` reads the same fp32 weights 2–4× faster (see
 ``benchmarks/decode.py``). We use oneDNN for fp32 CPU tensors
-and fall back to ``F.linear`` everywhere else (CUDA, other dtypes, autograd).
+and fall back to ``F.linear`` everywhere else (CUDA, other dtypes, autograd). A weight the quantize pass
+replaced by a :class:`~forwardpass.quant.weight.QuantizedWeight` (``forwardpass/quant/apply.py``) computes
+through its own kernel, so every caller of :func:`linear` (layers, MoE experts, LM heads) takes it as is.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from forwardpass.quant.weight import QuantizedWeight
+
 
 class LinearDelta(Protocol):
     """Something added to a linear layer's output, computed from its input (a LoRA adapter slot)."""
@@ -23,8 +27,12 @@ class LinearDelta(Protocol):
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """``x @ weight.T + bias`` through the fastest path available for these tensors."""
+    if isinstance(weight, QuantizedWeight):
+        return weight.matmul(x, bias)
     if (
         _ONEDNN
         and x.device.type == "cpu"

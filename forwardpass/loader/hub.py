@@ -55,6 +55,10 @@ def resolve_model_path(model: str | os.PathLike[str], revision: str | None = Non
         if revision is not None:
             raise ModelNotFoundError(f"--revision {revision} applies to Hugging Face ids, but {model} is a "
                                      "local directory", param="revision")
+        if path.is_file() and path.suffix == ".gguf":  # llama.cpp's file: a model directory made from it
+            from forwardpass.loader.gguf import gguf_model_dir
+
+            return gguf_model_dir(path)
         return path
     name = str(model)
     if not looks_like_hub_id(name):

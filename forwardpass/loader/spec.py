@@ -133,6 +133,121 @@ class GDNSpec:
                 + self.v_dim + self.v_heads * self.v_dim * self.hidden_in)
 
 
+DSV4_SLIDING = "sliding_attention"
+DSV4_CSA = "compressed_sparse_attention"  # compressed every m tokens, an indexer picks top-k entries per query
+DSV4_HCA = "heavily_compressed_attention"  # compressed every m' tokens, every entry visible
+
+
+@dataclass(frozen=True)
+class DeepseekV4Spec:
+    """DeepSeek-V4's compressed attention, hyper-connections and routing (``_deepseek_v4_fields``).
+
+    Every layer attends to its last ``window`` tokens (one shared K=V head); a CSA / HCA layer also
+    reads the compressed entries emitted so far: one per ``compress_rates[layer]`` tokens, pooled with
+    learned softmax gates (CSA: over two overlapping windows, and only the indexer's top
+    ``index_topk`` entries per query). The entries grow with the sequence (paged, one entry dim per
+    compressed position); the tokens of the open window(s) are a fixed-size per-request state."""
+
+    layers: int
+    head_dim: int
+    layer_types: tuple[str, ...]  # DSV4_SLIDING / DSV4_CSA / DSV4_HCA per layer
+    compress_rates: tuple[int, ...]  # per layer: tokens per compressed entry (0: sliding only)
+    hash_layers: tuple[bool, ...]  # per layer: experts chosen by a token-id table (``hash_moe``)
+    window: int
+    rope_dim: int  # trailing channels of each head that are rotated (interleaved pairs)
+    compress_rope_theta: float
+    compress_rope_scaling: dict[str, Any] | None
+    o_groups: int
+    o_lora_rank: int
+    index_heads: int
+    index_head_dim: int
+    index_topk: int
+    hc_mult: int
+    hc_sinkhorn_iters: int
+    hc_eps: float
+    swiglu_limit: float
+    scoring: str  # router score function: "sqrtsoftplus" or "sigmoid"
+
+    def sparse(self, layer: int) -> bool:
+        return self.layer_types[layer] == DSV4_CSA
+
+    def entry_dim(self, layer: int) -> int:
+        """Values cached per compressed entry: the K=V entry, plus the indexer's key in a CSA layer."""
+        return self.head_dim + (self.index_head_dim if self.sparse(layer) else 0)
+
+    def tail_tokens(self, layer: int) -> int:
+        """Tokens whose projections the compressor keeps between steps: the open window, and in a CSA
+        layer the closed window before it (its first half-series joins the next entry)."""
+        m = self.compress_rates[layer]
+        return 2 * m - 1 if self.sparse(layer) else m - 1
+
+    def proj_width(self, layer: int) -> int:
+        """kv and gate projection values per token (CSA: two series, for the entry and the indexer)."""
+        return 4 * (self.head_dim + self.index_head_dim) if self.sparse(layer) else 2 * self.head_dim
+
+    def state_size(self, layer: int) -> int:
+        return max(1, self.tail_tokens(layer) * self.proj_width(layer)) if self.compress_rates[layer] else 0
+
+    def attention_params(self, layer: int, hidden: int, heads: int, q_lora_rank: int) -> int:
+        """q (LoRA + norm), the K=V projection and norm, the grouped output projection, the sinks, and
+        the compressor (and the indexer with its own compressor) of one layer."""
+        d, m = self.head_dim, self.compress_rates[layer]
+        out = (hidden * q_lora_rank + q_lora_rank + q_lora_rank * heads * d + hidden * d + d
+               + heads * d * self.o_lora_rank + self.o_groups * self.o_lora_rank * hidden + heads)
+        if m:
+            width = 2 * d if self.sparse(layer) else d
+            out += 2 * hidden * width + m * width + d
+        if self.sparse(layer):
+            di = self.index_head_dim
+            out += q_lora_rank * self.index_heads * di + hidden * self.index_heads + 4 * hidden * di + 2 * m * di + di
+        return out
+
+    def hyper_params(self, hidden: int) -> int:
+        """The two hyper-connections of one layer (map, biases, three scales each)."""
+        n = self.hc_mult
+        mix = (2 + n) * n
+        return 2 * (mix * n * hidden + mix + 3)
+
+    def cache_bytes(self, context: int, hidden_bytes: float) -> float:
+        """Sliding K=V vectors (the window at most) plus compressed entries of one sequence at
+        ``context`` tokens, every layer (the compressor states are ``state_size``, float32)."""
+        window = self.layers * min(context, self.window) * self.head_dim
+        entries = sum(context // m * self.entry_dim(i) for i, m in enumerate(self.compress_rates) if m)
+        return (window + entries) * hidden_bytes
+
+    def entries_cache_id(self, layer: int) -> int:
+        """Cache index of a compressed layer's entries (sliding K=V pages use the layer's own index)."""
+        return self.layers + layer
+
+    def state_cache_id(self, layer: int) -> int:
+        return 2 * self.layers + layer
+
+
+@dataclass(frozen=True)
+class WhisperSpec:
+    """Whisper's audio encoder (``_whisper_spec``); the ModelSpec's own sizes describe its decoder.
+
+    The encoder reads ``2 * max_source_positions`` log-mel frames (two convolutions, the second with
+    stride 2), so its output, and every request's cross-attention K/V, has ``max_source_positions``
+    positions: 1500 (30 s of audio) for the released checkpoints, fewer for a smaller config."""
+
+    num_mel_bins: int
+    encoder_layers: int
+    encoder_heads: int
+    encoder_ffn_dim: int
+    max_source_positions: int
+    decoder_start_token_id: int
+
+    @property
+    def encoder_input_frames(self) -> int:
+        """10 ms log-mel frames the encoder reads (the audio is padded or trimmed to this)."""
+        return 2 * self.max_source_positions
+
+    @property
+    def encoder_seconds(self) -> float:
+        return self.encoder_input_frames / 100.0
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -191,6 +306,10 @@ class ModelSpec:
     gdn: GDNSpec | None = None  # Gated DeltaNet sizes when some layer is MIXER_GDN (Qwen3-Next)
     attn_output_gate: bool = False  # attention output times sigmoid(a per-head gate from q_proj) (Qwen3-Next)
     partial_rotary: float = 1.0  # fraction of head_dim that is rotated (Qwen3-Next 0.25)
+    # BERT-style encoders: learned absolute positions, segment (token type) embeddings, post-LayerNorm
+    type_vocab_size: int = 0  # segment embeddings (BERT 2); 0 = none
+    dsv4: DeepseekV4Spec | None = None  # DeepSeek-V4 compressed attention, hyper-connections, routing
+    whisper: WhisperSpec | None = None  # encoder–decoder speech model: the audio encoder's sizes
 
     def __post_init__(self) -> None:
         if not self.layer_windows:  # built by hand without windows: every layer attends to everything
@@ -211,6 +330,8 @@ class ModelSpec:
     def from_config(cls, cfg: Mapping[str, Any], name: str = "") -> ModelSpec:
         """Build the spec from a config.json mapping (already un-nested from ``text_config``)."""
         validate_config(cfg, name)  # typed bounds of every size (and checkpoint shapes) before any allocation
+        if cfg.get("model_type") == "whisper":  # encoder–decoder: its own key names (d_model, decoder_layers, ...)
+            return _whisper_spec(cls, cfg, name)
 
         def need(key: str) -> Any:
             value = cfg.get(key)
@@ -244,6 +365,9 @@ class ModelSpec:
         mla = _mla_fields(cfg, heads)
         if mla:  # every head has its own K/V expanded from one latent; head_dim is the q·k width
             kv_heads, head_dim = heads, mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
+        v4 = _deepseek_v4_fields(cfg, layers, heads, head_dim)
+        if v4:  # one K=V head shared by every query head
+            kv_heads = 1
         vocab = int(need("vocab_size"))
         archs = cfg.get("architectures") or [""]
         arch = str(archs[0])
@@ -256,20 +380,23 @@ class ModelSpec:
             moe = {k: ssm_fields.pop(k) for k in list(ssm_fields) if k not in ("layer_mixers", "ssm", "mlp_gated")}
             moe.setdefault("moe_layer_ids", ())
         else:
-            moe = _moe_fields(cfg, layers, arch, need)
+            moe = v4.pop("moe") if v4 else _moe_fields(cfg, layers, arch, need)
         intermediate = int(cfg.get("intermediate_size") or 0)
         if ssm_fields.get("ssm") is not None and MIXER_MLP not in ssm_fields["layer_mixers"]:
             intermediate = 0  # Mamba2: no MLP at all
         elif len(moe["moe_layer_ids"]) < layers and intermediate <= 0:
             raise ConfigError(f"config {name} has dense layers but no 'intermediate_size'", param="intermediate_size")
-        rope_theta, rope_scaling = _rope(cfg)
+        rope_theta, rope_scaling = (v4.pop("rope_theta"), None) if v4 else _rope(cfg)
         attention_bias = bool(cfg.get("attention_bias", False))
         # Qwen2 always has q/k/v bias and never an o_proj bias (HF Qwen2Attention ignores attention_bias)
         qwen2 = model_type == "qwen2" or arch == "Qwen2ForCausalLM"
         eps = cfg.get("rms_norm_eps")
+        if eps is None:  # BERT names its LayerNorm epsilon layer_norm_eps; rms_norm_eps is "the norm's eps"
+            eps = cfg.get("layer_norm_eps")
         max_pos = cfg.get("max_position_embeddings")
         dtype = cfg.get("torch_dtype") or cfg.get("dtype")
-        layer_windows = _layer_windows(cfg, layers, model_type) if not ssm_fields else (None,) * layers
+        layer_windows = (v4.pop("layer_windows") if v4 else _layer_windows(cfg, layers, model_type)
+                         if not ssm_fields else (None,) * layers)
         windows = [w for w in layer_windows if w]
         if windows and max_pos and max(windows) > int(max_pos):
             raise ConfigError(f"sliding_window={max(windows)} is larger than max_position_embeddings={max_pos}",
@@ -311,6 +438,8 @@ class ModelSpec:
             **mla,
             **moe,
             **ssm_fields,
+            **_encoder_fields(cfg, model_type),
+            **v4,
         )
 
     # ---- attention layout ------------------------------------------------------------------------
@@ -335,7 +464,8 @@ class ModelSpec:
         its length)."""
         mamba = self.mamba_layers * self.ssm.state_size if self.ssm is not None else 0
         gdn = self.gdn_layers * self.gdn.state_size if self.gdn is not None else 0
-        return (mamba + gdn) * state_bytes
+        v4 = sum(self.dsv4.state_size(i) for i in range(self.layers)) if self.dsv4 is not None else 0
+        return (mamba + gdn + v4) * state_bytes
 
     def layer_kind(self, layer: int) -> str:
         return SLIDING_ATTENTION if self.layer_windows[layer] else FULL_ATTENTION
@@ -349,7 +479,7 @@ class ModelSpec:
     def kv_positions(self, context: int) -> float:
         """Positions one layer attends to at ``context``, averaged over the layers (sliding layers see
         at most their window)."""
-        if not self.layer_windows:
+        if not self.layer_windows or self.dsv4 is not None:  # DeepSeek-V4: its entries cover the whole context
             return float(context)
         return sum(min(context, w) if w else context for w in self.layer_windows) / len(self.layer_windows)
 
@@ -435,6 +565,13 @@ class ModelSpec:
     @property
     def params(self) -> int:
         """Total parameters (every expert)."""
+        if self.dsv4 is not None:  # per-layer attention kinds, hyper-connections, routers without a shared gate
+            v4, h = self.dsv4, self.hidden
+            moe = self.num_experts * (self.expert_params + h) + self.shared_expert_params
+            attention = sum(v4.attention_params(i, h, self.heads, self.q_lora_rank) for i in range(self.layers))
+            head = v4.hc_mult * (v4.hc_mult * h + 1) + 1
+            return (attention + self.layers * (2 * h + v4.hyper_params(h) + moe) + self.embedding_params
+                    + self.lm_head_params + h + head)
         moe = self.num_experts * self.expert_params + self.router_params + self.shared_expert_params
         return (
             self.mixer_params
@@ -463,7 +600,11 @@ class ModelSpec:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
     def kv_bytes_per_token(self, kv_bytes: float) -> float:
-        """K and V of one token in every layer (MLA: the latent vector only)."""
+        """K and V of one token in every layer (MLA: the latent vector only; DeepSeek-V4: what the cache
+        grows by per token, its compressed entries, since the sliding window is bounded)."""
+        if self.dsv4 is not None:
+            v4 = self.dsv4
+            return sum(v4.entry_dim(i) / m for i, m in enumerate(v4.compress_rates) if m) * kv_bytes
         if self.is_mla:
             return self.layers * self.kv_latent_dim * kv_bytes
         return 2 * self.attention_layers * self.kv_dim * kv_bytes  # Mamba / DeltaNet layers keep a state instead
@@ -578,6 +719,21 @@ def _gdn_fields(cfg: Mapping[str, Any], hidden: int) -> dict[str, Any]:
         raise ConfigError(f"partial_rotary_factor must be in (0, 1], got {partial}", param="partial_rotary_factor")
     return {"layer_mixers": tuple(kinds[t] for t in types), "gdn": GDNSpec(**sizes, hidden_in=hidden),
             "attn_output_gate": True, "partial_rotary": partial}
+
+
+def _encoder_fields(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """BERT-style encoders: the segment-embedding count, and only learned absolute positions (the
+    ``relative_key*`` variants add a distance embedding to the attention scores, which is not built)."""
+    if model_type != "bert":
+        return {}
+    kind = cfg.get("position_embedding_type", "absolute")
+    if kind != "absolute":
+        raise ConfigError(f"position_embedding_type {kind!r} is not supported; only 'absolute' BERT models are",
+                          param="position_embedding_type")
+    if not cfg.get("max_position_embeddings"):
+        raise ConfigError("a BERT config needs max_position_embeddings (its learned position table)",
+                          param="max_position_embeddings")
+    return {"type_vocab_size": int(cfg.get("type_vocab_size") or 0)}
 
 
 def _json_float(value: Any) -> float:
@@ -750,6 +906,100 @@ def eos_token_ids(cfg: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(values)
 
 
+_DSV4_RATE_TYPES = {0: DSV4_SLIDING, 4: DSV4_CSA, 128: DSV4_HCA}  # legacy per-layer compress_ratios
+
+
+def _deepseek_v4_fields(cfg: Mapping[str, Any], layers: int, heads: int, head_dim: int) -> dict[str, Any]:
+    """DeepSeek-V4 (as transformers' ``DeepseekV4Config`` resolves it): attention layer types and
+    compress rates, hash / top-k MoE layers, the two rotary bases (``main`` for sliding layers,
+    ``compress`` for CSA / HCA layers and their compressors), hyper-connection and indexer sizes."""
+    if cfg.get("model_type") != "deepseek_v4":
+        return {}
+    if cfg.get("quantization_config"):
+        raise ConfigError("DeepSeek-V4 checkpoints with a quantization_config (FP8 / FP4 experts) are not supported; "
+                          "use a bf16 / fp32 checkpoint", param="quantization_config")
+    rates = dict(cfg.get("compress_rates") or {DSV4_CSA: 4, DSV4_HCA: 128})
+    for key, legacy in ((DSV4_CSA, "compress_rate_csa"), (DSV4_HCA, "compress_rate_hca")):
+        rates[key] = cfg.get(legacy) or rates.get(key)
+    types = cfg.get("layer_types")
+    if types is None and isinstance(cfg.get("compress_ratios"), list):
+        types = [_DSV4_RATE_TYPES.get(r, str(r)) for r in cfg["compress_ratios"]]
+    if types is None:  # transformers' default: two HCA layers, then CSA / HCA interleaved
+        types = [DSV4_HCA] * min(layers, 2) + [DSV4_CSA if i % 2 else DSV4_HCA for i in range(max(layers - 2, 0))]
+    types = list(types)[:layers]
+    mlp = cfg.get("mlp_layer_types")
+    if mlp is None:
+        n_hash = cfg.get("num_hash_layers")
+        mlp = ["hash_moe"] * min(layers, 3 if n_hash is None else int(n_hash)) + ["moe"] * layers
+    mlp = list(mlp)[:layers]
+    if len(types) != layers or len(mlp) != layers:
+        raise ConfigError(f"DeepSeek-V4 needs {layers} layer_types and mlp_layer_types", param="layer_types")
+    bad = sorted({str(t) for t in types if t not in (DSV4_SLIDING, DSV4_CSA, DSV4_HCA)} |
+                 {str(t) for t in mlp if t not in ("hash_moe", "moe")})
+    if bad:
+        raise ConfigError(f"DeepSeek-V4 layer_types / mlp_layer_types has unknown entries {bad}", param="layer_types")
+    sizes = {"sliding_window": cfg.get("sliding_window") or 128, "o_groups": cfg.get("o_groups") or 8,
+             "o_lora_rank": cfg.get("o_lora_rank") or 1024, "index_n_heads": cfg.get("index_n_heads") or 64,
+             "index_head_dim": cfg.get("index_head_dim") or 128, "index_topk": cfg.get("index_topk") or 512,
+             "hc_mult": cfg.get("hc_mult") or 4, "hc_sinkhorn_iters": cfg.get("hc_sinkhorn_iters") or 20,
+             "q_lora_rank": cfg.get("q_lora_rank") or 0,
+             **{f"compress_rates.{k}": rates.get(k) for k in (DSV4_CSA, DSV4_HCA) if k in types}}
+    for key, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 20:
+            raise ConfigError(f"deepseek_v4: {key} must be an integer in [1, 2**20], got {value!r:.40}",
+                              param=key.split(".")[0])
+    if heads % sizes["o_groups"]:
+        raise ConfigError(f"num_attention_heads={heads} must split into o_groups={sizes['o_groups']}", param="o_groups")
+    partial = cfg.get("partial_rotary_factor")
+    rope_dim = int(head_dim * partial) if partial else int(cfg.get("qk_rope_head_dim") or head_dim // 8)
+    if rope_dim % 2 or not 0 < rope_dim <= min(head_dim, sizes["index_head_dim"]):
+        raise ConfigError(f"the rotary part ({rope_dim}) must be even and fit head_dim and index_head_dim",
+                          param="partial_rotary_factor")
+    scoring = str(cfg.get("scoring_func") or "sqrtsoftplus")
+    if scoring not in ("sqrtsoftplus", "sigmoid"):
+        raise ConfigError(f"scoring_func {scoring!r} is not supported (sqrtsoftplus, sigmoid)", param="scoring_func")
+    if str(cfg.get("hidden_act") or "silu") != "silu":
+        raise ConfigError("DeepSeek-V4 experts are SwiGLU: hidden_act must be silu", param="hidden_act")
+    rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
+    if isinstance(rope.get("main"), Mapping) and isinstance(rope.get("compress"), Mapping):
+        main_theta = float(rope["main"].get("rope_theta") or 10000.0)
+        if rope["main"].get("rope_type", "default") != "default":
+            raise ConfigError("DeepSeek-V4's main rotary must be the default kind", param="rope_parameters")
+        compress = dict(rope["compress"])
+    else:  # flat: the scaling (YaRN) applies to the compressed layers only, at attention_factor 1
+        main_theta = float(cfg.get("rope_theta") or 10000.0)
+        compress = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        if compress.get("rope_type") == "yarn":
+            compress.setdefault("attention_factor", 1.0)
+    compress_theta = float(compress.pop("rope_theta", None) or cfg.get("compress_rope_theta") or 160000.0)
+    compress.pop("partial_rotary_factor", None)
+    scaling = compress if compress.get("rope_type", "default") != "default" else None
+    experts = int(cfg.get("n_routed_experts") or 0)
+    k = int(cfg.get("num_experts_per_tok") or 0)
+    inter = int(cfg.get("moe_intermediate_size") or 0)
+    if not 1 <= k <= experts or inter < 1:
+        raise ConfigError(f"DeepSeek-V4 needs 1 <= num_experts_per_tok <= n_routed_experts and a "
+                          f"moe_intermediate_size, got {k}, {experts}, {inter}", param="num_experts_per_tok")
+    window = sizes["sliding_window"]
+    dsv4 = DeepseekV4Spec(
+        layers=layers, head_dim=head_dim, layer_types=tuple(types),
+        compress_rates=tuple(int(rates[t]) if t != DSV4_SLIDING else 0 for t in types),
+        hash_layers=tuple(t == "hash_moe" for t in mlp), window=window, rope_dim=rope_dim,
+        compress_rope_theta=compress_theta, compress_rope_scaling=scaling, o_groups=sizes["o_groups"],
+        o_lora_rank=sizes["o_lora_rank"], index_heads=sizes["index_n_heads"],
+        index_head_dim=sizes["index_head_dim"], index_topk=sizes["index_topk"], hc_mult=sizes["hc_mult"],
+        hc_sinkhorn_iters=sizes["hc_sinkhorn_iters"], hc_eps=float(cfg.get("hc_eps") or 1e-6),
+        swiglu_limit=float(cfg.get("swiglu_limit") or 10.0), scoring=scoring)
+    # one shared expert of moe_intermediate_size whatever n_shared_experts says (as transformers builds it);
+    # the chosen experts' weights are always renormalized
+    moe = {"moe_layer_ids": tuple(range(layers)), "num_experts": experts, "experts_per_tok": k,
+           "expert_intermediate": inter, "shared_expert_intermediate": inter, "renormalize_topk": True,
+           "router_scoring": scoring, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
+           "routed_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0)}
+    return {"dsv4": dsv4, "moe": moe, "layer_windows": (window,) * layers, "q_lora_rank": sizes["q_lora_rank"],
+            "qk_rope_head_dim": rope_dim, "rope_theta": main_theta, "rope_interleave": True}
+
+
 # ---- loading -------------------------------------------------------------------------------------
 def load_model_spec(path: str | Path) -> ModelSpec:
     """The spec of the model in directory ``path`` (or of the config.json file ``path``), named after
@@ -764,3 +1014,58 @@ def model_name(path: str | Path) -> str:
     path = Path(path)
     name = path.parent.name if path.is_file() else path.name
     return name or str(path)
+
+
+def _whisper_spec(cls: type[ModelSpec], cfg: Mapping[str, Any], name: str) -> ModelSpec:
+    """Whisper: the decoder as the spec's layers (pre-LayerNorm, GELU MLP, learned positions, q/v/o
+    biases, the LM head tied to the token embeddings), the encoder as ``WhisperSpec``."""
+
+    def need(key: str) -> int:
+        value = cfg.get(key)
+        if value is None:
+            raise ConfigError(f"a Whisper config needs {key!r}", param=key)
+        return int(value)
+
+    hidden = need("d_model")
+    heads, enc_heads = need("decoder_attention_heads"), need("encoder_attention_heads")
+    for key, h in (("decoder_attention_heads", heads), ("encoder_attention_heads", enc_heads)):
+        if hidden % h:
+            raise ConfigError(f"d_model={hidden} is not a multiple of {key}={h}", param=key)
+    # scale_embedding is ignored, as transformers' WhisperDecoder ignores it (its embed_scale is never applied)
+    if need("num_mel_bins") not in (80, 128):
+        raise ConfigError(f"num_mel_bins must be 80 or 128 (Whisper's log-mel filter banks), got {cfg['num_mel_bins']}",
+                          param="num_mel_bins")
+    act = str(cfg.get("activation_function") or "gelu")
+    if act != "gelu":
+        raise ConfigError(f"Whisper activation_function {act!r} is not supported (only 'gelu')",
+                          param="activation_function")
+    archs = cfg.get("architectures") or ["WhisperForConditionalGeneration"]
+    return cls(
+        name=name or str(cfg.get("_name_or_path") or archs[0]),
+        architecture=str(archs[0]),
+        model_type="whisper",
+        hidden=hidden,
+        layers=need("decoder_layers"),
+        heads=heads,
+        kv_heads=heads,
+        head_dim=hidden // heads,
+        intermediate=need("decoder_ffn_dim"),
+        vocab=need("vocab_size"),
+        tied=True,
+        qkv_bias=True,  # q and v have biases, k has none (the model knows)
+        o_bias=True,
+        mlp_bias=True,
+        hidden_act="gelu",
+        rms_norm_eps=1e-5,  # torch LayerNorm's default, which Whisper uses
+        max_position_embeddings=need("max_target_positions"),
+        eos_token_ids=eos_token_ids(cfg),
+        torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "") or None,
+        whisper=WhisperSpec(
+            num_mel_bins=need("num_mel_bins"),
+            encoder_layers=need("encoder_layers"),
+            encoder_heads=enc_heads,
+            encoder_ffn_dim=need("encoder_ffn_dim"),
+            max_source_positions=need("max_source_positions"),
+            decoder_start_token_id=need("decoder_start_token_id"),
+        ),
+    )

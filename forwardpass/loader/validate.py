@@ -46,10 +46,22 @@ SIZE_LIMITS: dict[str, tuple[int, int]] = {
     "n_groups": (1, 1 << 16),
     "conv_kernel": (1, 1024),
     "chunk_size": (1, 1 << 20),
+    "type_vocab_size": (0, 1 << 16),  # BERT segment embeddings
+    # Whisper (encoder–decoder speech recognition)
+    "d_model": (1, 32768),
+    "encoder_layers": (1, 1024),
+    "decoder_layers": (1, 1024),
+    "encoder_attention_heads": (1, 1024),
+    "decoder_attention_heads": (1, 1024),
+    "encoder_ffn_dim": (1, 262144),
+    "decoder_ffn_dim": (1, 262144),
+    "num_mel_bins": (1, 1024),
+    "max_source_positions": (1, 1 << 16),
+    "max_target_positions": (2, 1 << 20),
 }
 _LAYER = re.compile(r"\blayers\.(\d+)\.")
 #: floats that must be finite and positive
-POSITIVE_FLOATS = ("rms_norm_eps", "rope_theta")
+POSITIVE_FLOATS = ("rms_norm_eps", "rope_theta", "layer_norm_eps")
 #: parameters (sum of the big matrices) above which a config is refused before allocation
 MAX_PARAMS = 2 * 10**12
 
@@ -112,9 +124,10 @@ def check_checkpoint_shapes(model_dir: Path, cfg: Mapping[str, Any], where: str 
         for tensor, meta in _read_header(file).items():
             if isinstance(meta, dict) and "shape" in meta:
                 shapes[tensor] = tuple(meta["shape"])
-    vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size")
+    vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size") or cfg.get("d_model")  # d_model: Whisper
     for tensor, shape in shapes.items():
-        big = tensor.endswith(("embed_tokens.weight", "lm_head.weight", "wte.weight")) and len(shape) == 2
+        big = tensor.endswith(("embed_tokens.weight", "lm_head.weight", "wte.weight", "word_embeddings.weight")) \
+            and len(shape) == 2
         if big and shape != (vocab, hidden):
             raise WeightShapeError(
                 f"{where} says vocab_size={vocab}, hidden_size={hidden} but the checkpoint's {tensor} has "

@@ -19,9 +19,16 @@ from torch import nn
 
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
+from forwardpass.distributed.parallel_state import tensor_parallel
 from forwardpass.layers.linear import Linear, MergedLinear, linear
 from forwardpass.layers.mlp import GatedMLP
 from forwardpass.layers.norm import RMSNorm
+from forwardpass.layers.parallel_linear import (
+    ParallelGatedMLP,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    qkv_parallel,
+)
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary
 from forwardpass.loader.spec import ModelSpec
 
@@ -31,12 +38,17 @@ class DecoderAttention(nn.Module):
         super().__init__()
         d = spec.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = spec.heads, spec.kv_heads, d
-        self.qkv_proj = MergedLinear(
-            spec.hidden,
-            {"q_proj": spec.q_dim, "k_proj": spec.kv_dim, "v_proj": spec.kv_dim},
-            bias=spec.qkv_bias,
-        )
-        self.o_proj = Linear(spec.q_dim, spec.hidden, bias=spec.o_bias)
+        if (tp := tensor_parallel()).enabled:  # this rank's heads: q/k/v column-split, o_proj row-split
+            self.qkv_proj, self.num_heads, self.num_kv_heads = qkv_parallel(
+                spec.hidden, spec.heads, spec.kv_heads, d, tp, bias=spec.qkv_bias)
+            self.o_proj = RowParallelLinear(spec.q_dim, spec.hidden, tp, bias=spec.o_bias, what="the query heads' width")
+        else:
+            self.qkv_proj = MergedLinear(
+                spec.hidden,
+                {"q_proj": spec.q_dim, "k_proj": spec.kv_dim, "v_proj": spec.kv_dim},
+                bias=spec.qkv_bias,
+            )
+            self.o_proj = Linear(spec.q_dim, spec.hidden, bias=spec.o_bias)
         self.q_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.attn = CachedAttention(layer_idx, scale=d**-0.5, sliding_window=spec.layer_windows[layer_idx])
@@ -63,6 +75,8 @@ class DecoderLayer(nn.Module):
         self.mlp = self.build_mlp(spec, layer_idx)
 
     def build_mlp(self, spec: ModelSpec, layer_idx: int) -> nn.Module:
+        if (tp := tensor_parallel()).enabled:
+            return ParallelGatedMLP(spec.hidden, spec.intermediate, spec.hidden_act, tp, bias=spec.mlp_bias)
         return GatedMLP(spec.hidden, spec.intermediate, spec.hidden_act, bias=spec.mlp_bias)
 
     def forward(self, x, cos, sin, ctx):
@@ -73,7 +87,9 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, spec: ModelSpec, layer_cls: type[DecoderLayer] = DecoderLayer):
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, _freeze=True)
+        tp = tensor_parallel()
+        self.embed_tokens = (VocabParallelEmbedding(spec.vocab, spec.hidden, tp) if tp.enabled
+                             else nn.Embedding(spec.vocab, spec.hidden, _freeze=True))
         self.layers = nn.ModuleList(layer_cls(spec, i) for i in range(spec.layers))
         self.norm = RMSNorm(spec.hidden, spec.rms_norm_eps)
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling)
@@ -99,8 +115,11 @@ class LlamaForCausalLM(nn.Module):
         self.spec = spec
         self.model = DecoderModel(spec, self.layer_cls)
         self.tie_word_embeddings = spec.tied
+        self.vocab_parallel = tensor_parallel().enabled  # logits gathered from every rank's vocabulary slice
         if self.tie_word_embeddings:
             self.lm_head = None  # logits use the embedding matrix itself: one copy in memory
+        elif self.vocab_parallel:
+            self.lm_head = VocabParallelEmbedding(spec.vocab, spec.hidden, tensor_parallel())
         else:
             self.lm_head = Linear(spec.hidden, spec.vocab)
 
@@ -109,5 +128,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.vocab_parallel:
+            return (self.model.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return linear(hidden, weight).float()

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from forwardpass.distributed.parallel_state import tensor_parallel
 from forwardpass.errors import MissingFileError
 from forwardpass.loader.config import load_model_config
 from forwardpass.loader.spec import ModelSpec, model_name
@@ -36,6 +37,11 @@ def _checkpoint_names(model: nn.Module, name: str) -> list[tuple[str, tuple[int,
 
 
 def load_weights(model: nn.Module, source: WeightSource) -> None:
+    if tensor_parallel().enabled:  # this rank's slices only, read with safetensors' get_slice
+        from forwardpass.distributed.loading import load_sharded
+
+        load_sharded(model, source)
+        return
     custom = getattr(model, "load_weights", None)
     if custom is not None:  # architectures with special layouts (e.g. stacked experts) load themselves
         custom(source)

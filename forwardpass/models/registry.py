@@ -22,7 +22,17 @@ _REGISTRY: dict[str, str] = {
     "Mamba2ForCausalLM": "forwardpass.models.mamba:Mamba2ForCausalLM",
     "NemotronHForCausalLM": "forwardpass.models.mamba:NemotronHForCausalLM",
     "Qwen3NextForCausalLM": "forwardpass.models.qwen3_next:Qwen3NextForCausalLM",
+    "DeepseekV4ForCausalLM": "forwardpass.models.deepseek_v4:DeepseekV4ForCausalLM",
+    "BertModel": "forwardpass.models.bert:BertModel",
+    "WhisperForConditionalGeneration": "forwardpass.models.whisper:WhisperForConditionalGeneration",
 }
+
+#: encoder-only architectures: they embed (``LLM(model, task="embed")``), they do not generate
+EMBEDDING_ARCHITECTURES = frozenset({"BertModel"})
+
+
+def is_embedding_architecture(architecture: str) -> bool:
+    return architecture in EMBEDDING_ARCHITECTURES
 
 
 def register_model(architecture: str, target: str) -> None:

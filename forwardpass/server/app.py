@@ -170,6 +170,16 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
 
     app.include_router(dashboard_router(engine))  # /dashboard, /dashboard/state, /dashboard/events
     app.include_router(chat_page_router())  # / : the web chat page (talks to /v1/chat/completions)
+    from forwardpass.server.embeddings import generative_embeddings_router
+
+    app.include_router(generative_embeddings_router())  # /v1/embeddings: a 400 naming --task embed
+    from forwardpass.server.diffusion_service import diffusion_routers
+
+    for router in diffusion_routers(config.image_model, config.video_model):  # images, videos
+        app.include_router(router)
+    from forwardpass.server.transcriptions import transcriptions_router
+
+    app.include_router(transcriptions_router(engine, serving))  # /v1/audio/transcriptions (Whisper models)
 
     # Outermost first: the key check, then the body limit, both before anything is parsed.
     app.add_middleware(BodyLimitMiddleware, limit=config.max_request_bytes, read_timeout_s=config.read_timeout_s)

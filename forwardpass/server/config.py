@@ -39,6 +39,10 @@ class ServerConfig:
     allowed_origins: list[str] = field(default_factory=list)  # CORS (llama.cpp's habit); empty: no CORS headers
     max_num_seqs: int = 64  # reported by /props (llama.cpp's total_slots)
     reasoning_parser: str | None = None  # "qwen3" | "deepseek_r1": <think>...</think> -> reasoning_content
+    # Diffusion routes, only when asked: a pipeline folder or "default" (the embedded model, loaded at the first
+    # request); None: no route. /v1/images/generations and /v1/videos (server/images.py, server/videos.py).
+    image_model: str | None = None
+    video_model: str | None = None
 
     @property
     def default_model(self) -> str:

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Callable, Iterator
+from typing import cast
 
 from forwardpass.engine.async_engine import AsyncLLMEngine, EngineSpec
 from forwardpass.errors import EngineDeadError
@@ -28,7 +29,8 @@ logger = logging.getLogger(__name__)
 def run_server(spec: EngineSpec, config: ServerConfig, *, host: str = "127.0.0.1", port: int = 8000,
                backend: str = "process", max_queued_requests: int = 1024, log_level: str = "info",
                sockets: list[socket.socket] | None = None,
-               on_started: Callable[[AsyncLLMEngine], None] | None = None, access_log: bool | None = None) -> None:
+               on_started: Callable[[AsyncLLMEngine], None] | None = None, access_log: bool | None = None,
+               data_parallel_size: int = 1) -> None:
     """``sockets``: already-bound listening sockets to serve on (``serve`` binds before loading, so a busy
     port fails fast); ``on_started(engine)`` runs once the engine is up and the server listens (the
     banner); ``access_log`` one line per request (default: only at debug level)."""
@@ -64,8 +66,15 @@ def run_server(spec: EngineSpec, config: ServerConfig, *, host: str = "127.0.0.1
             finally:
                 cut.cancel()
 
-    engine = AsyncLLMEngine(spec, backend=backend, max_queued_requests=max_queued_requests,
-                            request_timeout_s=config.request_timeout_s)
+    if data_parallel_size > 1:  # N replicas behind the same routes, requests to the least loaded
+        from forwardpass.distributed.data_parallel import DataParallelEngine
+
+        engine = cast("AsyncLLMEngine", DataParallelEngine(  # the same interface, duck-typed
+            spec, replicas=data_parallel_size, backend=backend, max_queued_requests=max_queued_requests,
+            request_timeout_s=config.request_timeout_s))
+    else:
+        engine = AsyncLLMEngine(spec, backend=backend, max_queued_requests=max_queued_requests,
+                                request_timeout_s=config.request_timeout_s)
     app = build_app(engine, config)
     server = Server(uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_keep_alive=5,

@@ -126,12 +126,12 @@ class ToolCallStreamer:
                 new.extend(self._fragment(body[:-1].rstrip() if body.endswith("}") else body))
                 self._args_at = None
             else:
-                call = _parse_block(self.buf[:j].strip())
-                if call is None:
+                whole = _parse_block(self.buf[:j].strip())
+                if whole is None:
                     content += START + self.buf[:j + len(END)]
                 else:
-                    new.append({"index": len(self.calls), **call})
-                    self.calls.append(call)
+                    new.append({"index": len(self.calls), **whole})
+                    self.calls.append(whole)
             self.buf, self.inside = self.buf[j + len(END):], False
         return content, new
 

@@ -1,0 +1,46 @@
+"""Cross-attention over a request's cached encoder K/V (encoder–decoder models: Whisper).
+
+Each request's cross-attention keys and values were written once into its slot of the layer's cache
+(``[num_slots, 2, encoder_len, heads, head_dim]``, ``engine/cross_attention_spec.py``) when its encoder
+ran. A step's queries read them through the slot each sequence holds, which the group's
+``StateMetadata`` gives (``ctx.for_state``): the one-token rows of the batch all at once (every
+request has the same encoder length, so the gathered slots stack into one batch), then each prefill
+chunk with its own slot. No mask: every decoder position sees every encoder position.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from forwardpass.attention import attention
+from forwardpass.attention.context import AttentionContext
+
+
+class CachedCrossAttention(nn.Module):
+    def __init__(self, cache_id: int, scale: float):
+        super().__init__()
+        self.cache_id = cache_id  # index of this layer's cross-attention cache in ctx.kv_caches
+        self.scale = scale
+
+    def forward(self, q: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """``q``: ``[T, H, D]`` queries of the flattened batch → ``[T, H, D]``."""
+        cache = ctx.kv_caches[self.cache_id]
+        meta = ctx.for_state(self.cache_id)
+        out = torch.empty_like(q)
+        nd = ctx.num_decode
+        if nd:
+            kv = cache[meta.decode_slots]  # [nd, 2, S, H, D]
+            out[:nd] = self._attend(q[:nd, :, None, :], kv[:, 0], kv[:, 1], ctx.backend)[:, :, 0]
+        for span in meta.prefills:
+            rows = slice(span.q_start, span.q_start + span.q_len)
+            kv = cache[span.slot]  # [2, S, H, D]
+            attended = self._attend(q[rows].transpose(0, 1)[None], kv[0][None], kv[1][None], ctx.backend)
+            out[rows] = attended[0].transpose(0, 1)
+        return out
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
+        """``q`` ``[B, H, Nq, D]``; ``k``, ``v`` ``[B, S, H, D]`` as cached → ``[B, H, Nq, D]``."""
+        return attention(
+            q, k.transpose(1, 2), v.transpose(1, 2), causal=False, scale=self.scale, backend=backend
+        )

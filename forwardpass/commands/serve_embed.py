@@ -1,0 +1,78 @@
+"""``forwardpass serve --task embed``: an encoder model behind ``/v1/embeddings`` (``server/embedding_app.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+from pathlib import Path
+
+
+def run_embed(args: argparse.Namespace, model: str, sock: socket.socket, device: str) -> int:
+    from forwardpass.commands.serve_log import serve_logger
+    from forwardpass.errors import ValidationError
+    from forwardpass.server.config import ServerConfig
+    from forwardpass.server.embedding_app import run_embedding_server
+
+    # Flags of the generation engine mean nothing to an encoder: say so instead of ignoring them.
+    for flag, value in (
+        ("--lora", args.lora),
+        ("--reasoning-parser", args.reasoning_parser),
+        ("--quantization", getattr(args, "quantization", None)),
+    ):
+        if value:
+            raise ValidationError(f"{flag} does not apply to an embedding model (--task embed)", param=flag)
+    name = args.served_model_name or (Path(model).resolve().name if args.model else "forwardpass-default")
+    if args.model and not Path(args.model).expanduser().exists() and not args.served_model_name:
+        name = args.model  # a Hugging Face id is served under that id, as vLLM does
+    api_key = args.api_key or os.environ.get("FORWARDPASS_API_KEY") or None
+    config = ServerConfig(
+        models={name: None},
+        api_key=api_key,
+        max_request_bytes=args.max_request_bytes,
+        shutdown_timeout_s=args.shutdown_timeout,
+        watchdog_timeout_s=args.watchdog_timeout,
+        read_timeout_s=args.read_timeout,
+    )
+    log = serve_logger(args.log_level)
+    if args.num_threads:
+        import torch
+
+        torch.set_num_threads(args.num_threads)
+
+    def load():
+        from forwardpass.embed.runner import EmbeddingRunner
+
+        log.info("loading %s (embedding model) on %s ...", name, device)
+        return EmbeddingRunner(
+            model,
+            dtype=args.dtype,
+            device=device,
+            max_model_len=args.max_model_len,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        )
+
+    def started(embedder) -> None:
+        r = embedder.runner
+        log.info(
+            "serving %s: %d-dim embeddings (%s), max_model_len %d, on http://%s:%d/v1/embeddings",
+            name,
+            r.dimensions,
+            r.pooling.source,
+            r.limits.max_model_len,
+            args.host,
+            sock.getsockname()[1],
+        )
+
+    level = logging.getLogger().getEffectiveLevel()
+    run_embedding_server(
+        load,
+        config,
+        host=args.host,
+        sockets=[sock],
+        log_level="info" if level > logging.DEBUG else "debug",
+        access_log=not args.no_access_log,
+        on_started=started,
+    )
+    return 0

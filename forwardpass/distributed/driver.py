@@ -1,0 +1,116 @@
+"""Rank 0's side of tensor parallelism inside the engine: refuse what cannot be split, build the engine
+around a :class:`DriverRunner` that broadcasts each step before running its own share.
+
+``build_engine_core`` (``engine/builder.py``) hands a ``tensor_parallel_size > 1`` config to
+:func:`build_parallel_core`, which starts the workers (``executor.ParallelGroup``), loads rank 0's
+shard and calls back into the builder with the group, so the KV cache plan, plug-ins and core are
+built by the same code as on one rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from forwardpass.config import EngineConfig
+from forwardpass.distributed.executor import ParallelGroup, StepMessage, WorkerFailedError
+from forwardpass.distributed.parallel_state import TensorParallel, building_with
+from forwardpass.engine.batch import RunnerOutput, SchedulerOutput
+from forwardpass.engine.core import EngineCore
+from forwardpass.engine.model_runner import ModelRunner
+from forwardpass.errors import ConfigError, ForwardpassError
+from forwardpass.layers.parallel_linear import even_split
+from forwardpass.loader.config import load_model_config
+from forwardpass.loader.spec import ModelSpec, model_name
+from forwardpass.models.loading import load_model
+
+#: architectures whose layers are built for tensor parallelism (the Llama family and its MoE variants)
+SUPPORTED = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
+)
+
+
+def check_supported(config: EngineConfig, spec: ModelSpec) -> None:
+    """Refuse, before any process starts, what tensor parallelism cannot do with this model."""
+    architecture, n = spec.architecture, config.tensor_parallel_size
+    if architecture not in SUPPORTED:
+        raise ConfigError(
+            f"tensor_parallel_size > 1 supports {', '.join(SUPPORTED)}; {architecture} runs on one rank only",
+            param="tensor_parallel_size",
+        )
+    if config.quantization is not None:
+        raise ConfigError(
+            "quantization is not supported with tensor_parallel_size > 1 yet", param="quantization"
+        )
+    if config.enable_lora:
+        raise ConfigError(
+            "LoRA adapters are not supported with tensor_parallel_size > 1 yet", param="enable_lora"
+        )
+    tp = TensorParallel(size=n)  # the same checks the sharded layers make, without building them
+    even_split(spec.heads, tp, "the attention heads")
+    if spec.kv_heads % n and n % spec.kv_heads:
+        raise ConfigError(
+            f"tensor_parallel_size={n} must divide or be a multiple of the {spec.kv_heads} KV heads",
+            param="tensor_parallel_size",
+        )
+    even_split(spec.intermediate, tp, "the MLP width")
+    if spec.is_moe:
+        if config.enable_expert_parallel:
+            even_split(spec.num_experts, tp, "the experts")
+        else:
+            even_split(spec.expert_intermediate, tp, "the expert MLP width")
+
+
+class DriverRunner(ModelRunner):
+    """Rank 0's ``ModelRunner``: broadcasts the step to the workers before running its own share."""
+
+    def __init__(self, *args: Any, parallel: ParallelGroup, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.parallel = parallel
+        self._sampled: tuple[tuple[int, int], ...] = ()
+
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        if self.parallel.failure is not None:
+            raise self.parallel.failure
+        try:
+            self.parallel.tp.broadcast_object(StepMessage(scheduled, self._sampled))
+            out = super().execute(scheduled)
+        except Exception as exc:  # any failure mid-step leaves the ranks out of step: fatal
+            raise self.parallel.fail(exc) from exc
+        self._sampled = tuple(zip(out.seq_ids, out.token_ids))
+        return out
+
+
+def local_attention_spec(spec: ModelSpec, size: int) -> ModelSpec:
+    """The spec as one rank sees its attention (its query and KV heads): what its KV cache holds."""
+    kv = spec.kv_heads // size if spec.kv_heads >= size else 1  # replicated KV heads: one per rank
+    return dataclasses.replace(spec, heads=spec.heads // size, kv_heads=kv)
+
+
+def build_parallel_core(model_dir: Path, config: EngineConfig, core_cls: type[EngineCore]) -> EngineCore:
+    """Rank 0's engine: start the workers, load this rank's shard, build the engine around a DriverRunner."""
+    from forwardpass.engine.builder import build_engine_core
+
+    cfg = load_model_config(model_dir)
+    check_supported(config, ModelSpec.from_config(cfg, name=model_name(model_dir)))
+    group = ParallelGroup.start(str(model_dir), config)
+    try:
+        with building_with(group.tp):
+            net, spec = load_model(model_dir, config.torch_dtype, config.device)
+        return build_engine_core(
+            model_dir, config, model_and_spec=(net, spec), core_cls=core_cls, parallel=group
+        )
+    except WorkerFailedError:
+        group.close()
+        raise
+    except Exception as exc:
+        group.close()
+        if isinstance(exc, ForwardpassError):
+            raise
+        raise group.diagnose(exc) from exc

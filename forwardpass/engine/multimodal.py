@@ -1,0 +1,57 @@
+"""A prompt's ``multi_modal_data`` (vLLM's form) → the encoder input the engine core carries.
+
+Speech models (Whisper) take ``{"audio": (samples, sample_rate)}``: any rate (resampled to 16 kHz),
+mono or ``[samples, channels]``, float in [-1, 1] or integer PCM. The front end turns it into the
+log-mel features the model's encoder reads (``forwardpass/audio.py``): ``num_mel_bins`` ×
+``2 · max_source_positions`` frames, the audio padded with silence or trimmed to that window, as
+Whisper does with its 30 s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from forwardpass.audio import SAMPLE_RATE, AudioError, log_mel_spectrogram, to_mono_16k
+from forwardpass.errors import ValidationError
+from forwardpass.loader.spec import ModelSpec
+
+
+def encoder_input_for(spec: ModelSpec, multi_modal_data: dict[str, Any] | None) -> torch.Tensor | None:
+    """Log-mel features for ``spec``'s encoder, or None when no data is given (the core decides
+    whether the model needs some)."""
+    if multi_modal_data is None:
+        return None
+    if not isinstance(multi_modal_data, dict):
+        raise ValidationError(
+            "multi_modal_data must be a dict such as {'audio': (samples, sample_rate)}",
+            param="multi_modal_data",
+        )
+    unknown = sorted(set(multi_modal_data) - {"audio"})
+    if unknown:
+        raise ValidationError(
+            f"multi_modal_data: only 'audio' is supported, got {unknown}", param="multi_modal_data"
+        )
+    if spec.whisper is None:
+        raise ValidationError(
+            f"{spec.name} is a decoder-only model: it takes no audio", param="multi_modal_data"
+        )
+    audio = multi_modal_data["audio"]
+    rate = SAMPLE_RATE
+    if isinstance(audio, tuple):
+        if len(audio) != 2:
+            raise ValidationError("audio must be (samples, sample_rate)", param="multi_modal_data")
+        audio, rate = audio
+    if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or not 0 < rate <= 384_000:
+        raise ValidationError(
+            f"audio sample rate must be an integer in (0, 384000], got {rate!r}", param="multi_modal_data"
+        )
+    try:
+        # only the encoder's window is heard: trim before resampling (plus a second for the filter's edge)
+        window = int((spec.whisper.encoder_seconds + 1) * int(rate))
+        samples = to_mono_16k(np.asarray(audio)[:window], int(rate))
+        return log_mel_spectrogram(samples, spec.whisper.num_mel_bins, spec.whisper.encoder_input_frames)
+    except AudioError as exc:
+        raise ValidationError(f"audio: {exc}", param="multi_modal_data") from exc

@@ -1,0 +1,89 @@
+"""Building the C++ kernels (torch ``cpp_extension``): one place for what every kernel needs.
+
+* **A name per source and flags**: the build folder is ``NAME_<hash of the source and flags>``, so a
+  changed kernel or flag never reuses (or silently re-versions) an old build, and "is it built?" is one
+  file check.
+* **Portable flags**: exactly the instruction sets the intrinsics need (``-mavx2 -mfma``), never
+  ``-march=native``: the build cache outlives the host (a VM moves, a home folder is shared), and code
+  for a newer CPU would die with an illegal instruction on an older one.
+* **A stale lock is cleared**: torch waits for ever on the ``lock`` file of a build that was killed;
+  a lock older than any real build is removed, with a log line.
+* **A visible wait**: a spinner, a pulsing bar and the elapsed time on a terminal; one log line elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: A build lock older than this belongs to a build that died (a real build takes well under a minute).
+STALE_LOCK_S = 600.0
+
+
+@dataclass(frozen=True)
+class CppKernel:
+    name: str  # the extension's base name
+    source: Path
+    cflags: tuple[str, ...]
+    ldflags: tuple[str, ...] = ()
+    what: str = "a C++ kernel"  # for people: "the C++ paged-decode kernel"
+    expected_s: int = 30
+
+    @property
+    def build_name(self) -> str:
+        digest = hashlib.sha256(self.source.read_bytes() + " ".join(self.cflags + self.ldflags).encode())
+        return f"{self.name}_{digest.hexdigest()[:10]}"
+
+    def build_dir(self) -> Path:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return Path(_get_build_directory(self.build_name, verbose=False))
+
+    def is_built(self) -> bool:
+        return (self.build_dir() / f"{self.build_name}.so").exists()
+
+    def load(self, logger: logging.Logger) -> Any:
+        """Build if needed (showing the wait) and import the module; raises if it cannot be built."""
+        from torch.utils.cpp_extension import load
+
+        _clear_stale_lock(self.build_dir() / "lock", logger)
+        build = lambda: load(name=self.build_name, sources=[str(self.source)], extra_cflags=list(self.cflags),
+                             extra_ldflags=list(self.ldflags), verbose=False)
+        if self.is_built():
+            return build()
+        with compile_progress(self.what, self.expected_s, logger):
+            return build()
+
+
+def _clear_stale_lock(lock: Path, logger: logging.Logger) -> None:
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        logger.warning("removing a stale kernel build lock (%s, %.0f s old: its build died)", lock, age)
+        lock.unlink(missing_ok=True)
+
+
+@contextmanager
+def compile_progress(what: str, expected_s: int, logger: logging.Logger) -> Iterator[None]:
+    message = f"compiling {what} (once, ~{expected_s} s; cached afterwards)"
+    if not sys.stderr.isatty():
+        logger.warning(message)
+        yield
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        progress.add_task(message, total=None)  # total unknown: the bar pulses
+        yield
+    logger.info("compiled %s", what)

