@@ -40,16 +40,18 @@ ENGINES = ["fp32", "int8", "int4", "hf", "llama-f32", "llama-q8_0", "llama-q4_0"
 
 # ----- the checkpoint and its GGUF files ------------------------------------------------------------
 def add_synthetic_tokenizer(path: Path, vocab: int) -> None:
-    """A byte-level BPE tokenizer.json of exactly ``vocab`` tokens (256 bytes + filler, no merges): what
-    the GGUF converter and llama.cpp need to accept a random checkpoint. The benchmark feeds token ids."""
+    """A byte-level BPE tokenizer.json of exactly ``vocab`` tokens (256 bytes, one merge, filler): what the
+    GGUF converter and llama.cpp need to accept a random checkpoint (llama.cpp refuses a BPE vocabulary
+    without merges). The benchmark feeds token ids."""
     if (path / "tokenizer.json").exists():
         return
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
 
     alphabet = ByteLevel.alphabet()
-    tokens = sorted(alphabet) + [f"<|tok{i}|>" for i in range(vocab - len(alphabet) - 1)] + ["<|endoftext|>"]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[]))
+    fillers = [f"<|tok{i}|>" for i in range(vocab - len(alphabet) - 2)]
+    tokens = sorted(alphabet) + ["\u0120t"] + fillers + ["<|endoftext|>"]  # "Ġt": " t", from one merge
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[("\u0120", "t")]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.save(str(path / "tokenizer.json"))
