@@ -199,6 +199,38 @@ class ImagePipeline:
             return eps
         return a * eps - s * x0  # v_prediction
 
+    def _text_batch(self, prompts: list[str], negative: list[str] | None, per_prompt: int, guidance: float,
+                    negative_mode: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The text conditioning of one call as a single batch, and how many branches it holds: the prompts
+        (each ``per_prompt`` times); with CFG the negative (unconditional) half first, and for
+        ``negative_mode="perp"`` three branches ``[empty | negative | prompt]`` (see ``_guided``).
+        Words the model's vocabulary lacks are ignored, with a warning."""
+        for p in prompts:
+            unknown = self.tokenizer.unknown_words(p)
+            if unknown:
+                log.warning("prompt %r: words %s are not in the model's vocabulary and are ignored", p, unknown)
+        prompts = [p for p in prompts for _ in range(per_prompt)]
+        batch = len(prompts)
+        do_cfg = guidance > 1.0
+        perp = do_cfg and negative is not None and negative_mode == "perp"
+        if not do_cfg:
+            return (*self.encode_prompt(prompts), 1)
+        negs = [n for n in (negative or [""] * (batch // per_prompt)) for _ in range(per_prompt)]
+        context, mask = self.encode_prompt(([""] * batch if perp else []) + negs + prompts)
+        return context, mask, 3 if perp else 2
+
+    def _initial_latents(self, shape: tuple[int, ...], latents: torch.Tensor | None,
+                         generator: torch.Generator | None) -> torch.Tensor:
+        """Fresh noise of ``shape``, or the caller's ``latents`` checked against it. Noise is drawn on the
+        generator's device (the CPU by default) and then moved, so a seed gives the same result on any
+        device, as diffusers' randn_tensor does."""
+        if latents is None:
+            noise = torch.randn(shape, generator=generator, device=_gen_device(generator)).to(self.device)
+            return noise * self.scheduler.init_noise_sigma
+        if tuple(latents.shape) != shape:
+            raise ValidationError(f"latents must have shape {shape}, got {tuple(latents.shape)}", param="latents")
+        return latents.to(self.device, torch.float32)
+
     def _check_scheduler(self) -> None:
         """A scheduler must be able to step this denoiser's prediction (diffusers' convention: the model
         declares ``prediction_type``; a VP scheduler on a flow model is converted, a mismatch refused)."""
@@ -295,53 +327,19 @@ class ImagePipeline:
         width = self.defaults.get("width", default_size) if width is None else width
         self._validate(prompts, negative, steps, guidance, height, width, num_images_per_prompt, output_type,
                        generator, seed)  # fmt: skip
-        if isinstance(guidance_rescale, bool) or not isinstance(guidance_rescale, (int, float)) \
-                or not 0 <= guidance_rescale <= 1:
-            raise ValidationError(f"guidance_rescale must be in [0, 1], got {guidance_rescale!r}",
-                                  param="guidance_rescale")
+        _check_rescale(guidance_rescale)
         self._check_scheduler()
-        for p in prompts:
-            unknown = self.tokenizer.unknown_words(p)
-            if unknown:
-                log.warning(
-                    "prompt %r: words %s are not in the model's vocabulary and are ignored", p, unknown
-                )
         if seed is not None:
             generator = torch.Generator().manual_seed(int(seed))
 
         # 1. text: the negative (unconditional) half first, then the conditional half, as one batch.
-        prompts = [p for p in prompts for _ in range(num_images_per_prompt)]
-        batch = len(prompts)
-        do_cfg = guidance > 1.0
-        perp = do_cfg and negative is not None and negative_mode == "perp"
-        if do_cfg:
-            negs = [
-                n
-                for n in (negative or [""] * (batch // num_images_per_prompt))
-                for _ in range(num_images_per_prompt)
-            ]
-            # perp: three branches, [empty | negative | prompt] (see _guided)
-            context, mask = self.encode_prompt(([""] * batch if perp else []) + negs + prompts)
-        else:
-            context, mask = self.encode_prompt(prompts)
-        branches = 3 if perp else 2 if do_cfg else 1
+        context, mask, branches = self._text_batch(prompts, negative, num_images_per_prompt, guidance, negative_mode)
+        batch = len(prompts) * num_images_per_prompt
 
         # 2. initial noise
         shape = (batch, self.transformer.config["in_channels"], height // self.vae_scale_factor,
                  width // self.vae_scale_factor)  # fmt: skip
-        if latents is None:
-            latents = (
-                # Noise is drawn on the generator's device (the CPU by default) and then moved, so a seed
-                # gives the same image on any device, as diffusers' randn_tensor does.
-                torch.randn(shape, generator=generator, device=_gen_device(generator)).to(self.device)
-                * self.scheduler.init_noise_sigma
-            )
-        elif tuple(latents.shape) != shape:
-            raise ValidationError(
-                f"latents must have shape {shape}, got {tuple(latents.shape)}", param="latents"
-            )
-        else:
-            latents = latents.to(self.device, torch.float32)
+        latents = self._initial_latents(shape, latents, generator)
 
         # 3. denoising loop: one denoiser call per step (batch 2B with CFG, B without)
         self.scheduler.set_timesteps(steps)
@@ -372,3 +370,8 @@ class ImagePipeline:
                 if output_type == "pil":
                     images = to_pil(images)
         return ImagePipelineOutput(images=images) if return_dict else (images,)
+
+
+def _check_rescale(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValidationError(f"guidance_rescale must be in [0, 1], got {value!r}", param="guidance_rescale")

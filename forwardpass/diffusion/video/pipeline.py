@@ -25,12 +25,12 @@ from tqdm.auto import tqdm
 
 from forwardpass.diffusion.images import to_numpy, to_pil
 from forwardpass.diffusion.loading import MODEL_CLASSES
-from forwardpass.diffusion.pipeline import ImagePipeline
-from forwardpass.diffusion.schedulers.base import _gen_device
+from forwardpass.diffusion.pipeline import ImagePipeline, _check_rescale
 from forwardpass.diffusion.video.dit import VideoDiTModel
 from forwardpass.errors import ConfigError, ValidationError
 
 log = logging.getLogger(__name__)
+
 
 # model_index.json names the denoiser class; make ours loadable by the shared component loader.
 MODEL_CLASSES.setdefault("VideoDiTModel", VideoDiTModel)
@@ -116,51 +116,22 @@ class VideoPipeline(ImagePipeline):
         # The image checks (prompt, steps, guidance, size, generator/seed) hold for video unchanged.
         self._validate(prompts, negative, steps, guidance, height, width, 1, "pil", generator, seed)
         self._check_call(frames, num_videos_per_prompt, output_type)
-        if isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not 0 <= rescale <= 1:
-            raise ValidationError(
-                f"guidance_rescale must be in [0, 1], got {rescale!r}", param="guidance_rescale"
-            )
+        _check_rescale(rescale)
         if framewise and self.scheduler.space != "flow":
             raise ConfigError("framewise sampling steps each frame in flow-matching σ; use "
                               "FlowMatchEulerDiscreteScheduler", param="scheduler")  # fmt: skip
         self._check_scheduler()
-        for p in prompts:
-            unknown = self.tokenizer.unknown_words(p)
-            if unknown:
-                log.warning(
-                    "prompt %r: words %s are not in the model's vocabulary and are ignored", p, unknown
-                )
         if seed is not None:
             generator = torch.Generator().manual_seed(int(seed))
 
         # 1. text, as for images: [negative | prompt] (or [empty | negative | prompt] for perp) in one batch
-        prompts = [p for p in prompts for _ in range(num_videos_per_prompt)]
-        batch = len(prompts)
-        do_cfg = guidance > 1.0
-        perp = do_cfg and negative is not None and negative_mode == "perp"
-        if do_cfg:
-            negs = [
-                n
-                for n in (negative or [""] * (batch // num_videos_per_prompt))
-                for _ in range(num_videos_per_prompt)
-            ]
-            context, mask = self.encode_prompt(([""] * batch if perp else []) + negs + prompts)
-        else:
-            context, mask = self.encode_prompt(prompts)
-        branches = 3 if perp else 2 if do_cfg else 1
+        context, mask, branches = self._text_batch(prompts, negative, num_videos_per_prompt, guidance, negative_mode)
+        batch = len(prompts) * num_videos_per_prompt
 
         # 2. noise for the whole clip, drawn on the generator's device so a seed means the same clip anywhere
         f_ = self.vae_scale_factor
         shape = (batch, frames, self.transformer.config["in_channels"], height // f_, width // f_)
-        if latents is None:
-            latents = torch.randn(shape, generator=generator, device=_gen_device(generator)).to(self.device)
-            latents = latents * self.scheduler.init_noise_sigma
-        elif tuple(latents.shape) != shape:
-            raise ValidationError(
-                f"latents must have shape {shape}, got {tuple(latents.shape)}", param="latents"
-            )
-        else:
-            latents = latents.to(self.device, torch.float32)
+        latents = self._initial_latents(shape, latents, generator)
 
         # 3. denoise
         total = steps * (frames if framewise else 1)
