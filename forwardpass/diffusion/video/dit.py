@@ -28,7 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from forwardpass.diffusion.dit import Attention, DiTTransformer2DModel, sincos_2d, timestep_embedding
+from forwardpass.diffusion.dit import (
+    Attention,
+    DiTBlock,
+    DiTTransformer2DModel,
+    sincos_2d,
+    timestep_embedding,
+)
 from forwardpass.diffusion.modeling import ConfigModule
 from forwardpass.errors import ConfigError, ValidationError
 
@@ -41,26 +47,19 @@ def _per_frame(h: torch.Tensor, m: torch.Tensor, t: int) -> torch.Tensor:
     return m[:, :, None].expand(b, t, n // t, d).reshape(b, n, d)
 
 
-class VideoDiTBlock(nn.Module):
+class VideoDiTBlock(DiTBlock):
+    """The image DiT block (same layers, same weight names: an image DiT inflates into it) with per-frame
+    adaLN and, in ``factorized`` mode, a temporal attention layer."""
+
     def __init__(self, dim: int, heads: int, context_dim: int, mlp_ratio: float, backend: str, mode: str):
-        super().__init__()
+        super().__init__(dim, heads, context_dim, mlp_ratio, backend)
         self.mode = mode
-        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.attn = Attention(dim, heads, None, backend)
         if mode == "factorized":
             self.norm_temporal = nn.LayerNorm(dim, eps=1e-6)
             self.attn_temporal = Attention(dim, heads, None, backend)
             # Zero output: a fresh temporal layer is the identity, so an inflated image DiT starts unchanged.
             nn.init.zeros_(self.attn_temporal.to_out.weight)
             nn.init.zeros_(self.attn_temporal.to_out.bias)
-        self.norm_cross = nn.LayerNorm(dim, eps=1e-6)
-        self.cross = Attention(dim, heads, context_dim, backend)
-        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        hidden = int(dim * mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, dim))
-        self.ada = nn.Linear(dim, 6 * dim)
-        nn.init.zeros_(self.ada.weight)
-        nn.init.zeros_(self.ada.bias)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, context: torch.Tensor, mask: torch.Tensor | None,
                 t: int) -> torch.Tensor:  # fmt: skip
