@@ -67,3 +67,14 @@ def transcription_body(
             "usage": {"type": "tokens", "output_tokens": num_tokens},
         }
     return {"text": text, "usage": {"type": "tokens", "output_tokens": num_tokens}}
+
+
+def word_errors(ref: str, hyp: str) -> int:
+    """Word-level edit distance (substitutions + insertions + deletions): the numerator of the word error rate."""
+    r, h = ref.split(), hyp.split()
+    d = list(range(len(h) + 1))
+    for i in range(1, len(r) + 1):
+        prev, d[0] = d[0], i
+        for j in range(1, len(h) + 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r[i - 1] != h[j - 1]))
+    return d[len(h)]

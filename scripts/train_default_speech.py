@@ -35,6 +35,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from forwardpass.audio import log_mel_spectrogram, read_wav, to_mono_16k
+from forwardpass.transcription import word_errors
 
 DEFAULT_WORK = Path("/tmp/fp_speech")
 DEFAULT_OUT = REPO / "forwardpass" / "assets" / "speech"
@@ -241,16 +242,6 @@ def greedy(model, tok, feats: torch.Tensor, max_new: int = 24) -> list[str]:
     for row in seqs[:, len(prompt) :].tolist():
         out.append(tok.decode(row[: row.index(eot)] if eot in row else row).strip())
     return out
-
-
-def word_errors(ref: str, hyp: str) -> int:
-    r, h = ref.split(), hyp.split()
-    d = list(range(len(h) + 1))
-    for i in range(1, len(r) + 1):
-        prev, d[0] = d[0], i
-        for j in range(1, len(h) + 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r[i - 1] != h[j - 1]))
-    return d[len(h)]
 
 
 def wer(model, tok, texts, audio, batch: int = 64) -> tuple[float, list[tuple[str, str]]]:

@@ -14,7 +14,7 @@ import torch
 from forwardpass import LLM, SamplingParams
 from forwardpass.audio import log_mel_spectrogram, read_wav, to_mono_16k
 from forwardpass.cli import main
-from forwardpass.transcription import default_speech_model_path, transcription_prompt
+from forwardpass.transcription import default_speech_model_path, transcription_prompt, word_errors
 
 ESPEAK = shutil.which("espeak-ng")
 pytestmark = pytest.mark.skipif(
@@ -32,16 +32,6 @@ def _speak(text: str, path) -> None:
     subprocess.run(
         [ESPEAK, "-v", VOICE, "-s", str(SPEED), "-w", str(path), text], check=True, capture_output=True
     )
-
-
-def _word_errors(ref: str, hyp: str) -> int:
-    r, h = ref.split(), hyp.split()
-    d = list(range(len(h) + 1))
-    for i in range(1, len(r) + 1):
-        prev, d[0] = d[0], i
-        for j in range(1, len(h) + 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r[i - 1] != h[j - 1]))
-    return d[len(h)]
 
 
 def test_default_model_transcribes_fresh_speech(tmp_path, capsys):
@@ -85,6 +75,6 @@ def test_default_model_transcribes_fresh_speech(tmp_path, capsys):
                     break
         assert seq[0, len(prompt) :].tolist() == tokens
 
-    errors = sum(_word_errors(want, hyp) for (_, want), hyp in zip(UTTERANCES, texts, strict=True))
+    errors = sum(word_errors(want, hyp) for (_, want), hyp in zip(UTTERANCES, texts, strict=True))
     words = sum(len(want.split()) for _, want in UTTERANCES)
     assert errors / words <= MAX_WER, f"word error rate {errors / words:.2f}: {texts}"
