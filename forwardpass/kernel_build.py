@@ -23,6 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+
+def cpu_flags() -> frozenset[str]:
+    """The host CPU's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere, which selects the AVX2 build)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 #: A build lock older than this belongs to a build that died (a real build takes well under a minute).
 STALE_LOCK_S = 600.0
 
@@ -54,8 +67,13 @@ class CppKernel:
         from torch.utils.cpp_extension import load
 
         _clear_stale_lock(self.build_dir() / "lock", logger)
-        build = lambda: load(name=self.build_name, sources=[str(self.source)], extra_cflags=list(self.cflags),
-                             extra_ldflags=list(self.ldflags), verbose=False)
+        build = lambda: load(
+            name=self.build_name,
+            sources=[str(self.source)],
+            extra_cflags=list(self.cflags),
+            extra_ldflags=list(self.ldflags),
+            verbose=False,
+        )
         if self.is_built():
             return build()
         with compile_progress(self.what, self.expected_s, logger):

@@ -100,8 +100,9 @@ def test_kernel_equals_reference(kernel, fmt, m):
         fn = kernel.q8_0_matmul if fmt == "q8_0" else kernel.q4_0_matmul
         got, want = fn(x, qs, d), reference.quant_matmul(x, qs, d, fmt)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * math.sqrt(k))
-        # the kernel's float operations, bitwise
-        assert torch.equal(got, reference.quant_matmul_exact(x, qs, d, fmt))
+        # the kernel's float operations, bitwise (the AVX-512 build keeps two blocks per register at decode)
+        pairs = kernel.isa == "avx512vnni" and m <= 4
+        assert torch.equal(got, reference.quant_matmul_exact(x, qs, d, fmt, block_pairs=pairs))
         # and close to the fp32 product (the quantization error itself, loosely)
         assert (got - x @ w.T).abs().max() < (0.1 if fmt == "q8_0" else 0.6) * math.sqrt(k) / 10
 
@@ -158,8 +159,10 @@ def test_quantized_model_equals_reference_model(kernel, quantization, monkeypatc
     ref = _embedded(quantization, kernel_path=False)
     assert (a.argmax(-1) == _logits(ref, short).argmax(-1)).float().mean() > 0.95
     assert torch.equal(b, _logits(ref, long))
-    monkeypatch.setattr(reference, "quant_matmul", reference.quant_matmul_exact)
+    monkeypatch.setattr(reference, "quant_matmul", reference.exact_for(load_quant_kernel().isa))
     assert torch.equal(a, _logits(ref, short))
+    few = short[:3]  # a decode-sized batch (the AVX-512 build's paired blocks)
+    assert torch.equal(_logits(fast, few), _logits(ref, few))
 
 
 def _heldout_ids(n_tokens: int) -> list[int]:
@@ -230,8 +233,25 @@ def test_moe_experts_quantize(tmp_path, monkeypatch, one_thread):
     # near the float model: 13% here (a random tiny MoE flips some expert choices; a dense random model of
     # the same shape: 4%, the trained embedded model: 0.6%); a wrong expert layout gives ~100%
     assert (got - want).norm() < 0.2 * want.norm()
-    monkeypatch.setattr(reference, "quant_matmul", reference.quant_matmul_exact)
+    monkeypatch.setattr(reference, "quant_matmul", reference.exact_for(load_quant_kernel().isa))
     assert torch.equal(got, _logits(quantize_model(load_model(ckpt)[0], "int8", kernel=False), ids))
+
+
+def test_build_follows_the_cpu(monkeypatch):
+    """The AVX-512 VNNI build only on a CPU that has every flag it is compiled with; AVX2 otherwise."""
+    from forwardpass.quant import kernel as kernel_module
+
+    monkeypatch.delenv("FORWARDPASS_QUANT_ISA", raising=False)
+    vnni = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
+    monkeypatch.setattr(kernel_module, "cpu_flags", lambda: vnni)
+    assert kernel_module.host_isa() == "avx512vnni"
+    monkeypatch.setattr(kernel_module, "cpu_flags", lambda: vnni - {"avx512_vnni"})
+    assert kernel_module.host_isa() == "avx2"
+    monkeypatch.setenv("FORWARDPASS_QUANT_ISA", "avx2")
+    monkeypatch.setattr(kernel_module, "cpu_flags", lambda: vnni)
+    assert kernel_module.host_isa() == "avx2"
+    builds = {kernel_module.kernel_for(isa).build_name for isa in ("avx2", "avx512vnni")}
+    assert len(builds) == 2  # each build has its own folder: a cache shared by two hosts never mixes them
 
 
 # ----- API and flags ------------------------------------------------------------------------------

@@ -30,23 +30,40 @@ def quant_matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: str) -
     return xs @ dequantize(qs, d, fmt).T
 
 
-def quant_matmul_exact(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: str) -> torch.Tensor:
+def quant_matmul_exact(
+    x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: str, block_pairs: bool = False
+) -> torch.Tensor:
     """The kernel's float operations one for one, so its result is bitwise the kernel's (tests only: a
     Python loop over blocks). Per block and for each of 8 lanes (4 consecutive products each, the
     int32 lanes of ``_mm256_madd_epi16``): ``acc = fma(float(lane sum), d_w · d_x, acc)``; then the
     lanes are summed in ``hsum``'s order. The fma is computed in float64, where ``lane sum · scale``
-    (< 2^17 times a float32) is exact, then rounded to float32 once."""
+    (< 2^17 times a float32) is exact, then rounded to float32 once.
+
+    ``block_pairs``: the AVX-512 path (decode batches of 1 to 4 rows) holds two blocks per register, so
+    even and odd blocks accumulate separately (same lane sums) and meet in one add before ``hsum``."""
     xq, xd = quantize_activations(x)
     m, nb = xd.shape
     n = qs.shape[0]
     xv = xq.float().reshape(m, nb, 8, 4)
     wv = dequantize(qs, torch.ones_like(d), fmt).reshape(n, nb, 8, 4)  # the integer values
     dw = d.float()
-    acc = torch.zeros(m, n, 8)
+    acc = torch.zeros(2 if block_pairs else 1, m, n, 8)
     for b in range(nb):
         lanes = torch.einsum("mlk,nlk->mnl", xv[:, b], wv[:, b])  # integers < 2^17: exact in float32
         # the scale is a float32 product, as in the kernel
         scale = (dw[:, b][None, :] * xd[:, b][:, None]).double().unsqueeze(-1)
-        acc = (acc.double() + lanes.double() * scale).float()
-    a = acc.unbind(-1)
+        k = b % 2 if block_pairs else 0
+        acc[k] = (acc[k].double() + lanes.double() * scale).float()
+    a = (acc[0] + acc[1] if block_pairs else acc[0]).unbind(-1)
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+
+
+def exact_for(isa: str):
+    """``quant_matmul_exact`` in the float order of the kernel built for ``isa`` at every batch size (the
+    AVX-512 build pairs blocks for 1 to 4 rows), for tests that compare whole models bit for bit."""
+
+    def matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: str) -> torch.Tensor:
+        pairs = isa == "avx512vnni" and 1 <= x.shape[0] <= 4
+        return quant_matmul_exact(x, qs, d, fmt, block_pairs=pairs)
+
+    return matmul

@@ -93,19 +93,24 @@ template <bool Q4, int MR, int NR>
 void micro(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb, const int8_t* xq,
            const float* xd, int64_t m0, int64_t n0, int64_t N, float* out) {
   __m256 acc[MR][NR];
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     __m256i xs[MR];
     float xds[MR];
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       xs[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (m0 + i) * nb * QK + b * QK));
       xds[i] = xd[(m0 + i) * nb + b];
     }
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
       const __m256i w = load_block<Q4>(wq + (n0 + j) * w_stride, b);
       const __m256i wa = _mm256_sign_epi8(w, w);
       const float dw = _cvtsh_ss(wd[(n0 + j) * nb + b].x);  // F16C, not c10::Half's bit-twiddling
+#pragma GCC unroll 8
       for (int i = 0; i < MR; ++i)
         acc[i][j] = _mm256_fmadd_ps(dot_block(wa, w, xs[i]), _mm256_set1_ps(dw * xds[i]), acc[i][j]);
     }
@@ -125,6 +130,131 @@ void rows(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb, c
   for (; n < n_end; ++n) micro<Q4, MR, 1>(wq, w_stride, wd, nb, xq, xd, m0, n, N, out);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// ---- AVX-512 VNNI: two blocks per instruction -----------------------------------------------------------
+// vpdpbusd multiplies unsigned by signed bytes and sums each 4 into an int32 lane, no intermediate
+// saturation: 64 products in one instruction where AVX2 needs sign, maddubs and madd for 32. The weights
+// are made unsigned by an offset: Q8_0's w ^ 0x80 = w + 128, Q4_0's nibbles q = w + 8 as stored; the
+// offset's contribution, 128·Σx or 8·Σx over each lane's 4 activations, depends only on the activations,
+// so it is computed once per activation row (`corr`) and subtracted from each lane. The lane sums are the
+// AVX2 path's exactly; only the order of the float additions differs (lanes 8..15 hold the odd blocks).
+//
+// Activation layout per pair of blocks (b, b+1), 64 bytes, matching how the weights load:
+//   Q8_0: x_b[0:32], x_b1[0:32]                      (the stored order)
+//   Q4_0: x_b[0:16], x_b[16:32], x_b1[0:16], x_b1[16:32] after the weights' nibbles are unpacked as
+//         [b.lo, b.hi, b1.lo, b1.hi] (lo nibbles are elements 0..15, hi nibbles 16..31: the same order)
+// so both formats use the plain activation order; the scale vector is [s_b ×8, s_b1 ×8].
+
+struct Activations512 {
+  const int8_t* xq;      // [M, nbp·32], nbp = nb rounded up to even (a zero block pads an odd nb)
+  const int32_t* corr;   // [M, nbp·8]: offset · (sum of the lane's 4 activations)
+  const float* xd;       // [M, nbp]
+  int64_t nbp;
+};
+
+template <bool Q4>
+inline __m512i load_pair512(const uint8_t* row, int64_t b, bool single) {
+  if constexpr (Q4) {
+    const __m256i t = single ? _mm256_maskz_loadu_epi8(0xFFFFu, row + b * QK / 2)
+                             : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * QK / 2));
+    // [t_b, t_b1] → [t_b & 15, t_b >> 4, t_b1 & 15, t_b1 >> 4] = [b.lo, b.hi, b1.lo, b1.hi]
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1);
+    const __m512i nib = _mm512_and_si512(both, _mm512_set1_epi8(0x0F));
+    return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), nib);
+  } else {
+    const __m512i w = single ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, row + b * QK)
+                             : _mm512_loadu_si512(row + b * QK);
+    return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+}
+
+// the two blocks' weight scales d_w[b], d_w[b+1] (the second is 0 past the row's end)
+inline __m128 pair_scales(const at::Half* wd, int64_t b, bool single) {
+  const uint32_t bits = single ? wd[b].x : (static_cast<uint32_t>(wd[b + 1].x) << 16) | wd[b].x;
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits)));
+}
+
+constexpr int64_t PF_ROWS = 8;
+
+template <bool Q4, int MR, int NR>
+void micro512(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb, const Activations512& a,
+              int64_t m0, int64_t n0, int64_t N, float* out) {
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  __m512 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b += 2) {
+    const bool single = b + 1 == nb;
+    __m512i xs[MR], cs[MR];
+    __m128 xds[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const int64_t m = m0 + i;
+      xs[i] = _mm512_loadu_si512(a.xq + m * a.nbp * QK + b * QK);
+      cs[i] = _mm512_loadu_si512(a.corr + m * a.nbp * 8 + b * 8);
+      xds[i] = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(a.xd + m * a.nbp + b)));
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* row = wq + (n0 + j) * w_stride;
+      // the rows two tiles ahead, one cache line per row and pair of blocks (the hardware prefetcher
+      // stops at page boundaries; these rows are often only 0.5-1 KB long)
+      _mm_prefetch(reinterpret_cast<const char*>(row + PF_ROWS * w_stride + b * (Q4 ? QK / 2 : QK)), _MM_HINT_T0);
+      const __m512i w = load_pair512<Q4>(row, b, single);
+      const __m128 dw = pair_scales(wd + (n0 + j) * nb, b, single);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512i dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xs[i]), cs[i]);
+        const __m512 scale = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dw, xds[i])));
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const __m512 v = acc[i][j];
+      out[(m0 + i) * N + n0 + j] = hsum(_mm256_add_ps(
+          _mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+    }
+}
+
+template <bool Q4, int MR>
+void rows512(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb, const Activations512& a,
+             int64_t m0, int64_t n_begin, int64_t n_end, int64_t N, float* out) {
+  constexpr int NR = MR == 1 ? 4 : 2;
+  int64_t n = n_begin;
+  for (; n + NR <= n_end; n += NR) micro512<Q4, MR, NR>(wq, w_stride, wd, nb, a, m0, n, N, out);
+  for (; n < n_end; ++n) micro512<Q4, MR, 1>(wq, w_stride, wd, nb, a, m0, n, N, out);
+}
+
+// x → the pair layout's int8 values (zero-padded to an even number of blocks), scales and lane corrections
+template <bool Q4>
+void prepare512(const float* x, int64_t M, int64_t K, int64_t nb, int64_t nbp, int8_t* xq, float* xd,
+                int32_t* corr) {
+  const int32_t offset = Q4 ? 8 : 128;
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      int8_t* q = xq + m * nbp * QK;
+      float* d = xd + m * nbp;
+      quantize_row(x + m * K, K, nb, q, d);
+      if (nbp > nb) {
+        std::memset(q + nb * QK, 0, QK);
+        d[nb] = 0.0f;
+      }
+      for (int64_t b = 0; b < nbp; b += 2) {
+        const __m512i v = _mm512_loadu_si512(q + b * QK);
+        const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
+        _mm512_storeu_si512(corr + m * nbp * 8 + b * 8, _mm512_mullo_epi32(sums, _mm512_set1_epi32(offset)));
+      }
+    }
+  });
+}
+#endif
+
 template <bool Q4>
 torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be a 2-D float32 tensor");
@@ -138,6 +268,33 @@ torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) 
   const int64_t w_stride = Q4 ? nb * QK / 2 : nb * QK;
   TORCH_CHECK(wq.size(1) == w_stride, "packed weight row has ", wq.size(1), " bytes, expected ", w_stride);
   auto out = torch::empty({M, N}, x.options());
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  if (M >= 1 && M <= 4) {  // decode-sized batches; larger ones reuse each weight block across 4 rows below
+    const int64_t nbp = (nb + 1) / 2 * 2;
+    auto xq5 = torch::empty({M, nbp * QK}, x.options().dtype(torch::kInt8));
+    auto xd5 = torch::empty({M, nbp}, x.options());
+    auto corr = torch::empty({M, nbp * 8}, x.options().dtype(torch::kInt32));
+    prepare512<Q4>(x.data_ptr<float>(), M, K, nb, nbp, xq5.data_ptr<int8_t>(), xd5.data_ptr<float>(),
+                   corr.data_ptr<int32_t>());
+    const Activations512 acts{xq5.data_ptr<int8_t>(), corr.data_ptr<int32_t>(), xd5.data_ptr<float>(), nbp};
+    const uint8_t* wqp = reinterpret_cast<const uint8_t*>(wq.data_ptr());
+    const at::Half* wdp = wd.data_ptr<at::Half>();
+    float* op = out.data_ptr<float>();
+    constexpr int64_t NT = 16;
+    at::parallel_for(0, (N + NT - 1) / NT, 1, [&](int64_t t_begin, int64_t t_end) {
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        const int64_t n0 = t * NT, n1 = std::min(N, n0 + NT);
+        switch (M) {
+          case 4: rows512<Q4, 4>(wqp, w_stride, wdp, nb, acts, 0, n0, n1, N, op); break;
+          case 3: rows512<Q4, 3>(wqp, w_stride, wdp, nb, acts, 0, n0, n1, N, op); break;
+          case 2: rows512<Q4, 2>(wqp, w_stride, wdp, nb, acts, 0, n0, n1, N, op); break;
+          default: rows512<Q4, 1>(wqp, w_stride, wdp, nb, acts, 0, n0, n1, N, op); break;
+        }
+      }
+    });
+    return out;
+  }
+#endif
   auto xq = torch::empty({M, nb * QK}, x.options().dtype(torch::kInt8));
   auto xd = torch::empty({M, nb}, x.options());
   const float* xp = x.data_ptr<float>();
@@ -219,5 +376,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_0_matmul", &quant_matmul<true>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ (nibbles uint8 [N,Kp/2], scales fp16 [N,Kp/32])");
   m.def("q8_0_dequantize", &dequantize<false>, "Q8_0 (values, scales, K) → fp32 [N, K]");
   m.def("q4_0_dequantize", &dequantize<true>, "Q4_0 (values, scales, K) → fp32 [N, K]");
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  m.attr("isa") = "avx512vnni";
+#else
+  m.attr("isa") = "avx2";
+#endif
   m.def("quantize_activations", &quantize_activations, "x[M,K] fp32 → (int8 [M,Kp], fp32 scales [M,Kp/32])");
 }
