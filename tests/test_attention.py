@@ -77,14 +77,23 @@ def test_paged_chunked_prefill_matches_naive():
 
 
 @pytest.mark.parametrize("window", [0, 5])
-@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 16), (8, 8, 32)])
-def test_cpu_kernel_matches_naive(window, hq, hkv, d):
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 16), (8, 8, 32), (6, 3, 16)])
+@pytest.mark.parametrize("lengths", [[7, 13, 1, 20, 16], [19]])  # one sequence: its heads split over threads
+def test_cpu_kernel_matches_naive(window, hq, hkv, d, lengths):
     from forwardpass.attention.cpu_kernel import load_paged_decode
 
     kernel = load_paged_decode()
     if kernel is None:
         pytest.skip("no C++ toolchain: the engine uses the PyTorch path (tested above)")
-    lengths = [7, 13, 1, 20, 16]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # fewer sequences than threads: work items are (sequence, range of KV heads)
+    try:
+        _check_kernel(kernel, window, hq, hkv, d, lengths)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check_kernel(kernel, window, hq, hkv, d, lengths):
     cache, tables, dense = _scattered_cache(lengths, hkv=hkv, d=d)
     q = rand(len(lengths), hq, d, seed=9)
     bt = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True)

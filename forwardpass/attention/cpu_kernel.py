@@ -33,6 +33,7 @@ KERNEL = CppKernel(
     what="the C++ paged-decode kernel", expected_s=30,
 )
 _kernel = None
+_module = None  # the whole extension: paged_decode and the fused per-layer ops (rms_norm, qk_norm_rope_)
 _failed = False
 _background: subprocess.Popen | None = None
 
@@ -43,7 +44,7 @@ def load_paged_decode(wait: bool = True):
     ``wait=False`` returns None at once if the kernel still has to be compiled (and starts that in
     the background); call again later to pick it up.
     """
-    global _kernel, _failed, _background
+    global _kernel, _module, _failed, _background
     if _kernel is not None or _failed or os.environ.get("FORWARDPASS_CPU_KERNEL", "1") == "0":
         return _kernel
     try:
@@ -55,11 +56,18 @@ def load_paged_decode(wait: bool = True):
                 )
             if _background.poll() is None:
                 return None
-        _kernel = KERNEL.load(logger).paged_decode
+        _module = KERNEL.load(logger)
+        _kernel = _module.paged_decode
     except Exception as exc:  # noqa: BLE001 - compiler or headers missing, ...: fall back, loudly once
         _failed = True
         logger.warning("C++ paged-decode kernel unavailable (%s); using the PyTorch path", exc)
     return _kernel
+
+
+def fused_ops_for(decode_kernel):
+    """The fused per-layer ops that ship with ``decode_kernel`` (None for the PyTorch path): an engine
+    that decided on the kernel uses both, for its whole lifetime."""
+    return _module if decode_kernel is not None and decode_kernel is _kernel else None
 
 
 _auto_decision: list = []  # the first "auto" decision of this process, remembered

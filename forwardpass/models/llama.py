@@ -12,7 +12,7 @@ attention context maps rows to sequences (see ``forwardpass/attention/context.py
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -52,10 +52,19 @@ class DecoderAttention(nn.Module):
         self.q_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.attn = CachedAttention(layer_idx, scale=d**-0.5, sliding_window=spec.layer_windows[layer_idx])
+        self.fused: Any = None  # compiled q/k norm + rotary (forwardpass/layers/fused.py), set by the engine
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext | None):
         t = x.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        qkv = self.qkv_proj(x)
+        if (self.fused is not None and qkv.dtype == torch.float32 and qkv.is_contiguous()
+                and qkv.device.type == "cpu" and cos.shape[-1] == self.head_dim):  # fmt: skip
+            # q/k norm + rotary in one compiled call, in place on the fresh projection (layers/fused.py)
+            norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm else (None, None, 0.0)
+            self.fused.qk_norm_rope_(qkv, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim, *norms)
+            q, k, v = (p.view(t, -1, self.head_dim) for p in self.qkv_proj.split(qkv))
+            return self.o_proj(self.attn(q, k, v, ctx).reshape(t, self.num_heads * self.head_dim))
+        q, k, v = self.qkv_proj.split(qkv)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)

@@ -1,0 +1,81 @@
+"""The compiled per-layer ops of a decode step (``forwardpass/layers/fused.py``) against the PyTorch modules
+they replace: RMSNorm, and q/k RMSNorm + rotary in place on the qkv projection; and the engine switching
+them on exactly when it uses the compiled decode kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from forwardpass.layers.norm import RMSNorm
+from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from forwardpass.attention import cpu_kernel
+
+    if cpu_kernel.load_paged_decode() is None:
+        pytest.skip("no C++ toolchain: the engine uses the PyTorch path")
+    return cpu_kernel.fused_ops_for(cpu_kernel.load_paged_decode())
+
+
+def _rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("shape", [(1, 1024), (5, 64), (3, 4, 128), (0, 32)])
+def test_rms_norm_matches_the_module(ops, shape):
+    norm = RMSNorm(shape[-1], eps=1e-5)
+    norm.weight.data = _rand(shape[-1], seed=1) + 1
+    x = _rand(*shape, seed=2) * 3
+    want = norm(x)
+    norm.fused = ops
+    got = norm(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)  # the mean's summation order only
+
+
+@pytest.mark.parametrize("norms", [True, False])
+@pytest.mark.parametrize("t,hq,hkv,d", [(1, 16, 8, 128), (5, 4, 2, 64), (3, 2, 2, 32)])
+def test_qk_norm_rope_matches_the_modules(ops, norms, t, hq, hkv, d):
+    qkv = _rand(t, (hq + 2 * hkv) * d, seed=3)
+    cos, sin = RotaryEmbedding(d, 10000.0).cos_sin(torch.tensor([0, 7, 300, 4095, 2][:t]), torch.float32)
+    qn, kn = RMSNorm(d, 1e-6), RMSNorm(d, 1e-6)
+    qn.weight.data, kn.weight.data = _rand(d, seed=4), _rand(d, seed=5)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k = q.reshape(t, hq, d), k.reshape(t, hkv, d)
+    if norms:
+        q, k = qn(q), kn(k)
+    want_q, want_k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    got = qkv.clone()
+    args = (qn.weight, kn.weight, 1e-6) if norms else (None, None, 0.0)
+    ops.qk_norm_rope_(got, cos, sin, hq, hkv, d, *args)
+    gq, gk, gv = got.split([hq * d, hkv * d, hkv * d], dim=-1)
+    tol = 2e-6  # float rounding: the mean's summation order, fused multiply-adds (the kernel's -ffast-math)
+    torch.testing.assert_close(gq.reshape(t, hq, d), want_q, rtol=tol, atol=tol)
+    torch.testing.assert_close(gk.reshape(t, hkv, d), want_k, rtol=tol, atol=tol)
+    assert torch.equal(gv, v)  # the values are left alone
+
+
+def test_engine_uses_them_with_the_decode_kernel_only(ops, tmp_path):
+    """An engine on the compiled path gives its RMSNorms and attention the ops, and its greedy tokens equal
+    an engine on the PyTorch path (logits within float rounding)."""
+    from forwardpass import LLM, SamplingParams
+    from tests.helpers.checkpoints import make_checkpoint, random_prompts
+
+    path = make_checkpoint(tmp_path / "m", "qwen3")  # q/k norms
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+    outs = {}
+    for mode in (True, False):
+        llm = LLM(path, num_kv_blocks=32, cpu_kernels=mode, enable_prefix_caching=False)
+        model = llm.engine.model
+        fused = [m for m in model.modules() if getattr(m, "fused", None) is not None]
+        assert bool(fused) == mode
+        prompts = [{"prompt_token_ids": p} for p in random_prompts(3, [5, 17, 9])]
+        outs[mode] = llm.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+            tok = next(iter(la))
+            assert abs(la[tok].logprob - lb[tok].logprob) < 1e-4
