@@ -100,9 +100,8 @@ def test_kernel_equals_reference(kernel, fmt, m):
         fn = kernel.q8_0_matmul if fmt == "q8_0" else kernel.q4_0_matmul
         got, want = fn(x, qs, d), reference.quant_matmul(x, qs, d, fmt)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * math.sqrt(k))
-        # the kernel's float operations, bitwise (the AVX-512 build keeps two blocks per register at decode)
-        pairs = kernel.isa == "avx512vnni" and m <= 4
-        assert torch.equal(got, reference.quant_matmul_exact(x, qs, d, fmt, block_pairs=pairs))
+        # the kernel's float operations, bitwise (the AVX-512 build keeps two blocks per register)
+        assert torch.equal(got, reference.exact_for(kernel.isa)(x, qs, d, fmt))
         # and close to the fp32 product (the quantization error itself, loosely)
         assert (got - x @ w.T).abs().max() < (0.1 if fmt == "q8_0" else 0.6) * math.sqrt(k) / 10
 
@@ -161,7 +160,7 @@ def test_quantized_model_equals_reference_model(kernel, quantization, monkeypatc
     assert torch.equal(b, _logits(ref, long))
     monkeypatch.setattr(reference, "quant_matmul", reference.exact_for(load_quant_kernel().isa))
     assert torch.equal(a, _logits(ref, short))
-    few = short[:3]  # a decode-sized batch (the AVX-512 build's paired blocks)
+    few = short[:3]  # a decode-sized batch
     assert torch.equal(_logits(fast, few), _logits(ref, few))
 
 

@@ -39,8 +39,8 @@ def quant_matmul_exact(
     lanes are summed in ``hsum``'s order. The fma is computed in float64, where ``lane sum · scale``
     (< 2^17 times a float32) is exact, then rounded to float32 once.
 
-    ``block_pairs``: the AVX-512 path (decode batches of 1 to 4 rows) holds two blocks per register, so
-    even and odd blocks accumulate separately (same lane sums) and meet in one add before ``hsum``."""
+    ``block_pairs``: the AVX-512 build holds two blocks per register, so even and odd blocks accumulate
+    separately (same lane sums) and meet in one add before ``hsum``."""
     xq, xd = quantize_activations(x)
     m, nb = xd.shape
     n = qs.shape[0]
@@ -59,11 +59,10 @@ def quant_matmul_exact(
 
 
 def exact_for(isa: str):
-    """``quant_matmul_exact`` in the float order of the kernel built for ``isa`` at every batch size (the
-    AVX-512 build pairs blocks for 1 to 4 rows), for tests that compare whole models bit for bit."""
+    """``quant_matmul_exact`` in the float order of the kernel built for ``isa`` (the AVX-512 build pairs
+    blocks), for tests that compare whole models bit for bit."""
 
     def matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: str) -> torch.Tensor:
-        pairs = isa == "avx512vnni" and 1 <= x.shape[0] <= 4
-        return quant_matmul_exact(x, qs, d, fmt, block_pairs=pairs)
+        return quant_matmul_exact(x, qs, d, fmt, block_pairs=isa == "avx512vnni")
 
     return matmul

@@ -269,7 +269,7 @@ torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) 
   TORCH_CHECK(wq.size(1) == w_stride, "packed weight row has ", wq.size(1), " bytes, expected ", w_stride);
   auto out = torch::empty({M, N}, x.options());
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-  if (M >= 1 && M <= 4) {  // decode-sized batches; larger ones reuse each weight block across 4 rows below
+  if (M >= 1) {  // every batch the caller sends here (prefill-sized ones go to a float GEMM, weight.py)
     const int64_t nbp = (nb + 1) / 2 * 2;
     auto xq5 = torch::empty({M, nbp * QK}, x.options().dtype(torch::kInt8));
     auto xd5 = torch::empty({M, nbp}, x.options());
@@ -284,11 +284,15 @@ torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) 
     at::parallel_for(0, (N + NT - 1) / NT, 1, [&](int64_t t_begin, int64_t t_end) {
       for (int64_t t = t_begin; t < t_end; ++t) {
         const int64_t n0 = t * NT, n1 = std::min(N, n0 + NT);
-        switch (M) {
-          case 4: rows512<Q4, 4>(wqp, w_stride, wdp, nb, acts, 0, n0, n1, N, op); break;
-          case 3: rows512<Q4, 3>(wqp, w_stride, wdp, nb, acts, 0, n0, n1, N, op); break;
-          case 2: rows512<Q4, 2>(wqp, w_stride, wdp, nb, acts, 0, n0, n1, N, op); break;
-          default: rows512<Q4, 1>(wqp, w_stride, wdp, nb, acts, 0, n0, n1, N, op); break;
+        // a tile of 16 weight rows (≤ 16 KB at K = 1024) stays in L1/L2 while each group of 4
+        // activation rows passes over it
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) rows512<Q4, 4>(wqp, w_stride, wdp, nb, acts, m, n0, n1, N, op);
+        switch (M - m) {
+          case 3: rows512<Q4, 3>(wqp, w_stride, wdp, nb, acts, m, n0, n1, N, op); break;
+          case 2: rows512<Q4, 2>(wqp, w_stride, wdp, nb, acts, m, n0, n1, N, op); break;
+          case 1: rows512<Q4, 1>(wqp, w_stride, wdp, nb, acts, m, n0, n1, N, op); break;
+          default: break;
         }
       }
     });
