@@ -304,3 +304,25 @@ def test_lora_adapters_apply_on_a_quantized_base(checkpoint_factory, tmp_path):
     effect = (q_lora - q_base).abs().mean()
     print(f"adapter effect {effect:.4f}, int8 vs fp32 with the adapter {(q_lora - fp_lora).abs().mean():.4f}")
     assert (q_lora - fp_lora).abs().mean() < 0.1 * effect
+
+
+def test_step_cost_counts_quantized_bytes():
+    """The engine's achieved-GB/s accounting reads the weights' real width: an int8 engine's decode step
+    moves ~34/32 bytes per layer weight (int4: 18/32), not 4 (the LM head stays 8-bit in both modes)."""
+    from forwardpass.config import EngineConfig
+    from forwardpass.engine.builder import _weight_bytes
+    from forwardpass.engine.cost import StepCostModel
+    from forwardpass.loader.spec import ModelSpec
+
+    spec = ModelSpec.from_config({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 256,
+                                     "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
+                                     "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 4096,
+                                     "tie_word_embeddings": True})  # fmt: skip
+    fp32 = StepCostModel(spec, 4)
+    body = spec.params - spec.embedding_params - spec.lm_head_params
+    head = spec.vocab * spec.hidden
+    kv = fp32.step([(10, 1)], 1)[1] - (4 * body + 4 * head)
+    for quantization, per_weight in (("int8", 34 / 32), ("int4", 18 / 32)):
+        model = StepCostModel(spec, 4, *_weight_bytes(EngineConfig(quantization=quantization)))
+        want = per_weight * body + 34 / 32 * head + kv
+        assert model.step([(10, 1)], 1)[1] == pytest.approx(want)

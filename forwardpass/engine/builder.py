@@ -130,7 +130,7 @@ def build_engine_core(
     has_moe = bool(moe_layers(net))
     routing_stats = RoutingStats(maxlen=config.max_stats_records) if has_moe else None
     try:  # FLOPs / bytes per step for achieved FLOP/s and GB/s; optional, never fatal
-        cost = StepCostModel(spec, torch.empty((), dtype=dtype).element_size())
+        cost = StepCostModel(spec, torch.empty((), dtype=dtype).element_size(), *_weight_bytes(config))
     except Exception as exc:  # noqa: BLE001 - an exotic config the accounting can't read
         logger.warning("no FLOP/byte accounting for this model: %s", exc)
         cost = None
@@ -178,3 +178,13 @@ def build_engine_core(
         routing_stats=routing_stats,
         cost=cost,
     )
+
+
+def _weight_bytes(config: EngineConfig) -> tuple[float | None, float | None]:
+    """Bytes per weight of the layers and of the LM head when quantized (None: the dtype's)."""
+    if config.quantization is None:
+        return None, None
+    from forwardpass.quant.apply import HEAD_FORMAT, QUANTIZATIONS
+    from forwardpass.quant.formats import BYTES_PER_WEIGHT
+
+    return BYTES_PER_WEIGHT[QUANTIZATIONS[config.quantization]], BYTES_PER_WEIGHT[HEAD_FORMAT]

@@ -26,9 +26,14 @@ class StepCost(Protocol):
 
 
 class StepCostModel:
-    def __init__(self, spec: ModelSpec, dtype_bytes: int):
+    def __init__(self, spec: ModelSpec, dtype_bytes: int, weight_bytes: float | None = None,
+                 head_bytes: float | None = None):  # fmt: skip
+        """``dtype_bytes``: activations and KV cache; ``weight_bytes`` / ``head_bytes``: bytes per weight of
+        the layers and of the LM head when they differ from it (quantized weights)."""
         self.spec = s = spec
         self.dtype_bytes = dtype_bytes
+        self.weight_bytes = dtype_bytes if weight_bytes is None else weight_bytes
+        self.head_bytes = self.weight_bytes if head_bytes is None else head_bytes
         per_layer_norms = s.total_norm_params + s.hidden
         # parameters a token multiplies through, except embedding lookup and LM head
         self.matmul_params = s.active_params - s.embedding_params - s.lm_head_params - per_layer_norms
@@ -54,7 +59,7 @@ class StepCostModel:
         if s.is_moe:  # experts no token of this step was routed to are not read
             untouched = s.num_experts - s.unique_experts(tokens)
             body -= untouched * s.expert_params * s.moe_layers
-        weights = body + (s.vocab * s.hidden if num_sampled else 0)  # LM head (= embedding when tied)
-        nbytes = weights * self.dtype_bytes + (kv_read + tokens) * self.kv_bytes_per_token
+        head = s.vocab * s.hidden if num_sampled else 0  # LM head (= embedding when tied)
+        nbytes = body * self.weight_bytes + head * self.head_bytes + (kv_read + tokens) * self.kv_bytes_per_token
         nbytes += 2 * self.state_bytes * len(spans)  # each sequence's state read once and written once
         return flops, float(nbytes)

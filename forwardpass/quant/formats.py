@@ -21,6 +21,8 @@ import torch
 
 QK = 32  # weights per block
 FORMATS = ("q8_0", "q4_0")
+#: bytes read per weight: the values plus one fp16 scale per block of 32
+BYTES_PER_WEIGHT = {"q8_0": (QK + 2) / QK, "q4_0": (QK // 2 + 2) / QK}
 
 
 def padded(k: int) -> int:
