@@ -40,7 +40,8 @@ def quant_matmul_exact(
     (< 2^17 times a float32) is exact, then rounded to float32 once.
 
     ``block_pairs``: the AVX-512 build holds two blocks per register, so even and odd blocks accumulate
-    separately (same lane sums) and meet in one add before ``hsum``."""
+    separately (same lane sums) and the register's halves meet in one add before ``hsum``: Q8_0 holds
+    [even lanes 0-7, odd lanes 0-7], Q4_0 [even 0-3, odd 0-3, even 4-7, odd 4-7]."""
     xq, xd = quantize_activations(x)
     m, nb = xd.shape
     n = qs.shape[0]
@@ -54,7 +55,12 @@ def quant_matmul_exact(
         scale = (dw[:, b][None, :] * xd[:, b][:, None]).double().unsqueeze(-1)
         k = b % 2 if block_pairs else 0
         acc[k] = (acc[k].double() + lanes.double() * scale).float()
-    a = (acc[0] + acc[1] if block_pairs else acc[0]).unbind(-1)
+    if not block_pairs:
+        a = acc[0].unbind(-1)
+    elif fmt == "q8_0":
+        a = (acc[0] + acc[1]).unbind(-1)
+    else:
+        a = torch.cat([acc[0][..., :4] + acc[0][..., 4:], acc[1][..., :4] + acc[1][..., 4:]], -1).unbind(-1)
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 
 

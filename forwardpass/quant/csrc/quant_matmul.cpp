@@ -137,13 +137,14 @@ void rows(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb, c
 // are made unsigned by an offset: Q8_0's w ^ 0x80 = w + 128, Q4_0's nibbles q = w + 8 as stored; the
 // offset's contribution, 128·Σx or 8·Σx over each lane's 4 activations, depends only on the activations,
 // so it is computed once per activation row (`corr`) and subtracted from each lane. The lane sums are the
-// AVX2 path's exactly; only the order of the float additions differs (lanes 8..15 hold the odd blocks).
+// AVX2 path's exactly; only the order of the float additions differs.
 //
 // Activation layout per pair of blocks (b, b+1), 64 bytes, matching how the weights load:
-//   Q8_0: x_b[0:32], x_b1[0:32]                      (the stored order)
-//   Q4_0: x_b[0:16], x_b[16:32], x_b1[0:16], x_b1[16:32] after the weights' nibbles are unpacked as
-//         [b.lo, b.hi, b1.lo, b1.hi] (lo nibbles are elements 0..15, hi nibbles 16..31: the same order)
-// so both formats use the plain activation order; the scale vector is [s_b ×8, s_b1 ×8].
+//   Q8_0: x_b[0:32], x_b1[0:32] (the stored order); scales [s_b ×8, s_b1 ×8]
+//   Q4_0: x_b[0:16], x_b1[0:16], x_b[16:32], x_b1[16:32]: the pair's 32 bytes of nibbles are broadcast to
+//         both halves of a register and the upper half shifted by 4, so the unpacked weights come as
+//         [b.lo, b1.lo, b.hi, b1.hi] (lo nibbles are elements 0..15, hi 16..31) in two instructions;
+//         the activations are stored in that order once instead. Scales [s_b ×4, s_b1 ×4] twice.
 
 struct Activations512 {
   const int8_t* xq;      // [M, nbp·32], nbp = nb rounded up to even (a zero block pads an odd nb)
@@ -155,12 +156,11 @@ struct Activations512 {
 template <bool Q4>
 inline __m512i load_pair512(const uint8_t* row, int64_t b, bool single) {
   if constexpr (Q4) {
-    const __m256i t = single ? _mm256_maskz_loadu_epi8(0xFFFFu, row + b * QK / 2)
-                             : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * QK / 2));
-    // [t_b, t_b1] → [t_b & 15, t_b >> 4, t_b1 & 15, t_b1 >> 4] = [b.lo, b.hi, b1.lo, b1.hi]
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1);
-    const __m512i nib = _mm512_and_si512(both, _mm512_set1_epi8(0x0F));
-    return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), nib);
+    // [t_b, t_b1, t_b, t_b1] >> [0, 0, 4, 4] & 15 = [b.lo, b1.lo, b.hi, b1.hi]
+    const __m512i both = single ? _mm512_broadcast_i64x4(_mm256_maskz_loadu_epi8(0xFFFFu, row + b * QK / 2))
+                                : _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * QK / 2)));
+    const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    return _mm512_and_si512(_mm512_srlv_epi16(both, shifts), _mm512_set1_epi8(0x0F));
   } else {
     const __m512i w = single ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, row + b * QK)
                              : _mm512_loadu_si512(row + b * QK);
@@ -179,7 +179,8 @@ constexpr int64_t PF_ROWS = 8;
 template <bool Q4, int MR, int NR>
 void micro512(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb, const Activations512& a,
               int64_t m0, int64_t n0, int64_t N, float* out) {
-  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i spread = Q4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1)
+                            : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   __m512 acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
@@ -246,7 +247,11 @@ void prepare512(const float* x, int64_t M, int64_t K, int64_t nb, int64_t nbp, i
         d[nb] = 0.0f;
       }
       for (int64_t b = 0; b < nbp; b += 2) {
-        const __m512i v = _mm512_loadu_si512(q + b * QK);
+        __m512i v = _mm512_loadu_si512(q + b * QK);
+        if constexpr (Q4) {  // 16-byte chunks [b lo, b hi, b1 lo, b1 hi] → [b lo, b1 lo, b hi, b1 hi]
+          v = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));
+          _mm512_storeu_si512(q + b * QK, v);
+        }
         const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
         _mm512_storeu_si512(corr + m * nbp * 8 + b * 8, _mm512_mullo_epi32(sums, _mm512_set1_epi32(offset)));
       }
