@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import socket
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from tests.helpers.server import ServerProcess
 MINILM = Path(gt_minilm.get_model_path())
 TEXTS = ["The cat sits on the mat.", "", "Привет, мир! 日本語のテキスト", "emoji 🎉🚀 party 😀"]
 LONG = " ".join(f"token{i} and filler" for i in range(300))
+ORIGIN = "http://localhost:5173"
 
 
 def cosine(a, b) -> float:
@@ -36,7 +39,8 @@ def st_model():
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess(MINILM, "--task", "embed") as srv:
+    # --read-timeout and --allowed-origins: the same slowloris deadline and CORS as the generative server
+    with ServerProcess(MINILM, "--task", "embed", "--read-timeout", "2", "--allowed-origins", ORIGIN) as srv:
         yield srv
         assert srv.stop() == 0, srv.log()  # SIGTERM is a clean exit
 
@@ -110,6 +114,42 @@ def test_other_routes(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     metrics = httpx.get(server.url + "/metrics").text
     assert "forwardpass:prompt_tokens_total" in metrics and "forwardpass:embedding_forward_passes" in metrics
+
+
+def test_half_sent_headers_time_out(server):
+    """Slowloris, as on the generative server: headers trickled in (or never sent) do not hold a
+    connection past --read-timeout (408 and close)."""
+    for opening in (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n", b""):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(opening)
+            t0 = time.monotonic()
+            for _ in range(3):  # a byte now and then does not extend the deadline
+                time.sleep(0.5)
+                with contextlib.suppress(OSError):
+                    s.sendall(b"X")
+            reply = s.recv(4096)
+            assert reply == b"" or b" 408 " in reply.split(b"\r\n", 1)[0], reply
+            assert 1.5 < time.monotonic() - t0 < 8
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_cors_preflight_and_allowed_origin(server):
+    pre = httpx.options(
+        server.url + "/v1/embeddings",
+        headers={
+            "Origin": ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+    )
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == ORIGIN
+    r = httpx.post(server.url + "/v1/embeddings", json={"input": "x"}, headers={"Origin": ORIGIN})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    other = httpx.options(
+        server.url + "/v1/embeddings",
+        headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
+    )
+    assert "access-control-allow-origin" not in other.headers
 
 
 # ----- in process: the event loop and fault isolation ------------------------------------------------

@@ -107,3 +107,21 @@ def test_bad_inputs_name_the_field(http):
     no_file = http.post("/v1/audio/transcriptions", data={"model": "test-model"})
     _assert_error(no_file, 400, "file")
     assert http.get("/debug/engine").status_code == 200
+
+
+def test_data_parallel_server_transcribes_like_one_engine(ckpt, http):
+    """``--data-parallel-size 2``: each replica gets the audio features (``encoder_input``) as one engine
+    does, so both transcribe the clip as the single-engine server."""
+    clip = wav_bytes(make_clip(1.0, 7))
+    want = _post(http, clip)
+    assert want.status_code == 200, want.text
+    flags = ("--max-num-seqs", "4", "--num-kv-blocks", "64", "--data-parallel-size", "2")
+    with (
+        ServerProcess(ckpt, *flags, "--engine-backend", "thread") as dp,
+        httpx.Client(base_url=dp.url, timeout=120) as c,
+    ):
+        replies = [_post(c, clip) for _ in range(2)]  # one after the other: round robin, one per replica
+        assert [r.status_code for r in replies] == [200, 200], replies[0].text
+        assert [r.json()["text"] for r in replies] == [want.json()["text"]] * 2
+        debug = c.get("/debug/engine").json()
+        assert len(debug["replicas"]) == 2 and all(r["invariants_ok"] for r in debug["replicas"])

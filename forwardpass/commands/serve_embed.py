@@ -34,6 +34,7 @@ def run_embed(args: argparse.Namespace, model: str, sock: socket.socket, device:
         shutdown_timeout_s=args.shutdown_timeout,
         watchdog_timeout_s=args.watchdog_timeout,
         read_timeout_s=args.read_timeout,
+        allowed_origins=list(args.allowed_origins),
     )
     log = serve_logger(args.log_level)
     if args.num_threads:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from forwardpass.engine.async_engine import AsyncLLMEngine, EngineSpec
 from forwardpass.engine.outputs import RequestOutput
 from forwardpass.engine.protocol import EngineInfo, Snapshot
-from forwardpass.engine.request_stream import RequestStream, RequestTiming
+from forwardpass.engine.request_stream import Generates, RequestStream, RequestTiming
 from forwardpass.engine.stats import StepRecord
 from forwardpass.errors import EngineDeadError, ValidationError
 from forwardpass.loader.tokenizer import Tokenizer
@@ -30,8 +30,9 @@ from forwardpass.lora.request import LoRARequest
 from forwardpass.sampling.params import SamplingParams
 
 
-class DataParallelEngine:
-    """The ``AsyncLLMEngine`` interface the server uses, over ``replicas`` engines."""
+class DataParallelEngine(Generates):
+    """The ``AsyncLLMEngine`` interface the server uses, over ``replicas`` engines (``generate`` is
+    ``Generates``'s, over this ``add_request``)."""
 
     def __init__(
         self,
@@ -92,24 +93,13 @@ class DataParallelEngine:
         request_id: str,
         lora_request: LoRARequest | None = None,
         output_kind: Literal["cumulative", "delta"] = "cumulative",
+        encoder_input: Any = None,  # encoder–decoder models (Whisper): log-mel features, as one engine takes
     ) -> RequestStream:
         if any(request_id in r.front.requests for r in self.replicas):
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
-        return await self.pick().add_request(prompt, params, request_id, lora_request, output_kind)
-
-    async def generate(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams,
-        request_id: str,
-        lora_request: LoRARequest | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        stream = await self.add_request(prompt, params, request_id, lora_request)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            stream.close()
+        return await self.pick().add_request(
+            prompt, params, request_id, lora_request, output_kind, encoder_input=encoder_input
+        )
 
     async def abort(self, request_id: str) -> None:
         for r in self.replicas:

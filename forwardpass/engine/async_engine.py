@@ -26,14 +26,12 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
 from forwardpass.engine.core_loop import EngineSpec
 from forwardpass.engine.front_end import FrontEnd, FrontEndView
 from forwardpass.engine.output_processor import OutputProcessor
-from forwardpass.engine.outputs import RequestOutput
 from forwardpass.engine.protocol import (
     Abort,
     AddRequest,
@@ -42,7 +40,7 @@ from forwardpass.engine.protocol import (
     EngineEvent,
     Shutdown,
 )
-from forwardpass.engine.request_stream import FrontRequest, RequestStream, RequestTiming
+from forwardpass.engine.request_stream import FrontRequest, Generates, RequestStream, RequestTiming
 from forwardpass.engine.transport import TRANSPORTS, ProcessTransport, ThreadTransport
 from forwardpass.errors import (
     EngineDeadError,
@@ -60,7 +58,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["AsyncLLMEngine", "EngineSpec", "RequestStream", "RequestTiming"]
 
 
-class AsyncLLMEngine(FrontEndView):
+class AsyncLLMEngine(FrontEndView, Generates):
     """``await start()``, then ``async for out in generate(prompt, params, request_id): ...``.
 
     Outputs are cumulative by default (``output_kind="delta"``: only what is new since the stream's last
@@ -127,25 +125,6 @@ class AsyncLLMEngine(FrontEndView):
             self._send(Abort(tuple(failed)))
 
     # ----- requests --------------------------------------------------------------------------------
-    async def generate(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams,
-        request_id: str,
-        lora_request: LoRARequest | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Yield the request's cumulative output each time it advances; the last one has ``finished``.
-
-        Raises the engine's ``ValidationError`` (bad prompt), ``QueueFullError``, ``EngineDeadError``, or
-        the error that failed the request. Closing / cancelling the generator aborts the request.
-        """
-        stream = await self.add_request(prompt, params, request_id, lora_request)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            stream.close()
-
     async def add_request(
         self,
         prompt: str | list[int],

@@ -1,18 +1,22 @@
-"""One request as the async front end sees it, and the stream a caller iterates for its outputs."""
+"""One request as the async front end sees it, the stream a caller iterates for its outputs, and
+``generate`` over ``add_request`` (``Generates``: the single and the data-parallel engine share it)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from forwardpass.engine.output_processor import RequestState
 from forwardpass.engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from forwardpass.engine.async_engine import AsyncLLMEngine
+    from forwardpass.lora.request import LoRARequest
+    from forwardpass.sampling.params import SamplingParams
 
 
 @dataclass
@@ -108,3 +112,38 @@ class RequestStream:
         if not self._done and loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(self.engine.release, self.req)
+
+
+class Generates:
+    """``generate`` in terms of ``add_request``: ``AsyncLLMEngine`` and ``DataParallelEngine`` both."""
+
+    async def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        lora_request: LoRARequest | None = None,
+        output_kind: Literal["cumulative", "delta"] = "cumulative",
+        encoder_input: Any = None,
+    ) -> RequestStream:
+        raise NotImplementedError
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        lora_request: LoRARequest | None = None,
+        encoder_input: Any = None,  # encoder–decoder models: log-mel features (engine/multimodal.py)
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield the request's cumulative output each time it advances; the last one has ``finished``.
+
+        Raises the engine's ``ValidationError`` (bad prompt), ``QueueFullError``, ``EngineDeadError``, or
+        the error that failed the request. Closing / cancelling the generator aborts the request.
+        """
+        stream = await self.add_request(prompt, params, request_id, lora_request, encoder_input=encoder_input)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.close()

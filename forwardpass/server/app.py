@@ -10,7 +10,6 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError as PydanticValidationError
 
@@ -22,7 +21,7 @@ from forwardpass.server.chat_page import chat_page_router
 from forwardpass.server.config import ServerConfig
 from forwardpass.server.dashboard import dashboard_router
 from forwardpass.server.metrics import ServerMetrics
-from forwardpass.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
+from forwardpass.server.middleware import install_middleware
 from forwardpass.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -181,11 +180,5 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
 
     app.include_router(transcriptions_router(engine, serving))  # /v1/audio/transcriptions (Whisper models)
 
-    # Outermost first: the key check, then the body limit, both before anything is parsed.
-    app.add_middleware(BodyLimitMiddleware, limit=config.max_request_bytes, read_timeout_s=config.read_timeout_s)
-    if config.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
-    if config.allowed_origins:  # outermost: a CORS preflight is answered before the key check
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["*"],
-                           allow_headers=["*"], allow_credentials=False)
+    install_middleware(app, config)  # CORS, the key check, the body limit (as the embedding server)
     return app

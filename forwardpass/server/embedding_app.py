@@ -1,8 +1,9 @@
 """The HTTP server of an embedding model (``forwardpass serve --task embed``).
 
 An encoder has no generation engine, so this app is its own small FastAPI app: ``/v1/embeddings``,
-``/v1/models``, ``/health``, ``/metrics``, ``/version``, with the same error envelope, body limit and API
-key as the generative server. The generation routes answer a 400 that says what this server is, rather
+``/v1/models``, ``/health``, ``/metrics``, ``/version``, with the same error envelope, body limit, API
+key and CORS as the generative server, on the same uvicorn server (``uvicorn_server.py``: signals, the
+header deadline). The generation routes answer a 400 that says what this server is, rather
 than a bare 404.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -23,7 +24,7 @@ from forwardpass.errors import ValidationError
 from forwardpass.server import errors
 from forwardpass.server.config import ServerConfig
 from forwardpass.server.embeddings import embeddings_router
-from forwardpass.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
+from forwardpass.server.middleware import install_middleware
 
 P = "forwardpass:"
 _GENERATION_ROUTES = (
@@ -145,11 +146,7 @@ def build_embedding_app(embedder: AsyncEmbedder, config: ServerConfig) -> FastAP
     for path in _GENERATION_ROUTES:
         app.add_api_route(path, not_generative, methods=["POST"], include_in_schema=False)
 
-    app.add_middleware(
-        BodyLimitMiddleware, limit=config.max_request_bytes, read_timeout_s=config.read_timeout_s
-    )
-    if config.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    install_middleware(app, config)  # CORS, the API key, the body limit: as the generative server
     return app
 
 
@@ -164,32 +161,16 @@ def run_embedding_server(
     on_started: Any = None,
 ) -> None:
     """Load the model (``runner_factory()``), then serve on the already-bound ``sockets`` until SIGTERM."""
-    import uvicorn
+    from forwardpass.server.uvicorn_server import build_server
 
     embedder = AsyncEmbedder(runner_factory())
     app = build_embedding_app(embedder, config)
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            with super().capture_signals():
-                yield
-                # uvicorn re-raises the SIGTERM it handled; a graceful stop is a clean exit (as server/run.py)
-                self._captured_signals.clear()
-
-        async def startup(self, sockets: list | None = None) -> None:
-            await super().startup(sockets)
-            if self.started and on_started is not None:
-                on_started(embedder)
-
-    server = Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            log_level=log_level,
-            timeout_keep_alive=5,
-            access_log=access_log,
-            timeout_graceful_shutdown=int(config.shutdown_timeout_s),
-        )
+    server = build_server(
+        app,
+        config,
+        host=host,
+        log_level=log_level,
+        access_log=access_log,
+        on_started=None if on_started is None else lambda: on_started(embedder),
     )
     server.run(sockets=sockets)

@@ -1,5 +1,5 @@
 """Pure-ASGI middleware: API-key check (401), request-body limit (413), body read timeout (408) and
-UTF-8 bodies only (400), all before any parsing."""
+UTF-8 bodies only (400), all before any parsing; ``install_middleware`` adds them (and CORS) to an app."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import asyncio
 import hmac
 from collections.abc import Iterable
 
+from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from forwardpass.server.config import ServerConfig
 from forwardpass.server.errors import error_bytes
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/"})  # "/": the chat page's HTML (no data; it asks for the key)
@@ -91,6 +94,25 @@ class BodyLimitMiddleware:
             return await _send_error(send, 400, f"the request body must be UTF-8 encoded JSON (byte {exc.start} "
                                      "is not valid UTF-8 JSON text)")
         return await self.app(scope, _replay(body, receive), send)
+
+
+def install_middleware(app: Starlette, config: ServerConfig) -> None:
+    """The middleware both servers (generation and embeddings) run, from the outermost: CORS (a preflight
+    is answered before the key check; only with ``allowed_origins``), the API key, then the body limit,
+    all before anything is parsed."""
+    app.add_middleware(
+        BodyLimitMiddleware, limit=config.max_request_bytes, read_timeout_s=config.read_timeout_s
+    )
+    if config.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    if config.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            allow_credentials=False,
+        )
 
 
 def _is_binary_upload(scope: Scope) -> bool:
