@@ -157,14 +157,17 @@ VLLM_WORKER = r"""
 import json, sys, time
 from vllm import LLM, SamplingParams
 ckpt, prompt, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-llm = LLM(ckpt, dtype="float32", max_model_len=1024, enable_prefix_caching=False, skip_tokenizer_init=True)
+llm = LLM(ckpt, dtype="float32", max_model_len=1024, enable_prefix_caching=False, skip_tokenizer_init=True,
+          gpu_memory_utilization=0.25)  # on the CPU backend: the share of RAM it reserves (default 0.92)
 def gen(n):
     t = time.perf_counter()
     llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True,
                  detokenize=False), use_tqdm=False)
     return time.perf_counter() - t
 gen(2)
-print("ready", flush=True)
+import pathlib  # the fp32 checkpoint's weights, as vLLM reads them (dtype float32)
+nbytes = sum(f.stat().st_size for f in pathlib.Path(ckpt).glob("*.safetensors"))
+print("ready " + json.dumps({"weight_bytes": nbytes}), flush=True)
 for line in sys.stdin:
     if line.strip() != "run":
         break
