@@ -5,6 +5,8 @@ utterances of one to four items, each a common English word or a number (0–999
 the transcript), spoken by several espeak voices and variants at several speeds, with random gain,
 leading silence and light Gaussian noise (20–40 dB SNR, drawn fresh every time a clip is used).
 Held-out utterances use voices, variants and speeds the model never heard.
+Training adds speed perturbation and SpecAugment-style masks, and a training-only CTC loss on the encoder
+(espeak-ng's phonemes of the transcript) that makes the encoder learn the sounds early; it is not exported.
 
     python scripts/train_default_speech.py all            # data → train → export → evaluate
     python scripts/train_default_speech.py data|train|export|eval
@@ -83,13 +85,13 @@ MAX_SOURCE_POSITIONS = 150  # 3 s of audio: 300 log-mel frames, conv stride 2 �
 NUM_FRAMES = 2 * MAX_SOURCE_POSITIONS
 MODEL = {
     "num_mel_bins": 80,
-    "d_model": 128,
-    "encoder_layers": 2,
+    "d_model": 192,
+    "encoder_layers": 3,
     "decoder_layers": 2,
     "encoder_attention_heads": 4,
     "decoder_attention_heads": 4,
-    "encoder_ffn_dim": 512,
-    "decoder_ffn_dim": 512,
+    "encoder_ffn_dim": 768,
+    "decoder_ffn_dim": 768,
     "max_source_positions": MAX_SOURCE_POSITIONS,
     "max_target_positions": 64,
     "dropout": 0.0,
@@ -172,8 +174,35 @@ def build_tokenizer(texts: list[str]):
     return tok
 
 
+def phonemes(texts: list[str]) -> list[list[str]]:
+    """espeak-ng's own phonemes of each transcript (``-x``, stress marks dropped, ``|`` between words):
+    the targets of the training-only CTC loss; numbers come out as the words espeak says."""
+    out = subprocess.run(
+        ["espeak-ng", "-q", "-x", "--sep=_", "-v", "en-us"],
+        input="".join(t + ".\n" for t in texts),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    lines = [line for line in out.split("\n") if line.strip()]
+    if len(lines) != len(texts):
+        raise RuntimeError(f"espeak-ng gave {len(lines)} phoneme lines for {len(texts)} transcripts")
+    result = []
+    for line in lines:
+        units: list[str] = []
+        for word in line.split():
+            units += [p for p in word.replace("'", "").replace(",", "").split("_") if p] + ["|"]
+        result.append(units[:-1])
+    return result
+
+
 def augment(clip: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     x = clip.astype(np.float32) * rng.uniform(0.3, 1.0)
+    # speed perturbation (tempo and pitch together, as in Kaldi's 0.9/1.0/1.1): other voices, other rates
+    factor = rng.uniform(0.85, 1.15)
+    factor = min(factor, (NUM_FRAMES * 160 - 4800) / max(len(x), 1))  # stay inside the window
+    n = max(int(len(x) * factor), 1)
+    x = np.interp(np.arange(n) / factor, np.arange(len(x)), x).astype(np.float32)
     x = np.concatenate([np.zeros(int(rng.uniform(0, 0.3) * SAMPLE_RATE), np.float32), x])
     power = float(np.mean(x**2)) + 1e-8
     snr_db = rng.uniform(20, 40)
@@ -181,7 +210,7 @@ def augment(clip: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def features(clips: list[np.ndarray], rng: np.random.Generator | None) -> torch.Tensor:
-    return torch.stack(
+    feats = torch.stack(
         [
             log_mel_spectrogram(
                 augment(c, rng) if rng is not None else c.astype(np.float32),
@@ -191,6 +220,15 @@ def features(clips: list[np.ndarray], rng: np.random.Generator | None) -> torch.
             for c in clips
         ]
     )
+    if rng is not None:  # SpecAugment-style masking: one frequency band and one short time span per clip
+        for f in feats:
+            width = int(rng.integers(0, 11))
+            start = int(rng.integers(0, f.shape[0] - width + 1))
+            f[start : start + width] = f.mean()
+            width = int(rng.integers(0, 16))
+            start = int(rng.integers(0, f.shape[1] - width + 1))
+            f[:, start : start + width] = f.mean()
+    return feats
 
 
 def make_model(tok):
@@ -270,12 +308,22 @@ def cmd_train(args) -> None:
         tok = build_tokenizer(texts + WORDS + [str(i) for i in range(1000)])
         tok.save(str(args.work / "tokenizer.json"))
         model = make_model(tok)
+    # training-only CTC head on the encoder (hybrid CTC/attention): it makes the encoder learn the sounds
+    # early, before the decoder has learned to listen; it is not exported (the shipped model is plain Whisper)
+    phones = phonemes(texts)
+    inventory = {p: i for i, p in enumerate(sorted({p for seq in phones for p in seq}))}
+    phone_ids = [[inventory[p] for p in seq] for seq in phones]
+    blank = len(inventory)
+    ctc_head = torch.nn.Linear(MODEL["d_model"], blank + 1)
+    if args.resume and (args.work / "ctc_head.pt").exists():
+        ctc_head.load_state_dict(torch.load(args.work / "ctc_head.pt"))
     print(
         f"params {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M, vocab {tok.get_vocab_size()}, "
-        f"{len(texts)} clips",
+        f"{len(texts)} clips, {len(inventory)} phonemes",
         flush=True,
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    params = list(model.parameters()) + list(ctc_head.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     rng = np.random.default_rng(args.seed)
     order: list[int] = []
     t0, step = time.time(), 0
@@ -291,21 +339,38 @@ def cmd_train(args) -> None:
             g["lr"] = lr
         model.train()
         inputs, labels = encode_targets(tok, [texts[i] for i in idx])
-        loss = model(
-            input_features=features([audio[i] for i in idx], rng), decoder_input_ids=inputs, labels=labels
-        ).loss
+        enc = model.model.encoder(features([audio[i] for i in idx], rng)).last_hidden_state
+        loss = model(encoder_outputs=(enc,), decoder_input_ids=inputs, labels=labels).loss
+        if args.ctc > 0:
+            targets = [phone_ids[i] for i in idx]
+            ctc = torch.nn.functional.ctc_loss(
+                ctc_head(enc).log_softmax(-1).transpose(0, 1),
+                torch.tensor([t for seq in targets for t in seq]),
+                torch.full((len(idx),), enc.shape[1]),
+                torch.tensor([len(seq) for seq in targets]),
+                blank=blank,
+                zero_infinity=True,
+            )
+            total = (1 - args.ctc) * loss + args.ctc * ctc
+        else:
+            ctc, total = torch.zeros(()), loss
         opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
         if step % 50 == 0:
-            print(f"step {step} loss {loss.item():.3f} lr {lr:.2e} {time.time() - t0:.0f} s", flush=True)
+            print(
+                f"step {step} loss {loss.item():.3f} ctc {ctc.item():.3f} lr {lr:.2e} {time.time() - t0:.0f} s",
+                flush=True,
+            )
         if step % 500 == 0:
             err, _ = wer(model, tok, texts[val], audio[val])
             print(f"step {step} train-sample WER {err:.3f}", flush=True)
             torch.save(model.state_dict(), args.work / "model.pt")
+            torch.save(ctc_head.state_dict(), args.work / "ctc_head.pt")
     torch.save(model.state_dict(), args.work / "model.pt")
+    torch.save(ctc_head.state_dict(), args.work / "ctc_head.pt")
     print(f"trained {step} steps in {time.time() - t0:.0f} s", flush=True)
 
 
@@ -402,8 +467,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--minutes", type=float, default=35.0, help="stop training after this much wall time")
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--ctc", type=float, default=0.5, help="weight of the training-only CTC loss on the encoder"
+    )
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--resume", action="store_true", help="train: start from the work directory's model.pt")
     args = ap.parse_args()
