@@ -158,7 +158,7 @@ import json, sys, time
 from vllm import LLM, SamplingParams
 ckpt, prompt, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 llm = LLM(ckpt, dtype="float32", max_model_len=1024, enable_prefix_caching=False, skip_tokenizer_init=True,
-          gpu_memory_utilization=0.25)  # on the CPU backend: the share of RAM it reserves (default 0.92)
+          gpu_memory_utilization=0.3)  # on the CPU backend: the share of RAM it reserves (default 0.92)
 def gen(n):
     t = time.perf_counter()
     llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True,

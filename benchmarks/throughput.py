@@ -71,7 +71,7 @@ import json, sys, time
 from vllm import LLM, SamplingParams
 path, prompts, out_len, batch, runs = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 llm = LLM(path, dtype="float32", max_model_len=1024, enable_prefix_caching=False, skip_tokenizer_init=True,
-          max_num_seqs=batch, max_num_batched_tokens=4096, gpu_memory_utilization=0.25)
+          max_num_seqs=batch, max_num_batched_tokens=4096, gpu_memory_utilization=0.3)
 params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True, detokenize=False)
 reqs = [{"prompt_token_ids": p} for p in prompts]
 llm.generate(reqs[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, detokenize=False), use_tqdm=False)
