@@ -298,6 +298,27 @@ void prepare512(const float* x, int64_t M, int64_t K, int64_t nb, int64_t nbp, i
 }
 #endif
 
+// Each thread takes a contiguous range of output rows (weights are read once in total). Within it, a tile of
+// 16 weight rows (≤ 48 KB at K = 3072, in L2) is reused by every group of 4 activation rows, then by the 1-3
+// left: ``rows.template operator()<MR>(m, n0, n1)`` computes activation rows m..m+MR against tile rows n0..n1.
+template <typename Rows>
+void over_tiles(int64_t M, int64_t N, Rows&& rows) {
+  constexpr int64_t NT = 16;
+  at::parallel_for(0, (N + NT - 1) / NT, 1, [&](int64_t t_begin, int64_t t_end) {
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      const int64_t n0 = t * NT, n1 = std::min(N, n0 + NT);
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) rows.template operator()<4>(m, n0, n1);
+      switch (M - m) {
+        case 3: rows.template operator()<3>(m, n0, n1); break;
+        case 2: rows.template operator()<2>(m, n0, n1); break;
+        case 1: rows.template operator()<1>(m, n0, n1); break;
+        default: break;
+      }
+    }
+  });
+}
+
 template <bool Q4>
 torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be a 2-D float32 tensor");
@@ -323,21 +344,8 @@ torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) 
     const uint8_t* wqp = reinterpret_cast<const uint8_t*>(wq.data_ptr());
     const at::Half* wdp = wd.data_ptr<at::Half>();
     float* op = out.data_ptr<float>();
-    constexpr int64_t NT = 16;
-    at::parallel_for(0, (N + NT - 1) / NT, 1, [&](int64_t t_begin, int64_t t_end) {
-      for (int64_t t = t_begin; t < t_end; ++t) {
-        const int64_t n0 = t * NT, n1 = std::min(N, n0 + NT);
-        // a tile of 16 weight rows (≤ 16 KB at K = 1024) stays in L1/L2 while each group of 4
-        // activation rows passes over it
-        int64_t m = 0;
-        for (; m + 4 <= M; m += 4) rows512<Q4, 4>(wqp, w_stride, wdp, nb, acts, m, n0, n1, N, op);
-        switch (M - m) {
-          case 3: rows512<Q4, 3>(wqp, w_stride, wdp, nb, acts, m, n0, n1, N, op); break;
-          case 2: rows512<Q4, 2>(wqp, w_stride, wdp, nb, acts, m, n0, n1, N, op); break;
-          case 1: rows512<Q4, 1>(wqp, w_stride, wdp, nb, acts, m, n0, n1, N, op); break;
-          default: break;
-        }
-      }
+    over_tiles(M, N, [&]<int MR>(int64_t m, int64_t n0, int64_t n1) {
+      rows512<Q4, MR>(wqp, w_stride, wdp, nb, acts, m, n0, n1, N, op);
     });
     return out;
   }
@@ -353,21 +361,8 @@ torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) 
   const uint8_t* wqp = reinterpret_cast<const uint8_t*>(wq.data_ptr());
   const at::Half* wdp = wd.data_ptr<at::Half>();
   float* op = out.data_ptr<float>();
-  // Each thread takes a contiguous range of output rows (weights are read once in total). Within it, a
-  // tile of 16 weight rows (≤ 48 KB at K = 3072, in L2) is reused by every group of 4 activation rows.
-  constexpr int64_t NT = 16;
-  at::parallel_for(0, (N + NT - 1) / NT, 1, [&](int64_t t_begin, int64_t t_end) {
-    for (int64_t t = t_begin; t < t_end; ++t) {
-      const int64_t n0 = t * NT, n1 = std::min(N, n0 + NT);
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) rows<Q4, 4>(wqp, w_stride, wdp, nb, xqp, xdp, m, n0, n1, N, op);
-      switch (M - m) {
-        case 3: rows<Q4, 3>(wqp, w_stride, wdp, nb, xqp, xdp, m, n0, n1, N, op); break;
-        case 2: rows<Q4, 2>(wqp, w_stride, wdp, nb, xqp, xdp, m, n0, n1, N, op); break;
-        case 1: rows<Q4, 1>(wqp, w_stride, wdp, nb, xqp, xdp, m, n0, n1, N, op); break;
-        default: break;
-      }
-    }
+  over_tiles(M, N, [&]<int MR>(int64_t m, int64_t n0, int64_t n1) {
+    rows<Q4, MR>(wqp, w_stride, wdp, nb, xqp, xdp, m, n0, n1, N, op);
   });
   return out;
 }
