@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -132,3 +133,20 @@ class ServerProcess:
     def __exit__(self, *exc) -> None:
         self.stop()
         self._log.close()
+
+
+def assert_trickled_headers_time_out(url: str, port: int, path: str) -> None:
+    """Slowloris: headers trickled in (or never sent) do not hold a connection past the server's
+    --read-timeout (2 s in the callers): 408 or a close, and the server still answers afterwards."""
+    for opening in (f"POST {path} HTTP/1.1\r\nHost: x\r\n".encode(), b""):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(opening)
+            t0 = time.monotonic()
+            for _ in range(3):  # a byte now and then does not extend the deadline
+                time.sleep(0.5)
+                with contextlib.suppress(OSError):
+                    s.sendall(b"X")
+            reply = s.recv(4096)
+            assert reply == b"" or b" 408 " in reply.split(b"\r\n", 1)[0], reply
+            assert 1.5 < time.monotonic() - t0 < 8
+    assert httpx.get(url + "/health").status_code == 200
