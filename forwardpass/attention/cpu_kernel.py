@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from forwardpass.kernel_build import CppKernel
+from forwardpass.layers.small_matmul import host_isa, kernel_for, load_small_matmul
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,9 @@ KERNEL = CppKernel(
     cflags=("-O3", "-mavx2", "-mfma", "-ffast-math", "-fopenmp"), ldflags=("-fopenmp",),
     what="the C++ paged-decode kernel", expected_s=30,
 )
+SMALL_MATMUL = kernel_for(host_isa())
 _kernel = None
+_small_matmul: list = []  # the small-batch matmul loaded with it (forwardpass/layers/small_matmul.py)
 _module = None  # the whole extension: paged_decode and the fused per-layer ops (rms_norm, qk_norm_rope_)
 _failed = False
 _background: subprocess.Popen | None = None
@@ -48,7 +51,7 @@ def load_paged_decode(wait: bool = True):
     if _kernel is not None or _failed or os.environ.get("FORWARDPASS_CPU_KERNEL", "1") == "0":
         return _kernel
     try:
-        if not wait and not KERNEL.is_built():
+        if not wait and not (KERNEL.is_built() and SMALL_MATMUL.is_built()):
             if _background is None:
                 _background = subprocess.Popen(
                     [sys.executable, "-m", "forwardpass.attention.cpu_kernel"],
@@ -57,11 +60,18 @@ def load_paged_decode(wait: bool = True):
             if _background.poll() is None:
                 return None
         _module = KERNEL.load(logger)
+        _small_matmul.append(load_small_matmul())  # None (and a log line) if it alone cannot be built
         _kernel = _module.paged_decode
     except Exception as exc:  # noqa: BLE001 - compiler or headers missing, ...: fall back, loudly once
         _failed = True
         logger.warning("C++ paged-decode kernel unavailable (%s); using the PyTorch path", exc)
     return _kernel
+
+
+def small_matmul_for(decode_kernel):
+    """The small-batch fp32 matmul (``forwardpass/layers/small_matmul.py``) that ships with ``decode_kernel``:
+    part of the same compiled CPU path, decided together, kept for the engine's lifetime."""
+    return _small_matmul[0] if decode_kernel is not None and decode_kernel is _kernel and _small_matmul else None
 
 
 def fused_ops_for(decode_kernel):
@@ -91,3 +101,4 @@ def resolve_decode_kernel(mode: bool | str, device: str, dtype, backend: str):
 if __name__ == "__main__":  # the background build
     os.nice(10)
     KERNEL.load(logger)
+    SMALL_MATMUL.load(logger)

@@ -23,13 +23,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from forwardpass.attention.cpu_kernel import fused_ops_for, resolve_decode_kernel
+from forwardpass.attention.cpu_kernel import fused_ops_for, resolve_decode_kernel, small_matmul_for
 from forwardpass.config import EngineConfig
 from forwardpass.distributed.executor import PREFIX, STARTUP_TIMEOUT_S, StepMessage, WorkerLaunch, rank_device
 from forwardpass.distributed.parallel_state import building_with, create_group
 from forwardpass.engine.kv_cache_spec import KVCacheGroup
 from forwardpass.engine.model_runner import ModelRunner
-from forwardpass.layers.fused import use_fused_ops
+from forwardpass.layers.fused import use_fused_ops, use_small_matmul
 from forwardpass.models.loading import load_model
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ def run_worker(
             setup.decode_kernel, device, config.torch_dtype, config.attention_backend
         )
         use_fused_ops(net, fused_ops_for(kernel))
+        use_small_matmul(net, small_matmul_for(kernel))
         runner = _runner_class()(
             net,
             setup.groups,

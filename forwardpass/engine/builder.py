@@ -15,7 +15,7 @@ from typing import cast
 
 import torch
 
-from forwardpass.attention.cpu_kernel import fused_ops_for, resolve_decode_kernel
+from forwardpass.attention.cpu_kernel import fused_ops_for, resolve_decode_kernel, small_matmul_for
 from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from forwardpass.distributed.driver import local_attention_spec
 from forwardpass.distributed.executor import ParallelGroup
@@ -27,7 +27,7 @@ from forwardpass.engine.kv_cache_spec import StateSpec, layer_specs, plan_groups
 from forwardpass.engine.model_runner import CausalLM, ModelRunner
 from forwardpass.engine.scheduler import Scheduler
 from forwardpass.errors import ConfigError
-from forwardpass.layers.fused import use_fused_ops
+from forwardpass.layers.fused import use_fused_ops, use_small_matmul
 from forwardpass.layers.moe import ModelRoutingCounter, RoutingStats, moe_layers
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
 from forwardpass.loader.gguf import is_gguf_dir, load_gguf_model
@@ -147,6 +147,7 @@ def build_engine_core(
     )
     kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
     use_fused_ops(net, fused_ops_for(kernel))  # the per-layer ops compiled with it, for the same lifetime
+    use_small_matmul(net, small_matmul_for(kernel))
     runner = (ModelRunner if parallel is None else parallel.make_runner)(
         cast(CausalLM, net),  # every registered model class has forward + compute_logits
         groups,

@@ -1,4 +1,5 @@
-"""Fused CPU ops for the small per-layer work of a decode step (RMSNorm; q/k norm + rotary).
+"""Fused CPU ops for the small per-layer work of a decode step (RMSNorm; q/k norm + rotary), and the
+small-batch fp32 matmul for the linear layers.
 
 At batch 1 these touch a few KB, but as chains of 5-8 torch ops each they cost 30-55 us of dispatch
 apiece: ~8 ms of a 0.6B model's token, a fifth of an int8 decode step. The compiled versions live beside
@@ -27,5 +28,21 @@ def use_fused_ops(model: nn.Module, ops: Any) -> int:
         # exactly these classes: a subclass may change the math (Gemma's 1 + weight norms, its own forward)
         if type(module) in (RMSNorm, DecoderAttention):
             module.fused = ops
+            n += 1
+    return n
+
+
+def use_small_matmul(model: nn.Module, small_matmul: Any) -> int:
+    """Give every linear layer of ``model`` (and the Llama-family LM head) the compiled small-batch fp32
+    matmul (None: oneDNN for every batch). Returns how many modules took it."""
+    if small_matmul is None:
+        return 0
+    from forwardpass.layers.linear import Linear
+    from forwardpass.models.llama import LlamaForCausalLM
+
+    n = 0
+    for module in model.modules():
+        if isinstance(module, (Linear, LlamaForCausalLM)):
+            module.small_matmul = small_matmul
             n += 1
     return n

@@ -16,7 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from forwardpass.layers.small_matmul import MAX_ROWS
 from forwardpass.quant.weight import QuantizedWeight
+
+
+class SmallMatmul(Protocol):
+    """The compiled small-batch fp32 matmul: ``x [M, K] @ weight [N, K].T (+ bias)``."""
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 class LinearDelta(Protocol):
@@ -28,9 +35,14 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_l
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
+    small_matmul: SmallMatmul | None = None,
 ) -> torch.Tensor:
-    """``x @ weight.T + bias`` through the fastest path available for these tensors."""
+    """``x @ weight.T + bias`` through the fastest path available for these tensors.
+
+    ``small_matmul`` is the engine's compiled kernel for decode-sized batches (``layers/small_matmul.py``):
+    fp32 batches of at most ``MAX_ROWS`` rows take it, larger ones oneDNN.
+    """
     if isinstance(weight, QuantizedWeight):
         return weight.matmul(x, bias)
     if (
@@ -41,7 +53,11 @@ def linear(
         and not torch.is_grad_enabled()
     ):
         shape = x.shape
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), weight, bias, "none", [], "")
+        x2 = x.reshape(-1, shape[-1])
+        if small_matmul is not None and x2.shape[0] <= MAX_ROWS:
+            out = small_matmul(x2, weight, bias)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
         return out.view(*shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
 
@@ -60,9 +76,10 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.delta: LinearDelta | None = None
+        self.small_matmul: SmallMatmul | None = None  # set by the engine (layers/fused.py::use_small_matmul)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear(x, self.weight, self.bias)
+        out = linear(x, self.weight, self.bias, self.small_matmul)
         return out if self.delta is None else self.delta(x, out)
 
 

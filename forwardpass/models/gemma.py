@@ -103,7 +103,7 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = linear(hidden, weight).float()
+        logits = linear(hidden, weight, small_matmul=self.small_matmul).float()
         cap = self.spec.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

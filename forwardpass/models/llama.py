@@ -131,6 +131,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = VocabParallelEmbedding(spec.vocab, spec.hidden, tensor_parallel())
         else:
             self.lm_head = Linear(spec.hidden, spec.vocab)
+        self.small_matmul: Any = None  # the LM head's small-batch kernel, set by the engine (layers/fused.py)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
         """Hidden states ``[T, hidden]`` of every input row (logits are computed only where needed)."""
@@ -140,4 +141,4 @@ class LlamaForCausalLM(nn.Module):
         if self.vocab_parallel:
             return (self.model.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight).float()
+        return linear(hidden, weight, small_matmul=self.small_matmul).float()

@@ -1,0 +1,63 @@
+"""Builds and loads the small-batch fp32 matmul kernel (``csrc/small_matmul.cpp``) for this CPU.
+
+An AVX-512 build where the CPU has AVX-512F, else AVX2/FMA; compiled with torch's cpp_extension (~20 s
+once, then cached), like the other CPU kernels. It is part of the engine's compiled CPU path: an engine
+that decided on the paged-decode kernel (``forwardpass/attention/cpu_kernel.py``) loads this one too, at
+build time, and its linear layers use it for batches of at most :data:`MAX_ROWS` rows (decode steps);
+larger batches (prefill chunks) stay on oneDNN, which is at the compute roof there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from forwardpass.kernel_build import CppKernel, cpu_flags
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "small_matmul.cpp"
+AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
+AVX512_FLAGS = (*AVX2_FLAGS, "-mavx512f")
+
+#: Rows up to which the kernel beats oneDNN/MKL (measured with benchmarks/small_matmul.py).
+MAX_ROWS = 32
+
+
+def kernel_for(isa: str) -> CppKernel:
+    """The build for ``isa`` ("avx2" or "avx512"); each has its own build folder."""
+    return CppKernel(
+        f"forwardpass_small_matmul_{isa}", SOURCE, cflags=AVX512_FLAGS if isa == "avx512" else AVX2_FLAGS,
+        ldflags=("-fopenmp",), what=f"the C++ small-batch matmul kernel ({isa})", expected_s=20,
+    )  # fmt: skip
+
+
+def host_isa() -> str:
+    """``FORWARDPASS_MATMUL_ISA=avx2`` forces the AVX2 build on an AVX-512 CPU."""
+    forced = os.environ.get("FORWARDPASS_MATMUL_ISA")
+    if forced in ("avx2", "avx512"):
+        return forced
+    return "avx512" if "avx512f" in cpu_flags() else "avx2"
+
+
+_module = None
+_failed = False
+
+
+def load_small_matmul():
+    """The compiled ``small_matmul(x, w, bias=None)``, or None (no compiler: the library GEMMs are used)."""
+    global _module, _failed
+    if _module is not None or _failed or os.environ.get("FORWARDPASS_CPU_KERNEL", "1") == "0":
+        return None if _module is None else _module.small_matmul
+    try:
+        _module = kernel_for(host_isa()).load(logger)
+    except Exception as exc:  # noqa: BLE001 - compiler or headers missing: fall back, loudly once
+        _failed = True
+        logger.warning("C++ small-batch matmul kernel unavailable (%s); using oneDNN/MKL", exc)
+        return None
+    return _module.small_matmul
+
+
+if __name__ == "__main__":  # build ahead of time: python -m forwardpass.layers.small_matmul
+    print("built" if load_small_matmul() is not None else "not built")
