@@ -79,3 +79,31 @@ def test_engine_uses_them_with_the_decode_kernel_only(ops, tmp_path):
         for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
             tok = next(iter(la))
             assert abs(la[tok].logprob - lb[tok].logprob) < 1e-4
+
+
+@pytest.mark.parametrize("shape", [(1, 2 * 3072), (5, 2 * 64), (2, 3, 2 * 17), (0, 8)])
+def test_silu_and_mul_matches_the_reference(ops, shape):
+    from forwardpass.layers.activation import silu_and_mul
+
+    gate_up = _rand(*shape, seed=6) * 4
+    gate_up.view(-1)[:1] = -200.0  # far past exp's range: silu is 0 there, not a NaN
+    want = silu_and_mul(gate_up)
+    got = ops.silu_and_mul(gate_up)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+
+
+def test_write_kv_matches_the_reference(ops):
+    from forwardpass.attention.paged import write_kv
+
+    t, hkv, d = 3, 2, 16
+    qkv = _rand(t, (4 + 2 * hkv) * d, seed=7)
+    k = qkv[:, 4 * d : (4 + hkv) * d].view(t, hkv, d)  # strided views of the projection, as in a model
+    v = qkv[:, (4 + hkv) * d :].view(t, hkv, d)
+    slots = torch.tensor([5, 0, 31])
+    want, got = torch.zeros(2, 4, 8, hkv, d), torch.zeros(2, 4, 8, hkv, d)
+    write_kv(want, k, v, slots)
+    ops.write_kv_(got, k, v, slots)
+    assert torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.write_kv_(got, k, v, torch.tensor([5, 0, 32]))

@@ -11,6 +11,8 @@ layers always take the PyTorch path.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -28,6 +30,7 @@ class CachedAttention(nn.Module):
         self.scale = scale
         self.sliding_window = sliding_window
         self.softcap = softcap
+        self.fused: Any = None  # compiled K/V store (forwardpass/layers/fused.py), set by the engine
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext | None
@@ -40,7 +43,10 @@ class CachedAttention(nn.Module):
             return out[0].transpose(0, 1)
         kv_cache = ctx.kv_caches[self.layer_idx]
         meta = ctx.for_layer(self.layer_idx)
-        write_kv(kv_cache, k, v, meta.slot_mapping)
+        if self.fused is not None and kv_cache.dtype == k.dtype == torch.float32 and k.device.type == "cpu":
+            self.fused.write_kv_(kv_cache, k, v, meta.slot_mapping)
+        else:
+            write_kv(kv_cache, k, v, meta.slot_mapping)
         nd = ctx.num_decode
         if nd and not meta.prefills:  # pure decode step: no copy of the output needed
             return self._decode(q, kv_cache, ctx, meta)

@@ -1,5 +1,5 @@
-"""Fused CPU ops for the small per-layer work of a decode step (RMSNorm; q/k norm + rotary), and the
-small-batch fp32 matmul for the linear layers.
+"""Fused CPU ops for the small per-layer work of a decode step (RMSNorm; q/k norm + rotary; SwiGLU; the
+K/V store), and the small-batch fp32 matmul for the linear layers.
 
 At batch 1 these touch a few KB, but as chains of 5-8 torch ops each they cost 30-55 us of dispatch
 apiece: ~8 ms of a 0.6B model's token, a fifth of an int8 decode step. The compiled versions live beside
@@ -20,13 +20,15 @@ def use_fused_ops(model: nn.Module, ops: Any) -> int:
     the PyTorch path). Returns how many modules took them."""
     if ops is None:
         return 0
+    from forwardpass.attention.layer import CachedAttention
+    from forwardpass.layers.mlp import GatedMLP
     from forwardpass.layers.norm import RMSNorm
     from forwardpass.models.llama import DecoderAttention
 
     n = 0
     for module in model.modules():
         # exactly these classes: a subclass may change the math (Gemma's 1 + weight norms, its own forward)
-        if type(module) in (RMSNorm, DecoderAttention):
+        if type(module) in (RMSNorm, DecoderAttention, GatedMLP, CachedAttention):
             module.fused = ops
             n += 1
     return n

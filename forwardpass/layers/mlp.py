@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from forwardpass.layers.activation import get_activation, silu_and_mul
@@ -18,6 +21,10 @@ class GatedMLP(nn.Module):
         )
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
         self.act = get_activation(hidden_act)
+        self.fused: Any = None  # compiled SwiGLU (forwardpass/layers/fused.py), set by the engine
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.act))
+        gate_up = self.gate_up_proj(x)
+        if self.fused is not None and self.act is F.silu and gate_up.dtype == torch.float32 and gate_up.is_cpu:
+            return self.down_proj(self.fused.silu_and_mul(gate_up))
+        return self.down_proj(silu_and_mul(gate_up, self.act))

@@ -5,7 +5,7 @@
 // below it, the naive backend. tests/test_attention.py checks this kernel against the naive one.
 //
 // Also here, the small per-layer operations of a decode step fused into one call each (rms_norm, and
-// q/k-norm + rotary in place on the qkv projection): at batch 1 they touch a few KB, and as chains of 5-8
+// q/k-norm + rotary in place on the qkv projection, SwiGLU, the K/V store): at batch 1 they touch a few KB, and as chains of 5-8
 // torch ops they cost 30-55 us each in dispatch, ~8 ms of a 0.6B model's token.
 // References: forwardpass/layers/norm.py::RMSNorm, forwardpass/layers/rotary.py::apply_rotary.
 #include <torch/extension.h>
@@ -161,7 +161,55 @@ void qk_norm_rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int6
   });
 }
 
+// SwiGLU on [T, 2F] (gate then up in each row) → [T, F]: silu(gate) · up, silu(g) = g / (1 + exp(-g)).
+torch::Tensor silu_and_mul(torch::Tensor gate_up) {
+  TORCH_CHECK(gate_up.dtype() == torch::kFloat32 && gate_up.size(-1) % 2 == 0, "float32 [..., 2F] only");
+  gate_up = gate_up.contiguous();
+  const int64_t F = gate_up.size(-1) / 2, rows = F ? gate_up.numel() / (2 * F) : 0;
+  auto sizes = gate_up.sizes().vec();
+  sizes.back() = F;
+  auto out = torch::empty(sizes, gate_up.options());
+  const float* gp = gate_up.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows * F, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t r = i / F, f = i % F;
+      const float g = gp[r * 2 * F + f];
+      // exp(88) is the largest finite one: below -88 silu(g) is 0 to float precision anyway, and the build's
+      // -ffast-math assumes no infinities
+      op[i] = g / (1.f + std::exp(-std::max(g, -88.f))) * gp[r * 2 * F + F + f];
+    }
+  });
+  return out;
+}
+
+// This step's keys and values [T, Hkv, D] (any row strides: they are views of the qkv projection) into the
+// cache [2, blocks, block_size, Hkv, D] at flat slots slot_mapping [T]. Reference: paged.py::write_kv.
+void write_kv_(torch::Tensor kv_cache, torch::Tensor k, torch::Tensor v, torch::Tensor slot_mapping) {
+  TORCH_CHECK(kv_cache.dtype() == torch::kFloat32 && kv_cache.is_contiguous(), "contiguous float32 cache");
+  TORCH_CHECK(k.dtype() == torch::kFloat32 && v.dtype() == torch::kFloat32 && k.sizes() == v.sizes() && k.dim() == 3,
+              "k, v: [T, Hkv, D] float32");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "k, v: unit stride along D");
+  slot_mapping = slot_mapping.to(torch::kInt64).contiguous();
+  const int64_t T = k.size(0), H = k.size(1), D = k.size(2);
+  const int64_t slots = kv_cache.size(1) * kv_cache.size(2);
+  TORCH_CHECK(kv_cache.size(3) == H && kv_cache.size(4) == D && slot_mapping.numel() == T, "shapes do not match");
+  float* kc = kv_cache.data_ptr<float>();
+  float* vc = kc + slots * H * D;
+  const int64_t* sp = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(sp[t] >= 0 && sp[t] < slots, "slot ", sp[t], " out of range");
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      std::copy_n(kp + t * k.stride(0) + h * k.stride(1), D, kc + (sp[t] * H + h) * D);
+      std::copy_n(vp + t * v.stride(0) + h * v.stride(1), D, vc + (sp[t] * H + h) * D);
+    }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("silu_and_mul", &silu_and_mul, "SwiGLU: silu(gate) * up over [..., 2F] (CPU, fp32)");
+  m.def("write_kv_", &write_kv_, "store this step's K/V at their cache slots (CPU, fp32)");
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU, fp32)");
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension (CPU, fp32)");
   m.def("qk_norm_rope_", &qk_norm_rope_, "per-head q/k RMSNorm + rotary, in place on qkv (CPU, fp32)");
