@@ -90,7 +90,7 @@ def test_silu_and_mul_matches_the_reference(ops, shape):
     want = silu_and_mul(gate_up)
     got = ops.silu_and_mul(gate_up)
     assert got.shape == want.shape
-    torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+    assert torch.equal(got, want)  # ATen's silu and mul, called from C++: the same float operations
 
 
 def test_write_kv_matches_the_reference(ops):

@@ -161,26 +161,12 @@ void qk_norm_rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int6
   });
 }
 
-// SwiGLU on [T, 2F] (gate then up in each row) → [T, F]: silu(gate) · up, silu(g) = g / (1 + exp(-g)).
+// SwiGLU on [..., 2F] (gate then up in each row) → [..., F]: silu(gate) · up. ATen's own vectorised silu and
+// mul, called from here: one Python-level call instead of three (chunk, silu, mul), same float results.
 torch::Tensor silu_and_mul(torch::Tensor gate_up) {
   TORCH_CHECK(gate_up.dtype() == torch::kFloat32 && gate_up.size(-1) % 2 == 0, "float32 [..., 2F] only");
-  gate_up = gate_up.contiguous();
-  const int64_t F = gate_up.size(-1) / 2, rows = F ? gate_up.numel() / (2 * F) : 0;
-  auto sizes = gate_up.sizes().vec();
-  sizes.back() = F;
-  auto out = torch::empty(sizes, gate_up.options());
-  const float* gp = gate_up.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, rows * F, 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t r = i / F, f = i % F;
-      const float g = gp[r * 2 * F + f];
-      // exp(88) is the largest finite one: below -88 silu(g) is 0 to float precision anyway, and the build's
-      // -ffast-math assumes no infinities
-      op[i] = g / (1.f + std::exp(-std::max(g, -88.f))) * gp[r * 2 * F + F + f];
-    }
-  });
-  return out;
+  const int64_t F = gate_up.size(-1) / 2;
+  return at::silu(gate_up.narrow(-1, 0, F)).mul_(gate_up.narrow(-1, F, F));
 }
 
 // This step's keys and values [T, Hkv, D] (any row strides: they are views of the qkv projection) into the
