@@ -62,6 +62,30 @@ def test_requests_spread_over_replicas_by_load(checkpoint_factory):
     run(main())
 
 
+def test_one_request_id_sent_twice_at_once_is_accepted_once():
+    """Text prompts: each replica awaits its tokenizer before it registers the id, and two requests arriving
+    together go to different replicas, so the id is reserved across replicas until one holds it."""
+    from forwardpass.assets import default_llm_path
+
+    params = SamplingParams(temperature=0, max_tokens=2)
+
+    async def main():
+        dp = DataParallelEngine(EngineSpec(str(default_llm_path()), ENGINE), replicas=2, backend="thread")
+        await dp.start()
+        try:
+            both = await asyncio.gather(*(dp.add_request("It was", params, "twin") for _ in range(2)),
+                                        return_exceptions=True)  # fmt: skip
+            accepted = [b for b in both if not isinstance(b, BaseException)]
+            refused = [b for b in both if isinstance(b, BaseException)]
+            assert len(accepted) == 1, both
+            assert isinstance(refused[0], ValidationError) and "already in use" in str(refused[0])
+            accepted[0].close()
+        finally:
+            await dp.shutdown(timeout=5)
+
+    run(main())
+
+
 async def _duplicate(dp: DataParallelEngine, params: SamplingParams):
     stream = await dp.add_request([5, 6, 7], params, "dup")
     try:

@@ -48,6 +48,7 @@ class DataParallelEngine(Generates):
                 f"data_parallel_size must be >= 1, got {replicas}", param="data_parallel_size"
             )
         self.spec, self.max_queued_requests = spec, max_queued_requests
+        self._adding: set[str] = set()  # request ids on their way to a replica (add_request)
         self.model_dir = Path(spec.model)
         self.replicas = [
             AsyncLLMEngine(
@@ -95,11 +96,17 @@ class DataParallelEngine(Generates):
         output_kind: Literal["cumulative", "delta"] = "cumulative",
         encoder_input: Any = None,  # encoder–decoder models (Whisper): log-mel features, as one engine takes
     ) -> RequestStream:
-        if any(request_id in r.front.requests for r in self.replicas):
+        if request_id in self._adding or any(request_id in r.front.requests for r in self.replicas):
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
-        return await self.pick().add_request(
-            prompt, params, request_id, lora_request, output_kind, encoder_input=encoder_input
-        )
+        # reserved until a replica holds it: two requests with one id arriving together (the replica's
+        # add_request awaits before it registers the id) must not both pass the check above
+        self._adding.add(request_id)
+        try:
+            return await self.pick().add_request(
+                prompt, params, request_id, lora_request, output_kind, encoder_input=encoder_input
+            )
+        finally:
+            self._adding.discard(request_id)
 
     async def abort(self, request_id: str) -> None:
         for r in self.replicas:
