@@ -151,12 +151,14 @@ POISON = 4242  # a token id that makes the patched forward pass fail
 SLOW = 4343  # ... that makes it take a second
 
 
-async def _with_app(runner, body):
+async def _with_app(runner, body, embedders: list | None = None):
     from forwardpass.embed.async_runner import AsyncEmbedder
     from forwardpass.server.config import ServerConfig
     from forwardpass.server.embedding_app import build_embedding_app
 
     embedder = AsyncEmbedder(runner)
+    if embedders is not None:  # for a test that acts on the embedder itself
+        embedders.append(embedder)
     app = build_embedding_app(embedder, ServerConfig(models={"m": None}))
     await embedder.start()
     try:
@@ -216,3 +218,36 @@ def test_generative_server_refuses_embeddings():
 
     r = asyncio.run(call())
     assert r.status_code == 400 and "--task embed" in r.json()["error"]["message"]
+
+
+def test_fail_all_answers_running_and_waiting_requests(runner, monkeypatch):
+    """The shutdown deadline (``fail_all``): the request whose pass is running and the one queued behind it
+    both get a 503 in the OpenAI envelope at once, not a dropped connection after the pass."""
+    from forwardpass.errors import EngineDeadError
+
+    real = runner.embed_ids
+
+    def slow(inputs):
+        if any(SLOW in ids for ids in inputs):
+            time.sleep(1.0)
+        return real(inputs)
+
+    monkeypatch.setattr(runner, "embed_ids", slow)
+    embedders: list = []
+
+    async def body(client):
+        running = asyncio.create_task(client.post("/v1/embeddings", json={"input": [[101, SLOW, 102]]}))
+        await asyncio.sleep(0.2)
+        waiting = asyncio.create_task(client.post("/v1/embeddings", json={"input": "queued"}))
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        embedders[0].fail_all(EngineDeadError("the server is shutting down"))
+        replies = await asyncio.gather(running, waiting)
+        return replies, time.monotonic() - t0
+
+    replies, waited = asyncio.run(_with_app(runner, body, embedders))
+    assert waited < 0.6  # answered now, not when the 1 s pass ends
+    for r in replies:
+        assert r.status_code == 503, r.text
+        assert "shutting down" in r.json()["error"]["message"]
+

@@ -36,6 +36,7 @@ class AsyncEmbedder:
         self.max_queued_inputs = max_queued_inputs
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="fp-embed")
         self._pending: list[_Job] = []
+        self._running: list[_Job] = []  # the jobs of the forward pass in progress
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self.dead_reason: str | None = None
@@ -58,6 +59,15 @@ class AsyncEmbedder:
                 job.future.set_exception(EngineDeadError("the server is shutting down"))
         self._pending.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Answer every waiting and running request with ``exc`` now (the server's shutdown deadline): each
+        client gets its error response instead of a dropped connection. A pass still computing finishes in
+        its thread and its results are dropped."""
+        for job in [*self._running, *self._pending]:
+            if not job.future.done():
+                job.future.set_exception(exc)
+        self._pending.clear()
 
     async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """The vectors of ``inputs`` (checked token ids), computed with whatever else is waiting."""
@@ -96,6 +106,7 @@ class AsyncEmbedder:
             return
         flat = [ids for job in jobs for ids in job.inputs]
         self.busy_since = time.monotonic()
+        self._running = jobs
         try:
             vectors = await asyncio.get_running_loop().run_in_executor(
                 self._pool, self.runner.embed_ids, flat
@@ -111,6 +122,7 @@ class AsyncEmbedder:
             return
         finally:
             self.busy_since = None
+            self._running = []
         start = 0
         for job in jobs:
             part = vectors[start : start + len(job.inputs)]

@@ -172,5 +172,6 @@ def run_embedding_server(
         log_level=log_level,
         access_log=access_log,
         on_started=None if on_started is None else lambda: on_started(embedder),
+        fail_all=embedder.fail_all,  # past the shutdown timeout, requests get a 503 rather than a reset
     )
     server.run(sockets=sockets)
