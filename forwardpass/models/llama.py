@@ -116,6 +116,9 @@ class LlamaForCausalLM(nn.Module):
     class of the MoE ones."""
 
     layer_cls: type[DecoderLayer] = DecoderLayer
+    #: the LM head's small-batch fp32 kernel, set by the engine (layers/fused.py::use_small_matmul); a class
+    #: default so subclasses with their own __init__ (Gemma 2) have it too
+    small_matmul: Any = None
     #: merged module → the checkpoint modules stored side by side in it (see MergedLinear)
     packed_modules: ClassVar[dict[str, list[str]]] = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
@@ -131,7 +134,6 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = VocabParallelEmbedding(spec.vocab, spec.hidden, tensor_parallel())
         else:
             self.lm_head = Linear(spec.hidden, spec.vocab)
-        self.small_matmul: Any = None  # the LM head's small-batch kernel, set by the engine (layers/fused.py)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
         """Hidden states ``[T, hidden]`` of every input row (logits are computed only where needed)."""
