@@ -4,6 +4,7 @@ Speech is synthesised here with Debian's ``espeak-ng`` (``apt-get install espeak
 utterances of one to four items, each a common English word or a number (0–999, written as digits in
 the transcript), spoken by several espeak voices and variants at several speeds, with random gain,
 leading silence and light Gaussian noise (20–40 dB SNR, drawn fresh every time a clip is used).
+A second training file (``train_extra.pt``) adds more accents, more espeak-ng variants and a random pitch.
 Held-out utterances use voices, variants and speeds the model never heard.
 Training adds speed perturbation and SpecAugment-style masks, and a training-only CTC loss on the encoder
 (espeak-ng's phonemes of the transcript) that makes the encoder learn the sounds early; it is not exported.
@@ -79,6 +80,19 @@ TRAIN_VOICES = [
 TRAIN_SPEEDS = (135, 150, 165, 180, 195)
 HELDOUT_VOICES = ("en-gb-scotland+m6", "en-029+f3", "en-gb-x-gbclan+m7", "en-us+klatt")
 HELDOUT_SPEEDS = (143, 172, 188)
+# the "extra" training split: more accents, more espeak-ng variants and a random pitch (-p 20-80, default 50).
+# None of the held-out voices or variants: no en-gb-scotland, en-029 or en-gb-x-gbclan, no m6/f3/m7 and no
+# Klatt-synthesiser variant at all (klatt, klatt2-6 and the variants built on it are left out).
+EXTRA_VOICES = [
+    f"{lang}+{var}"
+    for lang in ("en-us", "en", "en-gb-x-rp", "en-us-nyc", "en-gb-x-gbcwmd")
+    for var in (
+        "m1", "m2", "m3", "m4", "m5", "m8", "f1", "f2", "f4", "f5", "Alex", "Andy", "Annie", "aunty",
+        "belinda", "boris", "ed", "iven", "john", "linda", "max", "michel", "norbert", "steph", "travis",
+        "zac", "grandma", "grandpa", "Mike", "quincy", "rob", "robert", "paul", "shelby", "victor", "Lee",
+    )
+]  # fmt: skip
+EXTRA_PITCHES = tuple(range(20, 81, 5))
 
 SAMPLE_RATE = 16_000
 MAX_SOURCE_POSITIONS = 150  # 3 s of audio: 300 log-mel frames, conv stride 2 → 150 encoder positions
@@ -116,10 +130,13 @@ def utterance(rng: random.Random) -> str:
     return " ".join(items)
 
 
-def synthesise(text: str, voice: str, speed: int) -> np.ndarray:
+def synthesise(text: str, voice: str, speed: int, pitch: int | None = None) -> np.ndarray:
     with tempfile.NamedTemporaryFile(suffix=".wav") as f:
+        extra = [] if pitch is None else ["-p", str(pitch)]
         subprocess.run(
-            ["espeak-ng", "-v", voice, "-s", str(speed), "-w", f.name, text], check=True, capture_output=True
+            ["espeak-ng", "-v", voice, "-s", str(speed), *extra, "-w", f.name, text],
+            check=True,
+            capture_output=True,
         )
         samples, rate = read_wav(f.name)
     return to_mono_16k(samples, rate)
@@ -129,9 +146,12 @@ def fits(clip: np.ndarray) -> bool:
     return len(clip) <= NUM_FRAMES * 160 - 4800  # the window, with room for 0.3 s of lead-in silence
 
 
-def make_split(n: int, voices, speeds, seed: int) -> tuple[list[str], list[np.ndarray]]:
+def make_split(n: int, voices, speeds, seed: int, pitches=None) -> tuple[list[str], list[np.ndarray]]:
     rng = random.Random(seed)
-    jobs = [(utterance(rng), rng.choice(voices), rng.choice(speeds)) for _ in range(n)]
+    jobs = [
+        (utterance(rng), rng.choice(voices), rng.choice(speeds), rng.choice(pitches) if pitches else None)
+        for _ in range(n)
+    ]
     with ThreadPoolExecutor(4) as pool:  # espeak-ng runs as a subprocess: threads overlap its start-up
         audio = list(pool.map(lambda j: synthesise(*j), jobs))
     keep = [i for i, a in enumerate(audio) if fits(a)]
@@ -139,19 +159,26 @@ def make_split(n: int, voices, speeds, seed: int) -> tuple[list[str], list[np.nd
 
 
 def load_split(work: Path, name: str) -> tuple[list[str], list[np.ndarray]]:
-    data = torch.load(work / f"{name}.pt", weights_only=False)
+    if name == "train" and (work / "train_extra.pt").exists():  # train on both training files
+        texts, audio = load_split(work, "train_main")
+        extra_texts, extra_audio = load_split(work, "train_extra")
+        return texts + extra_texts, audio + extra_audio
+    data = torch.load(work / f"{'train' if name == 'train_main' else name}.pt", weights_only=False)
     keep = [i for i, a in enumerate(data["audio"]) if fits(a)]
     return [data["texts"][i] for i in keep], [data["audio"][i] for i in keep]
 
 
 def cmd_data(args) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
-    for name, n, voices, speeds, seed in (
-        ("train", args.train_clips, TRAIN_VOICES, TRAIN_SPEEDS, 1),
-        ("heldout", args.heldout_clips, HELDOUT_VOICES, HELDOUT_SPEEDS, 2),
+    for name, n, voices, speeds, seed, pitches in (
+        ("train", args.train_clips, TRAIN_VOICES, TRAIN_SPEEDS, 1, None),
+        ("heldout", args.heldout_clips, HELDOUT_VOICES, HELDOUT_SPEEDS, 2, None),
+        ("train_extra", args.extra_clips, EXTRA_VOICES, TRAIN_SPEEDS, 4, EXTRA_PITCHES),
     ):
+        if name not in args.splits.split(",") or n <= 0:
+            continue
         t0 = time.time()
-        texts, audio = make_split(n, voices, speeds, seed)
+        texts, audio = make_split(n, voices, speeds, seed, pitches)
         torch.save({"texts": texts, "audio": audio}, args.work / f"{name}.pt")
         print(
             f"{name}: {len(texts)} clips, {sum(map(len, audio)) / SAMPLE_RATE / 3600:.2f} h, "
@@ -464,6 +491,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--train-clips", type=int, default=6000)
     ap.add_argument("--heldout-clips", type=int, default=400)
+    ap.add_argument(
+        "--extra-clips", type=int, default=6000, help="clips in train_extra.pt (more voices, random pitch)"
+    )
+    ap.add_argument("--splits", default="train,heldout,train_extra", help="data: which files to synthesise")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--minutes", type=float, default=35.0, help="stop training after this much wall time")
     ap.add_argument("--batch", type=int, default=16)
