@@ -15,26 +15,21 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from forwardpass.analysis.hardware import best_time
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
           "lm_head": (151936, 1024)}  # fmt: skip
 
 
 def best_of(fn, calls: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(calls):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    fn()  # warm-up
+    return best_time(fn, calls)
 
 
 def main() -> None:

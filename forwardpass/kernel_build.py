@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -34,6 +35,15 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+def pick_isa(forced_by: str, wide: str, wide_needs: set[str], flags: frozenset[str]) -> str:
+    """Which build of a kernel to use: ``wide`` (an AVX-512 build) where ``flags`` (the CPU's) include every
+    flag it is compiled for, else ``"avx2"``; the environment variable ``forced_by`` set to either wins."""
+    forced = os.environ.get(forced_by)
+    if forced in ("avx2", wide):
+        return forced
+    return wide if wide_needs <= flags else "avx2"
 
 
 #: A build lock older than this belongs to a build that died (a real build takes well under a minute).

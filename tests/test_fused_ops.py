@@ -59,10 +59,15 @@ def test_qk_norm_rope_matches_the_modules(ops, norms, t, hq, hkv, d):
 
 
 def test_engine_uses_them_with_the_decode_kernel_only(ops, tmp_path):
-    """An engine on the compiled path gives its RMSNorms and attention the ops, and its greedy tokens equal
-    an engine on the PyTorch path (logits within float rounding)."""
+    """An engine on the compiled path gives its RMSNorms, attention and MLPs the ops and every linear layer
+    and the LM head the small-batch matmul (forwardpass/layers/small_matmul.py), and its greedy tokens equal
+    an engine on the PyTorch / library path (logits within float rounding)."""
     from forwardpass import LLM, SamplingParams
+    from forwardpass.layers.linear import Linear
+    from forwardpass.layers.small_matmul import load_small_matmul
     from tests.helpers.checkpoints import make_checkpoint, random_prompts
+
+    with_matmul = load_small_matmul() is not None
 
     path = make_checkpoint(tmp_path / "m", "qwen3")  # q/k norms
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
@@ -72,6 +77,9 @@ def test_engine_uses_them_with_the_decode_kernel_only(ops, tmp_path):
         model = llm.engine.model
         fused = [m for m in model.modules() if getattr(m, "fused", None) is not None]
         assert bool(fused) == mode
+        linears = [m for m in model.modules() if isinstance(m, Linear)]
+        assert linears and all((m.small_matmul is not None) == (mode and with_matmul) for m in linears)
+        assert (model.small_matmul is not None) == (mode and with_matmul)
         prompts = [{"prompt_token_ids": p} for p in random_prompts(3, [5, 17, 9])]
         outs[mode] = llm.generate(prompts, params, use_tqdm=False)
     for a, b in zip(outs[True], outs[False], strict=True):

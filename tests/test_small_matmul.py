@@ -1,6 +1,6 @@
 """The compiled small-batch fp32 matmul (``forwardpass/layers/small_matmul.py``) against its reference,
-``x @ W.T`` in float64, for both builds (AVX-512 where this CPU runs it, AVX2/FMA), and the engine taking
-it for decode-sized batches only."""
+``x @ W.T`` in float64, for both builds (AVX-512 where this CPU runs it, AVX2/FMA), and ``linear`` taking
+it for decode-sized batches only. The engine using it: tests/test_fused_ops.py, with the other compiled ops."""
 
 from __future__ import annotations
 
@@ -65,39 +65,10 @@ def test_linear_takes_it_for_small_batches_only():
         return x @ w.T if b is None else x @ w.T + b
 
     w = _rand(8, 16, seed=4)
-    with torch.no_grad():  # the engine's setting (with autograd on, linear is F.linear)
-        _batches(linear, w, spy)
-    assert calls == [1, sm.MAX_ROWS]  # the prefill-sized batch went to oneDNN
-
-
-def _batches(linear, w, spy):
     for rows in (1, sm.MAX_ROWS, sm.MAX_ROWS + 1):
         x = _rand(rows, 16, seed=rows)
-        torch.testing.assert_close(linear(x, w, small_matmul=spy), x @ w.T, rtol=1e-5, atol=1e-5)
+        with torch.no_grad():  # the engine's setting (with autograd on, linear is F.linear)
+            got = linear(x, w, small_matmul=spy)
+        torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-5)
+    assert calls == [1, sm.MAX_ROWS]  # the prefill-sized batch went to oneDNN
 
-
-def test_engine_gives_it_to_every_linear_layer_and_the_head(tmp_path):
-    """An engine on the compiled CPU path computes its decode-batch matmuls with the kernel, and its
-    greedy tokens equal an engine on the library path (logits within float rounding)."""
-    from forwardpass import LLM, SamplingParams
-    from forwardpass.layers.linear import Linear
-    from tests.helpers.checkpoints import make_checkpoint, random_prompts
-
-    if sm.load_small_matmul() is None:
-        pytest.skip("no C++ toolchain")
-    path = make_checkpoint(tmp_path / "m", "qwen3")
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
-    outs = {}
-    for mode in (True, False):
-        llm = LLM(path, num_kv_blocks=32, cpu_kernels=mode, enable_prefix_caching=False)
-        model = llm.engine.model
-        linears = [m for m in model.modules() if isinstance(m, Linear)]
-        assert linears and all((m.small_matmul is not None) == mode for m in linears)
-        assert (model.small_matmul is not None) == mode
-        prompts = [{"prompt_token_ids": p} for p in random_prompts(3, [5, 17, 9])]
-        outs[mode] = llm.generate(prompts, params, use_tqdm=False)
-    for a, b in zip(outs[True], outs[False], strict=True):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
-            tok = next(iter(la))
-            assert abs(la[tok].logprob - lb[tok].logprob) < 1e-4

@@ -287,7 +287,7 @@ def hardware_from_measurement(data: dict[str, Any]) -> Hardware:
     )
 
 
-def _best(fn: Any, n: int) -> float:
+def best_time(fn: Any, n: int) -> float:
     """Shortest of ``n`` timed calls of ``fn``."""
     best = float("inf")
     for _ in range(n):
@@ -307,10 +307,10 @@ def _read_bandwidth(read_mib: int, cores: int, repeats: int) -> tuple[float, flo
     x = torch.ones(read_mib * 1024 * 1024 // 4, dtype=torch.float32)
     nbytes = x.numel() * 4
     x.sum()  # fault the pages in
-    bw_torch = nbytes / _best(x.sum, repeats)
+    bw_torch = nbytes / best_time(x.sum, repeats)
     chunks = np.array_split(x.numpy(), cores)
     with ThreadPoolExecutor(cores) as pool:
-        bw_numpy = nbytes / _best(lambda: list(pool.map(np.max, chunks)), repeats)
+        bw_numpy = nbytes / best_time(lambda: list(pool.map(np.max, chunks)), repeats)
     return bw_torch, bw_numpy
 
 
@@ -331,7 +331,7 @@ def measure_this_machine(*, read_mib: int = 512, matmul_n: int = 2048, repeats: 
         a = torch.randn(matmul_n, matmul_n)
         b = torch.randn(matmul_n, matmul_n)
         a @ b  # warm up
-        flops = 2 * matmul_n**3 / _best(lambda: a @ b, max(3, repeats // 2))
+        flops = 2 * matmul_n**3 / best_time(lambda: a @ b, max(3, repeats // 2))
     finally:
         torch.set_num_threads(old_threads)
     return {

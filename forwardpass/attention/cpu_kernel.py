@@ -35,7 +35,6 @@ KERNEL = CppKernel(
 )
 SMALL_MATMUL = kernel_for(host_isa())
 _kernel = None
-_small_matmul: list = []  # the small-batch matmul loaded with it (forwardpass/layers/small_matmul.py)
 _module = None  # the whole extension: paged_decode and the fused per-layer ops (rms_norm, qk_norm_rope_)
 _failed = False
 _background: subprocess.Popen | None = None
@@ -60,7 +59,7 @@ def load_paged_decode(wait: bool = True):
             if _background.poll() is None:
                 return None
         _module = KERNEL.load(logger)
-        _small_matmul.append(load_small_matmul())  # None (and a log line) if it alone cannot be built
+        load_small_matmul()  # built and loaded with it (None and a log line if it alone cannot be built)
         _kernel = _module.paged_decode
     except Exception as exc:  # noqa: BLE001 - compiler or headers missing, ...: fall back, loudly once
         _failed = True
@@ -71,7 +70,7 @@ def load_paged_decode(wait: bool = True):
 def small_matmul_for(decode_kernel):
     """The small-batch fp32 matmul (``forwardpass/layers/small_matmul.py``) that ships with ``decode_kernel``:
     part of the same compiled CPU path, decided together, kept for the engine's lifetime."""
-    return _small_matmul[0] if decode_kernel is not None and decode_kernel is _kernel and _small_matmul else None
+    return load_small_matmul() if decode_kernel is not None and decode_kernel is _kernel else None
 
 
 def fused_ops_for(decode_kernel):

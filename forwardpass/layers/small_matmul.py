@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from forwardpass.kernel_build import CppKernel, cpu_flags
+from forwardpass.kernel_build import CppKernel, cpu_flags, pick_isa
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +35,7 @@ def kernel_for(isa: str) -> CppKernel:
 
 def host_isa() -> str:
     """``FORWARDPASS_MATMUL_ISA=avx2`` forces the AVX2 build on an AVX-512 CPU."""
-    forced = os.environ.get("FORWARDPASS_MATMUL_ISA")
-    if forced in ("avx2", "avx512"):
-        return forced
-    return "avx512" if "avx512f" in cpu_flags() else "avx2"
+    return pick_isa("FORWARDPASS_MATMUL_ISA", "avx512", {"avx512f"}, cpu_flags())
 
 
 _module = None

@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from forwardpass.kernel_build import CppKernel, cpu_flags
+from forwardpass.kernel_build import CppKernel, cpu_flags, pick_isa
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +37,7 @@ def kernel_for(isa: str) -> CppKernel:
 
 def host_isa() -> str:
     """The best instruction set this CPU runs (``FORWARDPASS_QUANT_ISA=avx2`` forces the AVX2 build)."""
-    forced = os.environ.get("FORWARDPASS_QUANT_ISA")
-    if forced in ("avx2", "avx512vnni"):
-        return forced
-    return "avx512vnni" if AVX512_CPU_FLAGS <= cpu_flags() else "avx2"
+    return pick_isa("FORWARDPASS_QUANT_ISA", "avx512vnni", AVX512_CPU_FLAGS, cpu_flags())
 
 
 KERNEL = kernel_for(host_isa())

@@ -72,12 +72,15 @@ class QuantizedWeight(nn.Module):
             return fn(self.qs[start:end], self.d[start:end], self.in_features)
         return dequantize(self.qs[start:end], self.d[start:end], self.fmt, self.in_features)
 
+    def _kernel_matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        fn = self._kernel.q8_0_matmul if self.fmt == "q8_0" else self._kernel.q4_0_matmul
+        return fn(x2, self.qs, self.d)
+
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if (bias is None and self._kernel is not None and x.dim() == 2 and x.dtype == torch.float32
                 and x.shape[0] < GEMM_ROWS and x.is_cpu):  # fmt: skip
             # a decode step's matmul, ~200 per token: straight to the kernel, none of the reshaping below
-            fn = self._kernel.q8_0_matmul if self.fmt == "q8_0" else self._kernel.q4_0_matmul
-            return fn(x, self.qs, self.d)
+            return self._kernel_matmul(x)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).float()
         if x2.shape[0] >= GEMM_ROWS:
@@ -92,8 +95,7 @@ class QuantizedWeight(nn.Module):
             ]
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         elif self._kernel is not None and x2.device.type == "cpu":
-            fn = self._kernel.q8_0_matmul if self.fmt == "q8_0" else self._kernel.q4_0_matmul
-            out = fn(x2, self.qs, self.d)
+            out = self._kernel_matmul(x2)
         else:
             out = reference.quant_matmul(x2, self.qs, self.d, self.fmt)
         if bias is not None:
