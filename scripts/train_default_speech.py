@@ -159,13 +159,17 @@ def make_split(n: int, voices, speeds, seed: int, pitches=None) -> tuple[list[st
 
 
 def load_split(work: Path, name: str) -> tuple[list[str], list[np.ndarray]]:
+    files = [work / f"{name}.pt"]
     if name == "train" and (work / "train_extra.pt").exists():  # train on both training files
-        texts, audio = load_split(work, "train_main")
-        extra_texts, extra_audio = load_split(work, "train_extra")
-        return texts + extra_texts, audio + extra_audio
-    data = torch.load(work / f"{'train' if name == 'train_main' else name}.pt", weights_only=False)
-    keep = [i for i, a in enumerate(data["audio"]) if fits(a)]
-    return [data["texts"][i] for i in keep], [data["audio"][i] for i in keep]
+        files.append(work / "train_extra.pt")
+    texts: list[str] = []
+    audio: list[np.ndarray] = []
+    for path in files:
+        data = torch.load(path, weights_only=False)
+        keep = [i for i, a in enumerate(data["audio"]) if fits(a)]
+        texts += [data["texts"][i] for i in keep]
+        audio += [data["audio"][i] for i in keep]
+    return texts, audio
 
 
 def cmd_data(args) -> None:
