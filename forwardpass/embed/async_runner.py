@@ -54,10 +54,7 @@ class AsyncEmbedder:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for job in self._pending:
-            if not job.future.done():
-                job.future.set_exception(EngineDeadError("the server is shutting down"))
-        self._pending.clear()
+        self.fail_all(EngineDeadError("the server is shutting down"))
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def fail_all(self, exc: BaseException) -> None:
