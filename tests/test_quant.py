@@ -17,8 +17,9 @@ from forwardpass.errors import ConfigError
 from forwardpass.quant import formats, reference
 from forwardpass.quant import weight as weight_module
 from forwardpass.quant.apply import QuantizedEmbedding, quantize_model
-from forwardpass.quant.kernel import load_quant_kernel
-from forwardpass.quant.weight import GEMM_ROWS, QuantizedWeight
+from forwardpass.kernel_build import cpu_flags
+from forwardpass.quant.kernel import bf16_gemm_default, load_quant_kernel
+from forwardpass.quant.weight import QuantizedWeight
 
 FORMATS = ["q8_0", "q4_0"]
 
@@ -106,6 +107,30 @@ def test_kernel_equals_reference(kernel, fmt, m):
         assert (got - x @ w.T).abs().max() < (0.1 if fmt == "q8_0" else 0.6) * math.sqrt(k) / 10
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bf16_dequantization_is_torchs_rounding(kernel, fmt):
+    """The bf16 weights a large GEMM multiplies on bf16 hardware: the fp32 dequantization rounded to nearest
+    even, bit for bit, including a padded last block."""
+    for n, k in [(37, 70), (130, 33), (64, 256)]:
+        qs, d = formats.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(k)) * 0.1, fmt)
+        got = getattr(kernel, f"{fmt}_dequantize_bf16")(qs, d, k)
+        assert torch.equal(got.view(torch.int16), formats.dequantize(qs, d, fmt, k).bfloat16().view(torch.int16))
+
+
+def test_bf16_gemm_follows_the_cpu(monkeypatch):
+    """Large quantized matmuls multiply in bf16 only where the CPU has bf16 hardware (elsewhere torch emulates
+    it, hundreds of times slower than fp32); the environment variable wins either way."""
+    monkeypatch.delenv("FORWARDPASS_QUANT_GEMM", raising=False)
+    assert bf16_gemm_default(frozenset({"avx2", "amx_bf16", "amx_tile"}))
+    assert bf16_gemm_default(frozenset({"avx2", "avx512f", "avx512_bf16"}))
+    assert not bf16_gemm_default(frozenset({"avx2", "fma", "avx512f"}))
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "fp32")
+    assert not bf16_gemm_default(frozenset({"amx_bf16"}))
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "bf16")
+    assert bf16_gemm_default(frozenset())
+    assert QuantizedWeight.from_float(torch.randn(4, 32), "q8_0").gemm_rows == weight_module.BF16_GEMM_ROWS
+
+
 def test_quantized_weight_stacks_and_bias():
     w = torch.randn(3, 40, 64, generator=torch.Generator().manual_seed(4))
     qw = QuantizedWeight.from_float(w, "q8_0")
@@ -142,18 +167,25 @@ def _embedded(quantization: str | None, kernel_path: bool = True):
     return model if quantization is None else quantize_model(model, quantization, kernel=kernel_path)
 
 
+GEMM_KINDS = ["fp32"] + (["bf16"] if bf16_gemm_default(cpu_flags()) else [])  # bf16 only on bf16 hardware
+
+
+@pytest.mark.parametrize("gemm", GEMM_KINDS)
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_quantized_model_equals_reference_model(kernel, quantization, monkeypatch, one_thread):
+def test_quantized_model_equals_reference_model(kernel, quantization, gemm, monkeypatch, one_thread):
     """Same weights, same math: the kernel model and the model computing every quantized matmul with the
     bitwise reference give identical logits (a rounding difference would not stay small: it flips an
-    activation's int8 value in the next layer); the dequantized-matmul fallback agrees closely."""
+    activation's int8 value in the next layer); the dequantized-matmul fallback agrees closely. Large
+    batches multiply the dequantized weights in fp32, or in bf16 on bf16 hardware: both models alike."""
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", gemm)
     fast = _embedded(quantization)
     emb = fast.model.embed_tokens
     assert isinstance(emb, QuantizedEmbedding) and emb.weight.fmt == "q8_0"  # tied head: 8 bits in both modes
-    assert fast.model.layers[0].mlp.down_proj.weight.fmt == ("q8_0" if quantization == "int8" else "q4_0")
+    down = fast.model.layers[0].mlp.down_proj.weight
+    assert down.fmt == ("q8_0" if quantization == "int8" else "q4_0") and down.bf16_gemm == (gemm == "bf16")
     assert not any(p.dim() == 2 and "proj" in n for n, p in fast.named_parameters())  # no fp32 copy left
-    short, long = list(range(5, 125, 3)), list(range(5, 200, 3))  # 40 rows: int8 kernel; 65: dequantized GEMM
-    assert len(short) < GEMM_ROWS <= len(long)
+    rows = down.gemm_rows  # short: the int8 kernel; long: the dequantized GEMM
+    short, long = list(range(5, 5 + 3 * (rows - 8), 3)), list(range(5, 5 + 3 * (rows + 17), 3))
     a, b = _logits(fast, short), _logits(fast, long)
     ref = _embedded(quantization, kernel_path=False)
     assert (a.argmax(-1) == _logits(ref, short).argmax(-1)).float().mean() > 0.95
@@ -196,20 +228,30 @@ def fp32_scores():
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("quantization,min_agree,max_ppl_rise", [("int8", 0.97, 0.01), ("int4", None, 0.05)])
+# the fp32 GEMM multiplies the dequantized weights exactly; the bf16 one also rounds weights and activations
+QUALITY_CASES = [("int8", "kernel", 0.97, 0.01), ("int4", "kernel", None, 0.05)] + [
+    (q, "gemm-bf16", agree, rise) for q, agree, rise in [("int8", 0.97, 0.01), ("int4", None, 0.05)]
+    if "bf16" in GEMM_KINDS
+]
+
+
+@pytest.mark.parametrize("quantization,path,min_agree,max_ppl_rise", QUALITY_CASES)
 def test_quality_on_heldout_text(
-    kernel, fp32_scores, one_thread, monkeypatch, quantization, min_agree, max_ppl_rise
+    kernel, fp32_scores, one_thread, monkeypatch, quantization, path, min_agree, max_ppl_rise
 ):
-    # every row through the int8 kernel (activations quantized too: decode's math, the less exact one), not
-    # the dequantized GEMM that 256-row windows would take
-    monkeypatch.setattr(weight_module, "GEMM_ROWS", 1 << 30)
+    """The issue's bounds on the decode math (every row through the int8 kernel, activations quantized too)
+    and on the prefill math (256-row windows through the dequantized GEMM, in bf16 on bf16 hardware)."""
+    if path == "kernel":
+        monkeypatch.setattr(weight_module, "GEMM_ROWS", 1 << 30)
+        monkeypatch.setattr(weight_module, "BF16_GEMM_ROWS", 1 << 30)
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "bf16" if path == "gemm-bf16" else "fp32")  # (kernel: unused)
     ids, (ref_pred, ref_nll) = fp32_scores
     pred, nll = _score(_embedded(quantization), ids)
     n = len(ids) - 1
     agree = (pred == ref_pred).float().mean().item()
     ppl_rise = math.exp((nll - ref_nll) / n) - 1
     print(
-        f"{quantization}: top-1 agreement {agree:.4f}, perplexity {math.exp(ref_nll / n):.3f} → "
+        f"{quantization} ({path}): top-1 agreement {agree:.4f}, perplexity {math.exp(ref_nll / n):.3f} → "
         f"{math.exp(nll / n):.3f} ({ppl_rise:+.2%})"
     )
     if min_agree is not None:
@@ -226,7 +268,7 @@ def test_moe_experts_quantize(tmp_path, monkeypatch, one_thread):
     model = quantize_model(load_model(ckpt)[0], "int8")
     experts = [m for m in model.modules() if isinstance(m, ExpertWeights)]
     assert experts and all(isinstance(m.gate_up_proj, QuantizedWeight) for m in experts)
-    ids = list(range(3, 40))  # fewer rows than GEMM_ROWS: the int8 kernel
+    ids = list(range(3, 25))  # fewer rows than either GEMM threshold: the int8 kernel
     got = _logits(model, ids)
     want = _logits(load_model(ckpt)[0], ids)
     # near the float model: 13% here (a random tiny MoE flips some expert choices; a dense random model of

@@ -13,24 +13,37 @@ from torch import nn
 
 from forwardpass.quant import reference
 from forwardpass.quant.formats import dequantize, quantize
-from forwardpass.quant.kernel import load_quant_kernel
+from forwardpass.kernel_build import cpu_flags
+from forwardpass.quant.kernel import bf16_gemm_default, load_quant_kernel
 
 #: from this many activation rows on, dequantize + fp32 GEMM instead of the int8 kernel (estimated from
 #: the kernel's and oneDNN's compute rates and the dequantization's extra ~8 bytes per weight)
 GEMM_ROWS = 48
+#: the same crossover with a bf16 GEMM on bf16 hardware (AMX): measured at 8-128 rows on 0.6B- and 41M-model
+#: shapes, the int8 kernel wins up to ~24 rows and the bf16 GEMM from 32 on (1.3-4x by 64 rows)
+BF16_GEMM_ROWS = 32
 GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary fp32 copy, e.g. of an LM head)
 
 
 class QuantizedWeight(nn.Module):
     """``W [..., N, K]`` stored as ``qs`` + fp16 block scales ``d``; ``matmul(x)`` = ``x · Wᵀ``."""
 
-    def __init__(self, qs: torch.Tensor, d: torch.Tensor, fmt: str, in_features: int, kernel: bool = True):
+    def __init__(self, qs: torch.Tensor, d: torch.Tensor, fmt: str, in_features: int, kernel: bool = True,
+                 bf16_gemm: bool | None = None):  # fmt: skip
         super().__init__()
         self.register_buffer("qs", qs, persistent=True)
         self.register_buffer("d", d, persistent=True)
         self.fmt, self.in_features = fmt, in_features
         # decided once, when the weight is made: the kernel if it builds, else the reference for good
         self._kernel = load_quant_kernel() if kernel else None
+        # large batches: GEMM in bf16 (weights and activations rounded to bf16, fp32 accumulation and output)
+        # where the CPU has bf16 hardware, else fp32; see quant/kernel.py::bf16_gemm_default
+        self.bf16_gemm = bf16_gemm_default(cpu_flags()) if bf16_gemm is None else bf16_gemm
+
+    @property
+    def gemm_rows(self) -> int:
+        """From this many activation rows on, dequantize + GEMM rather than the int8 kernel."""
+        return BF16_GEMM_ROWS if self.bf16_gemm else GEMM_ROWS
 
     @classmethod
     def from_float(cls, w: torch.Tensor, fmt: str, kernel: bool = True) -> QuantizedWeight:
@@ -56,7 +69,7 @@ class QuantizedWeight(nn.Module):
         nn.Module.__init__(out)
         out.register_buffer("qs", self.qs[i])
         out.register_buffer("d", self.d[i])
-        out.fmt, out.in_features, out._kernel = self.fmt, self.in_features, self._kernel
+        out.fmt, out.in_features, out._kernel, out.bf16_gemm = self.fmt, self.in_features, self._kernel, self.bf16_gemm
         return out
 
     def dequantize(self) -> torch.Tensor:
@@ -66,11 +79,11 @@ class QuantizedWeight(nn.Module):
         """fp32 rows ``W[ids]`` (an embedding lookup on a tied, quantized embedding matrix)."""
         return dequantize(self.qs[ids], self.d[ids], self.fmt, self.in_features)
 
-    def _dequantized_rows(self, start: int, end: int) -> torch.Tensor:
+    def _dequantized_rows(self, start: int, end: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self._kernel is not None and self.qs.device.type == "cpu":
-            fn = self._kernel.q8_0_dequantize if self.fmt == "q8_0" else self._kernel.q4_0_dequantize
-            return fn(self.qs[start:end], self.d[start:end], self.in_features)
-        return dequantize(self.qs[start:end], self.d[start:end], self.fmt, self.in_features)
+            name = f"{self.fmt}_dequantize" + ("_bf16" if dtype == torch.bfloat16 else "")
+            return getattr(self._kernel, name)(self.qs[start:end], self.d[start:end], self.in_features)
+        return dequantize(self.qs[start:end], self.d[start:end], self.fmt, self.in_features).to(dtype)
 
     def _kernel_matmul(self, x2: torch.Tensor) -> torch.Tensor:
         fn = self._kernel.q8_0_matmul if self.fmt == "q8_0" else self._kernel.q4_0_matmul
@@ -78,22 +91,23 @@ class QuantizedWeight(nn.Module):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if (bias is None and self._kernel is not None and x.dim() == 2 and x.dtype == torch.float32
-                and x.shape[0] < GEMM_ROWS and x.is_cpu):  # fmt: skip
+                and x.shape[0] < self.gemm_rows and x.is_cpu):  # fmt: skip
             # a decode step's matmul, ~200 per token: straight to the kernel, none of the reshaping below
             return self._kernel_matmul(x)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).float()
-        if x2.shape[0] >= GEMM_ROWS:
-            # prefill-sized batches are compute bound: fp32 GEMM (oneDNN) on the weights dequantized a slab
-            # at a time beats the int8 dot products (measured: ~55 GFLOP/s per core for the kernel,
-            # 80-130 for oneDNN), and the dequantization is paid once per GEMM_SLAB rows for all x rows
+        if x2.shape[0] >= self.gemm_rows:
+            # prefill-sized batches are compute bound: a float GEMM (oneDNN) on the weights dequantized a slab
+            # at a time beats the int8 dot products (measured: ~55 GFLOP/s per core for the kernel, 80-130 for
+            # fp32 oneDNN, ~300-400 for bf16 on AMX), and the dequantization is paid once per GEMM_SLAB rows
             from forwardpass.layers.linear import linear
 
-            n = self.d.shape[0]
+            dtype = torch.bfloat16 if self.bf16_gemm and x2.is_cpu else torch.float32
+            xg, n = x2.to(dtype), self.d.shape[0]
             outs = [
-                linear(x2, self._dequantized_rows(s, min(n, s + GEMM_SLAB))) for s in range(0, n, GEMM_SLAB)
+                linear(xg, self._dequantized_rows(s, min(n, s + GEMM_SLAB), dtype)) for s in range(0, n, GEMM_SLAB)
             ]
-            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+            out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).float()
         elif self._kernel is not None and x2.device.type == "cpu":
             out = self._kernel_matmul(x2)
         else:

@@ -367,33 +367,45 @@ torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) 
   return out;
 }
 
-// Weights back to fp32 [N, K] (w = q · d, one float multiply per weight: bitwise formats.dequantize). For large
-// batches (prefill chunks) a float GEMM on the dequantized rows beats the int8 dot products (see weight.py).
-template <bool Q4>
+// fp32 → bf16 with round-to-nearest-even (torch's rounding; the values are finite), 8 at a time.
+inline __m128i to_bf16(__m256 v) {
+  __m256i b = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  b = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+}
+
+inline void store8(float* dst, __m256 v) { _mm256_storeu_ps(dst, v); }
+inline void store8(at::BFloat16* dst, __m256 v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), to_bf16(v)); }
+
+// Weights back to fp32 or bf16 [N, K] (w = q · d, one float multiply per weight: bitwise formats.dequantize,
+// then for bf16 torch's rounding). For large batches (prefill chunks) a float GEMM on the dequantized rows beats
+// the int8 dot products (see weight.py); bf16 where the CPU multiplies bf16 fast (AMX, AVX512-BF16).
+template <bool Q4, typename Out>
 torch::Tensor dequantize(torch::Tensor wq, torch::Tensor wd, int64_t K) {
   wq = wq.contiguous();
   wd = wd.contiguous();
   const int64_t N = wq.size(0), nb = wd.size(1);
   TORCH_CHECK(nb * QK >= K && (nb - 1) * QK < K, "scales do not match K=", K);
   const int64_t w_stride = Q4 ? nb * QK / 2 : nb * QK;
-  auto out = torch::empty({N, K}, torch::dtype(torch::kFloat32));
+  auto out = torch::empty({N, K}, torch::dtype(c10::CppTypeToScalarType<Out>::value));
   const uint8_t* wqp = reinterpret_cast<const uint8_t*>(wq.data_ptr());
   const at::Half* wdp = wd.data_ptr<at::Half>();
-  float* op = out.data_ptr<float>();
+  Out* op = out.template data_ptr<Out>();
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    alignas(32) float buf[QK];
+    Out buf[QK];
     for (int64_t n = begin; n < end; ++n) {
       for (int64_t b = 0; b < nb; ++b) {
         const __m256i w = load_block<Q4>(wqp + n * w_stride, b);
         const __m256 d = _mm256_set1_ps(_cvtsh_ss(wdp[n * nb + b].x));
         const int64_t len = std::min<int64_t>(QK, K - b * QK);
-        float* dst = len == QK ? op + n * K + b * QK : buf;
+        Out* dst = len == QK ? op + n * K + b * QK : buf;
         const __m128i lo = _mm256_castsi256_si128(w), hi = _mm256_extracti128_si256(w, 1);
-        _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
-        _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
-        _mm256_storeu_ps(dst + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
-        _mm256_storeu_ps(dst + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
-        if (len < QK) std::memcpy(op + n * K + b * QK, buf, len * sizeof(float));
+        store8(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
+        store8(dst + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
+        store8(dst + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
+        store8(dst + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
+        if (len < QK) std::memcpy(op + n * K + b * QK, buf, len * sizeof(Out));
       }
     }
   });
@@ -416,8 +428,10 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_0_matmul", &quant_matmul<false>, "x[M,K] fp32 · Q8_0 W[N,K]ᵀ (values int8 [N,Kp], scales fp16 [N,Kp/32])");
   m.def("q4_0_matmul", &quant_matmul<true>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ (nibbles uint8 [N,Kp/2], scales fp16 [N,Kp/32])");
-  m.def("q8_0_dequantize", &dequantize<false>, "Q8_0 (values, scales, K) → fp32 [N, K]");
-  m.def("q4_0_dequantize", &dequantize<true>, "Q4_0 (values, scales, K) → fp32 [N, K]");
+  m.def("q8_0_dequantize", &dequantize<false, float>, "Q8_0 (values, scales, K) → fp32 [N, K]");
+  m.def("q4_0_dequantize", &dequantize<true, float>, "Q4_0 (values, scales, K) → fp32 [N, K]");
+  m.def("q8_0_dequantize_bf16", &dequantize<false, at::BFloat16>, "Q8_0 (values, scales, K) → bf16 [N, K]");
+  m.def("q4_0_dequantize_bf16", &dequantize<true, at::BFloat16>, "Q4_0 (values, scales, K) → bf16 [N, K]");
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
   m.attr("isa") = "avx512vnni";
 #else
