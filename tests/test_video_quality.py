@@ -104,35 +104,42 @@ def test_roofline_video_cli(capsys):
 
 
 # ----- the claim: whole-clip generation keeps the prompted digit more often than frame by frame -----------
-def _drift(n: int, steps: int) -> dict[str, dict]:
+def _drift(n: int, steps: int, seeds: list[int]) -> dict[str, dict]:
+    """Both samplers on the same ``n`` prompts once per seed, the clips pooled (``n × len(seeds)`` each)."""
     from forwardpass.diffusion import DEFAULT_MODEL_DIR
     from forwardpass.diffusion.quality import load_classifier
     from forwardpass.diffusion.video import DEFAULT_VIDEO_MODEL_DIR
     from forwardpass.diffusion.video.pipeline import VideoPipeline
-    from forwardpass.diffusion.video.quality import evaluate
+    from forwardpass.diffusion.video.quality import clip_metrics, eval_prompts
 
     torch.set_num_threads(1)
     pipe = VideoPipeline.from_pretrained(DEFAULT_VIDEO_MODEL_DIR)
     judge = load_classifier(DEFAULT_MODEL_DIR / "eval_classifier")
-    return {name: evaluate(pipe, judge, n, framewise=fw, num_inference_steps=steps, batch_size=n)
-            for name, fw in (("whole", False), ("framewise", True))}  # fmt: skip
+    prompts, digits, dirs = eval_prompts(n)
+    out = {}
+    for name, framewise in (("whole", False), ("framewise", True)):
+        clips = [pipe(prompts, generator=torch.Generator().manual_seed(seed), framewise=framewise,
+                      num_inference_steps=steps, output_type="np", show_progress=False).frames[..., 0]
+                 for seed in seeds]  # fmt: skip
+        out[name] = clip_metrics(judge, np.concatenate(clips), digits * len(seeds), dirs * len(seeds))
+    return out
 
 
 def test_fast_drift_evaluation():
-    """The fast version of scripts/video_eval_drift.py: 10 clips (one per digit), 6 steps, whole clip and frame by
-    frame with the same model, prompts and seed. The judge must recognise generated digits well above chance
-    (10%); the issue's claim (whole clip keeps the digit more often) is checked and, where this model does not
-    show it, reported as an expected failure with the numbers (forwardpass/assets/video/README.md).
+    """The fast version of scripts/video_eval_drift.py: 30 clips (3 per digit) × 5 seeds, 6 steps, the model's
+    CFG 5, whole clip and frame by frame with the same model, prompts and seeds.
 
-    Shipped model (10,500 steps), seed 0: whole clip 30% vs frame by frame 50% kept (frames recognised 71% vs
-    79%); over seeds 0-4 kept is 30/40/40/50/60% vs 50/40/50/30/60%, so 10 clips cannot separate the samplers
-    and the claim stays an expected failure (50 clips × 3 seeds: 51% vs 47% kept, 82% vs 73% recognised)."""
-    res = _drift(10, 6)
+    Shipped model here: whole clip keeps the digit in every frame in 60% of the 150 clips, frame by frame in 53%
+    (per seed 47/70/63/60/60% vs 53/47/50/57/60%: one seed alone does not separate them, hence the pool);
+    frames recognised 87% vs 76%. The full evaluation (350 clips, 10 steps; and 16-frame clips) is in
+    forwardpass/assets/video/README.md. The margins leave room for another CPU's rounding (a few clips)."""
+    res = _drift(30, 6, [0, 1, 2, 3, 4])
     for name, m in res.items():
-        assert m["clips"] == 10 and len(m["frame_rate_by_position"]) == 8
-        assert m["frame_rate"] > 0.2, (name, m)
+        assert m["clips"] == 150 and len(m["frame_rate_by_position"]) == 8
+        assert m["frame_rate"] > 0.5, (name, m)  # the judge recognises generated digits far above chance (10%)
     whole, framewise = res["whole"], res["framewise"]
-    if not whole["kept"] > framewise["kept"]:
-        pytest.xfail(f"the shipped model does not show it: clips keeping the digit in every frame, whole clip "
-                     f"{whole['kept']:.0%} vs frame by frame {framewise['kept']:.0%} (frames recognised "
-                     f"{whole['frame_rate']:.0%} vs {framewise['frame_rate']:.0%})")  # fmt: skip
+    print(f"kept: whole clip {whole['kept']:.1%} vs frame by frame {framewise['kept']:.1%}; frames recognised "
+          f"{whole['frame_rate']:.1%} vs {framewise['frame_rate']:.1%}")  # fmt: skip
+    assert whole["kept"] >= framewise["kept"] + 0.03
+    assert whole["frame_rate"] >= framewise["frame_rate"] + 0.05
+    assert whole["consistency"] > framewise["consistency"]
