@@ -90,9 +90,12 @@ def ended(url: str, status: str) -> float:
 def test_non_streaming_client_disconnect_aborts(server):
     wait_idle(server.url)
     aborted = ended(server.url, "aborted")
-    body = {"prompt": "Once upon a time", "max_tokens": 240, "n": 16, "ignore_eos": True}  # seconds of work
+    # 16 × 240 tokens: ~0.5 s of work on a quiet 2-core machine (a 0.5 s read timeout was once too long: the
+    # answer came first). A non-streaming answer sends nothing before it is done, so a short read timeout is
+    # the client giving up mid-generation.
+    body = {"prompt": "Once upon a time", "max_tokens": 240, "n": 16, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
+        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.15))
     info = wait_idle(server.url, timeout=1.5)
     assert info["num_free_blocks"] == info["num_blocks"] and info["invariants_ok"]
     assert ended(server.url, "aborted") == aborted + 1
