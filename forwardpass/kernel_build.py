@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 
+@functools.cache
 def cpu_flags() -> frozenset[str]:
     """The host CPU's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere, which selects the AVX2 build)."""
     try:

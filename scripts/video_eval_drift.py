@@ -75,7 +75,7 @@ def main() -> None:
                      "steps": args.steps or pipe.defaults["num_inference_steps"],
                      "guidance_scale": pipe.defaults["guidance_scale"]}  # fmt: skip
     results["real"] = clip_metrics(classifier, real_clips(args.clips, frames, digits, dirs), digits, dirs)
-    out, suffix = Path(args.out), "" if frames == 8 else f"_{frames}f"
+    out, suffix = Path(args.out), "" if frames == pipe.defaults["num_frames"] else f"_{frames}f"
     for name, framewise in (("whole_clip", False), ("framewise", True)):
         t0 = time.time()
         clips, kept = [], []

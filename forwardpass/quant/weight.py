@@ -28,8 +28,7 @@ GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary fp32
 class QuantizedWeight(nn.Module):
     """``W [..., N, K]`` stored as ``qs`` + fp16 block scales ``d``; ``matmul(x)`` = ``x · Wᵀ``."""
 
-    def __init__(self, qs: torch.Tensor, d: torch.Tensor, fmt: str, in_features: int, kernel: bool = True,
-                 bf16_gemm: bool | None = None):  # fmt: skip
+    def __init__(self, qs: torch.Tensor, d: torch.Tensor, fmt: str, in_features: int, kernel: bool = True):
         super().__init__()
         self.register_buffer("qs", qs, persistent=True)
         self.register_buffer("d", d, persistent=True)
@@ -38,7 +37,7 @@ class QuantizedWeight(nn.Module):
         self._kernel = load_quant_kernel() if kernel else None
         # large batches: GEMM in bf16 (weights and activations rounded to bf16, fp32 accumulation and output)
         # where the CPU has bf16 hardware, else fp32; see quant/kernel.py::bf16_gemm_default
-        self.bf16_gemm = bf16_gemm_default(cpu_flags()) if bf16_gemm is None else bf16_gemm
+        self.bf16_gemm = bf16_gemm_default(cpu_flags())
 
     @property
     def gemm_rows(self) -> int:
