@@ -1,5 +1,6 @@
-"""Builds and loads the quantized-matmul kernel (``csrc/quant_matmul.cpp``) for this CPU: an AVX-512 VNNI
-build where the CPU has it (decode batches use ``vpdpbusd``, two blocks per instruction), else AVX2.
+"""Builds and loads the quantized-matmul kernels for this CPU: ``csrc/quant_matmul.cpp`` (small batches; an
+AVX-512 VNNI build where the CPU has it, ``vpdpbusd`` two blocks per instruction, else AVX2) and, on CPUs with
+AMX, ``csrc/amx_matmul.cpp`` (batches of 16+ rows on the bf16 tile unit).
 
 Compiled with torch's cpp_extension (a C++ compiler and ninja; ~40 s once, then cached in
 ``$TORCH_EXTENSIONS_DIR`` / ``~/.cache/torch_extensions``), the same way as the paged-decode kernel
@@ -40,15 +41,55 @@ def host_isa() -> str:
     return pick_isa("FORWARDPASS_QUANT_ISA", "avx512vnni", AVX512_CPU_FLAGS, cpu_flags())
 
 
-def bf16_gemm_default(flags: frozenset[str]) -> bool:
-    """Whether large quantized matmuls dequantize to bf16 (not fp32) for the GEMM: where the CPU multiplies bf16
-    in hardware (AMX tiles or AVX512-BF16 dot products; measured on a Sapphire Rapids core at 128-512 rows: bf16
-    ~3x fp32 GFLOP/s). Elsewhere bf16 GEMMs are emulated and far slower than fp32 (an AVX2 CPU: ~300x).
-    ``FORWARDPASS_QUANT_GEMM=fp32`` / ``bf16`` overrides."""
+#: what the AMX kernel is compiled for (tiles, bf16 tiles, AVX-512 with its bf16 conversions)
+AMX_CPU_FLAGS = {"amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c", "fma"}
+AMX_FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c", "-mfma", "-mamx-tile",
+             "-mamx-bf16", "-fopenmp")  # fmt: skip
+GEMM_PATHS = ("amx", "bf16", "fp32")
+
+
+def gemm_path(flags: frozenset[str]) -> str:
+    """How quantized matmuls of many rows multiply (prefill chunks, large decode batches), from the CPU's flags:
+
+    * ``"amx"``: the AMX kernel, weights dequantized to bf16 a panel at a time into L2 and multiplied on the
+      tile unit (Intel since Sapphire Rapids);
+    * ``"bf16"``: the weights dequantized to bf16 in memory and oneDNN's bf16 GEMM, where the CPU multiplies bf16
+      in hardware without AMX (AVX512-BF16: AMD Zen 4 and later); measured on a Sapphire Rapids core at 128-512
+      rows, bf16 ~3x fp32 GFLOP/s;
+    * ``"fp32"``: dequantized to fp32 and oneDNN's fp32 GEMM, elsewhere (an AVX2 CPU emulates bf16, ~300x slower).
+
+    ``FORWARDPASS_QUANT_GEMM=amx|bf16|fp32`` overrides (``amx`` only where the CPU has it)."""
     forced = os.environ.get("FORWARDPASS_QUANT_GEMM")
-    if forced in ("fp32", "bf16"):
-        return forced == "bf16"
-    return bool({"amx_bf16", "avx512_bf16"} & flags)
+    if forced in ("bf16", "fp32") or (forced == "amx" and AMX_CPU_FLAGS <= flags):
+        return forced
+    if AMX_CPU_FLAGS <= flags:
+        return "amx"
+    return "bf16" if {"amx_bf16", "avx512_bf16"} & flags else "fp32"
+
+
+AMX_KERNEL = CppKernel(
+    "forwardpass_quant_amx", SOURCE.with_name("amx_matmul.cpp"), cflags=AMX_FLAGS, ldflags=("-fopenmp",),
+    what="the C++ AMX quantized-matmul kernel", expected_s=30,
+)  # fmt: skip
+_amx_module = None
+_amx_failed = False
+
+
+def load_amx_kernel():
+    """The AMX kernel (``q8_0_matmul``, ``q4_0_matmul``: fp32 in and out), or None (not built: the caller falls
+    back to the dequantize + oneDNN bf16 GEMM, said once in the log). Only call it where ``gemm_path`` is amx."""
+    global _amx_module, _amx_failed
+    if _amx_module is not None or _amx_failed:
+        return _amx_module
+    try:
+        module = AMX_KERNEL.load(logger)
+        if not module.available():
+            raise RuntimeError("Linux refused this process the AMX tile state (arch_prctl)")
+        _amx_module = module
+    except Exception as exc:  # noqa: BLE001 - compiler without AMX support, old kernel, ...: bf16 oneDNN instead
+        _amx_failed = True
+        logger.warning("AMX quantized-matmul kernel unavailable (%s); large batches use oneDNN's bf16 GEMM", exc)
+    return _amx_module
 
 
 KERNEL = kernel_for(host_isa())
@@ -73,3 +114,5 @@ def load_quant_kernel():
 
 if __name__ == "__main__":  # build ahead of time: python -m forwardpass.quant.kernel
     print("built" if load_quant_kernel() is not None else "not built")
+    if gemm_path(cpu_flags()) == "amx":
+        print("AMX kernel", "built" if load_amx_kernel() is not None else "not built")

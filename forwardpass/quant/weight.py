@@ -14,7 +14,7 @@ from torch import nn
 from forwardpass.quant import reference
 from forwardpass.quant.formats import dequantize, quantize
 from forwardpass.kernel_build import cpu_flags
-from forwardpass.quant.kernel import bf16_gemm_default, load_quant_kernel
+from forwardpass.quant.kernel import gemm_path, load_amx_kernel, load_quant_kernel
 
 #: from this many activation rows on, dequantize + fp32 GEMM instead of the int8 kernel (estimated from
 #: the kernel's and oneDNN's compute rates and the dequantization's extra ~8 bytes per weight)
@@ -22,6 +22,13 @@ GEMM_ROWS = 48
 #: the same crossover with a bf16 GEMM on bf16 hardware (AMX): measured at 8-128 rows on 0.6B- and 41M-model
 #: shapes, the int8 kernel wins up to ~24 rows and the bf16 GEMM from 32 on (1.3-4x by 64 rows)
 BF16_GEMM_ROWS = 32
+#: the same crossover for the AMX kernel: measured on the 41M model's shapes (LM head included) at 8-24 rows,
+#: the int8 kernel wins at 8 (4.7 vs 6.1 ms per step), the AMX kernel from 16 on (3.9 vs 8.0)
+AMX_ROWS = 16
+#: ... up to this many rows; above, dequantizing the whole matrix once and oneDNN's bf16 GEMM win (its blocking
+#: for activations beyond L2; measured at 128-4096 rows: the kernel 1.4-2x faster to 512 rows, even at 1024-2048
+#: on 0.6B shapes, 0.65x at 4096 on the 41M model's)
+AMX_MAX_ROWS = 1024
 GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary fp32 copy, e.g. of an LM head)
 
 
@@ -35,14 +42,17 @@ class QuantizedWeight(nn.Module):
         self.fmt, self.in_features = fmt, in_features
         # decided once, when the weight is made: the kernel if it builds, else the reference for good
         self._kernel = load_quant_kernel() if kernel else None
-        # large batches: GEMM in bf16 (weights and activations rounded to bf16, fp32 accumulation and output)
-        # where the CPU has bf16 hardware, else fp32; see quant/kernel.py::bf16_gemm_default
-        self.bf16_gemm = bf16_gemm_default(cpu_flags())
+        # large batches: in bf16 (weights and activations rounded to bf16, fp32 accumulation and output) where
+        # the CPU has bf16 hardware — on AMX tiles by our kernel, else oneDNN's GEMM — elsewhere an fp32 GEMM;
+        # see quant/kernel.py::gemm_path. An AMX kernel that cannot be built leaves oneDNN's bf16 GEMM.
+        path = gemm_path(cpu_flags())
+        self._amx = load_amx_kernel() if kernel and path == "amx" else None
+        self.bf16_gemm = path in ("amx", "bf16")
 
     @property
     def gemm_rows(self) -> int:
-        """From this many activation rows on, dequantize + GEMM rather than the int8 kernel."""
-        return BF16_GEMM_ROWS if self.bf16_gemm else GEMM_ROWS
+        """From this many activation rows on, the large-batch path rather than the int8 kernel."""
+        return AMX_ROWS if self._amx is not None else BF16_GEMM_ROWS if self.bf16_gemm else GEMM_ROWS
 
     @classmethod
     def from_float(cls, w: torch.Tensor, fmt: str, kernel: bool = True) -> QuantizedWeight:
@@ -68,7 +78,8 @@ class QuantizedWeight(nn.Module):
         nn.Module.__init__(out)
         out.register_buffer("qs", self.qs[i])
         out.register_buffer("d", self.d[i])
-        out.fmt, out.in_features, out._kernel, out.bf16_gemm = self.fmt, self.in_features, self._kernel, self.bf16_gemm
+        out.fmt, out.in_features, out._kernel, out._amx = self.fmt, self.in_features, self._kernel, self._amx
+        out.bf16_gemm = self.bf16_gemm
         return out
 
     def dequantize(self) -> torch.Tensor:
@@ -95,7 +106,10 @@ class QuantizedWeight(nn.Module):
             return self._kernel_matmul(x)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).float()
-        if x2.shape[0] >= self.gemm_rows:
+        if self._amx is not None and self.gemm_rows <= x2.shape[0] <= AMX_MAX_ROWS and x2.is_cpu:
+            # dequantized to bf16 a panel at a time in L2 and multiplied on AMX tiles (quant/csrc/amx_matmul.cpp)
+            out = (self._amx.q8_0_matmul if self.fmt == "q8_0" else self._amx.q4_0_matmul)(x2, self.qs, self.d)
+        elif x2.shape[0] >= self.gemm_rows:
             # prefill-sized batches are compute bound: a float GEMM (oneDNN) on the weights dequantized a slab
             # at a time beats the int8 dot products (measured: ~55 GFLOP/s per core for the kernel, 80-130 for
             # fp32 oneDNN, ~300-400 for bf16 on AMX), and the dequantization is paid once per GEMM_SLAB rows
@@ -117,4 +131,5 @@ class QuantizedWeight(nn.Module):
 
     def extra_repr(self) -> str:
         path = "kernel" if self._kernel is not None else "reference"
+        path += ", amx" if self._amx is not None else ""
         return f"{self.fmt}, shape={tuple(self.shape)}, {path}"

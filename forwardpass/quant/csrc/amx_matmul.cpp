@@ -1,0 +1,233 @@
+// Quantized matmul on Intel AMX tiles: y[M, N] = x[M, K] · W[N, K]ᵀ for Q8_0 / Q4_0 weights (the layouts of
+// quant_matmul.cpp), for batches of 32+ rows (decode batches, prefill chunks) on CPUs with AMX-BF16.
+//
+// The weights are dequantized to bf16 a block of 32 output rows at a time into a buffer that stays in L2,
+// and multiplied there by the tile unit (TDPBF16PS: a 16×32 by 32×16 bf16 product into 16×16 fp32 per
+// instruction). The previous path, dequantize the whole matrix to bf16 and call oneDNN's bf16 GEMM, wrote
+// and re-read 2 bytes per weight through memory on every call — at a 64-row decode batch that round trip
+// cost as much as the GEMM itself.
+//
+// The math is the bf16 GEMM path's: w = bf16(q · d) (bitwise quant_matmul.cpp's dequantize_bf16, torch's
+// round-to-nearest-even), x rounded to bf16 the same way, products accumulated in fp32 (AMX flushes
+// denormals; only the order of the additions differs from oneDNN's). Reference: forwardpass/quant/reference.py
+// (``bf16_matmul``); tests/test_quant.py compares them.
+//
+// Tiles (A·B → C, C[i][j] += Σ_k A[i][k] · B[k][j] over bf16 pairs):
+//   A = 16 weight rows × 32 K values, row-major from the dequantized buffer (no reshuffling of weights);
+//   B = 32 K values × 16 activation rows in the "VNNI" pair layout: B[k/2][2j + k%2] = x[j][k], built once
+//       per call (activations are few next to weights);
+//   C = 16 weight rows × 16 activation rows, written transposed into y.
+// Register use: C0..C3 (2 weight tiles × 2 activation tiles), A0, A1, B0, B1: all 8 tile registers.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t QK = 32;   // weights per quantization block = K values per tile
+constexpr int64_t TM = 16;   // rows of a tile
+constexpr int64_t NBLK = 32; // weight rows dequantized and multiplied together (two A tiles)
+constexpr int64_t MBLK = 32; // activation rows per pass (two B tiles)
+
+// Linux gives a process the AMX tile state only when asked (it enlarges every signal frame).
+constexpr int ARCH_REQ_XCOMP_PERM = 0x1023;
+constexpr int XFEATURE_XTILEDATA = 18;
+
+bool request_amx() {
+  static const bool granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  return granted;
+}
+
+struct TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// every tile 16 rows × 64 bytes (16 fp32 or 32 bf16 per row); loaded per thread (tile state is per thread)
+void configure_tiles() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = TM;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// 32 fp32 → 32 bf16 (lo first), round to nearest even: torch's rounding for every value these tiles see
+// (the hardware conversion flushes denormals, as the tile unit does with its inputs anyway)
+inline __m512i to_bf16(__m512 lo, __m512 hi) { return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)); }
+
+// One block of 32 weights of one row → 32 bf16 at dst (w = q · d in fp32, then rounded).
+template <bool Q4>
+inline void dequant_block(const uint8_t* row, const at::Half* scales, int64_t b, uint16_t* dst) {
+  __m512i lo, hi;  // weights 0..15 and 16..31 as int32
+  if constexpr (Q4) {
+    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * QK / 2));
+    const __m128i m = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    lo = _mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(t, m), eight));
+    hi = _mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(t, 4), m), eight));
+  } else {
+    lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * QK)));
+    hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * QK + 16)));
+  }
+  const __m512 d = _mm512_set1_ps(_cvtsh_ss(scales[b].x));
+  _mm512_storeu_si512(dst, to_bf16(_mm512_mul_ps(_mm512_cvtepi32_ps(lo), d), _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d)));
+}
+
+// x [M, K] fp32 → bf16 B tiles: tile (mt, kb) at xt + (mt·nb + kb)·512, row r = the pairs (x[j][2r], x[j][2r+1])
+// of the block's activation rows j = 0..15. Rows past M and values past K are zero.
+void prepare_activations(const float* x, int64_t M, int64_t K, int64_t nb, int64_t mtiles, uint16_t* xt) {
+  at::parallel_for(0, mtiles, 1, [&](int64_t t0, int64_t t1) {
+    alignas(64) uint16_t rowbuf[QK];
+    for (int64_t mt = t0; mt < t1; ++mt) {
+      for (int64_t kb = 0; kb < nb; ++kb) {
+        uint32_t* tile = reinterpret_cast<uint32_t*>(xt + (mt * nb + kb) * TM * QK);
+        for (int64_t j = 0; j < TM; ++j) {
+          const int64_t m = mt * TM + j;
+          const int64_t len = m < M ? std::min<int64_t>(QK, K - kb * QK) : 0;
+          const __mmask16 m0 = len >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << len) - 1);
+          const __mmask16 m1 = len <= 16 ? 0 : len >= 32 ? 0xFFFF : static_cast<__mmask16>((1u << (len - 16)) - 1);
+          const float* src = x + (m < M ? m : 0) * K + kb * QK;
+          _mm512_store_si512(rowbuf, to_bf16(_mm512_maskz_loadu_ps(m0, src), _mm512_maskz_loadu_ps(m1, src + 16)));
+          const uint32_t* pairs = reinterpret_cast<const uint32_t*>(rowbuf);
+          for (int64_t r = 0; r < TM; ++r) tile[r * TM + j] = pairs[r];
+        }
+      }
+    }
+  });
+}
+
+// C tile (16 weight rows n × 16 activation rows m, fp32, row-major) → y[m0 + m][n0 + n] for the rows and
+// columns that exist: a 16×16 transpose in registers (4×4 blocks within 128-bit lanes, then the lanes).
+inline void store_transposed(const float* c, float* y, int64_t N, int64_t m0, int64_t n0, int64_t M) {
+  const int64_t mm = std::min<int64_t>(TM, M - m0), nn = std::min<int64_t>(TM, N - n0);
+  if (mm <= 0 || nn <= 0) return;
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(c + i * TM);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + s]: within each lane, column 4L + s of rows 4i..4i+3
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c2 = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c2));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c2));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  const __mmask16 cols = nn == TM ? 0xFFFF : static_cast<__mmask16>((1u << nn) - 1);
+  for (int s = 0; s < 4; ++s) {  // output rows s, 4 + s, 8 + s, 12 + s
+    const __m512 v = _mm512_shuffle_f32x4(r[s], r[4 + s], 0x88), w = _mm512_shuffle_f32x4(r[8 + s], r[12 + s], 0x88);
+    const __m512 v2 = _mm512_shuffle_f32x4(r[s], r[4 + s], 0xDD), w2 = _mm512_shuffle_f32x4(r[8 + s], r[12 + s], 0xDD);
+    const __m512 out[4] = {_mm512_shuffle_f32x4(v, w, 0x88), _mm512_shuffle_f32x4(v2, w2, 0x88),
+                           _mm512_shuffle_f32x4(v, w, 0xDD), _mm512_shuffle_f32x4(v2, w2, 0xDD)};
+    for (int q = 0; q < 4; ++q) {
+      const int64_t m = 4 * q + s;
+      if (m < mm) _mm512_mask_storeu_ps(y + (m0 + m) * N + n0, cols, out[q]);
+    }
+  }
+}
+
+template <bool Q4>
+torch::Tensor amx_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
+  TORCH_CHECK(request_amx(), "the kernel may not use AMX tiles (arch_prctl refused)");
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be a 2-D float32 tensor");
+  TORCH_CHECK(wd.dtype() == torch::kFloat16 && wd.dim() == 2, "scales must be a 2-D float16 tensor");
+  TORCH_CHECK(wq.dtype() == (Q4 ? torch::kUInt8 : torch::kInt8), Q4 ? "Q4_0 values must be uint8" : "Q8_0 values must be int8");
+  x = x.contiguous();
+  wq = wq.contiguous();
+  wd = wd.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = wq.size(0), nb = wd.size(1);
+  TORCH_CHECK(wd.size(0) == N && nb * QK >= K && (nb - 1) * QK < K, "scales do not match K=", K);
+  const int64_t w_stride = Q4 ? nb * QK / 2 : nb * QK;
+  TORCH_CHECK(wq.size(1) == w_stride, "packed weight row has ", wq.size(1), " bytes, expected ", w_stride);
+  auto out = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return out;
+  const int64_t Kp = nb * QK, mgroups = (M + MBLK - 1) / MBLK, mtiles = mgroups * (MBLK / TM);
+  auto xt = torch::empty({mtiles * nb * TM * QK}, x.options().dtype(torch::kBFloat16));
+  uint16_t* xtp = reinterpret_cast<uint16_t*>(xt.data_ptr());
+  prepare_activations(x.data_ptr<float>(), M, K, nb, mtiles, xtp);
+
+  const uint8_t* wqp = reinterpret_cast<const uint8_t*>(wq.data_ptr());
+  const at::Half* wdp = wd.data_ptr<at::Half>();
+  float* yp = out.data_ptr<float>();
+  const int64_t a_stride = Kp * 2;  // bytes between weight rows in the dequantized buffer
+  // Each thread takes panels of weight rows: a panel is dequantized once into a buffer that stays in L2
+  // (~256 KB), then every group of 32 activation rows runs over it, so the activations' tiles stay in L1/L2
+  // and each output row is written in panel-wide pieces rather than 128-byte ones on a new page each time.
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t fit = std::max<int64_t>(NBLK, (int64_t{256} * 1024 / a_stride) / NBLK * NBLK);
+  const int64_t share = ((N + threads - 1) / threads + NBLK - 1) / NBLK * NBLK;
+  const int64_t panel = std::min(fit, std::max(NBLK, share));
+  at::parallel_for(0, (N + panel - 1) / panel, 1, [&](int64_t p0, int64_t p1) {
+    configure_tiles();
+    std::vector<uint16_t> wbuf(panel * Kp);  // this thread's dequantized weight rows (bf16)
+    alignas(64) float c[4][TM * TM];
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t pn0 = p * panel, rows = std::min(panel, N - pn0), blocks = (rows + NBLK - 1) / NBLK;
+      for (int64_t r = 0; r < blocks * NBLK; ++r) {
+        uint16_t* dst = wbuf.data() + r * Kp;
+        if (r >= rows) {
+          std::memset(dst, 0, Kp * sizeof(uint16_t));
+          continue;
+        }
+        const uint8_t* row = wqp + (pn0 + r) * w_stride;
+        const at::Half* scales = wdp + (pn0 + r) * nb;
+        for (int64_t b = 0; b < nb; ++b) dequant_block<Q4>(row, scales, b, dst + b * QK);
+      }
+      for (int64_t g = 0; g < mgroups; ++g) {
+        const uint16_t* b0 = xtp + (2 * g) * nb * TM * QK;
+        const uint16_t* b1 = b0 + nb * TM * QK;
+        const int64_t m0 = g * MBLK;
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+          const uint16_t* a0 = wbuf.data() + blk * NBLK * Kp;
+          const uint16_t* a1 = a0 + TM * Kp;
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+          for (int64_t kb = 0; kb < nb; ++kb) {
+            _tile_loadd(4, a0 + kb * QK, a_stride);
+            _tile_loadd(5, a1 + kb * QK, a_stride);
+            _tile_loadd(6, b0 + kb * TM * QK, 64);
+            _tile_loadd(7, b1 + kb * TM * QK, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+          }
+          _tile_stored(0, c[0], 64);
+          _tile_stored(1, c[1], 64);
+          _tile_stored(2, c[2], 64);
+          _tile_stored(3, c[3], 64);
+          const int64_t n0 = pn0 + blk * NBLK;
+          store_transposed(c[0], yp, N, m0, n0, M);
+          store_transposed(c[1], yp, N, m0 + TM, n0, M);
+          store_transposed(c[2], yp, N, m0, n0 + TM, M);
+          store_transposed(c[3], yp, N, m0 + TM, n0 + TM, M);
+        }
+      }
+    }
+    _tile_release();
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("available", &request_amx, "whether this process may use AMX tiles (asks Linux once)");
+  m.def("q8_0_matmul", &amx_matmul<false>, "x[M,K] fp32 · Q8_0 W[N,K]ᵀ in bf16 on AMX tiles, fp32 out");
+  m.def("q4_0_matmul", &amx_matmul<true>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ in bf16 on AMX tiles, fp32 out");
+}
