@@ -77,8 +77,8 @@ def test_paged_chunked_prefill_matches_naive():
 
 
 @pytest.mark.parametrize("window", [0, 5])
-@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 16), (8, 8, 32), (6, 3, 16)])
-@pytest.mark.parametrize("lengths", [[7, 13, 1, 20, 16], [19]])  # one sequence: its heads split over threads
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 16), (8, 8, 32), (6, 3, 16), (8, 4, 128), (4, 2, 12)])  # 12: not 8-wide
+@pytest.mark.parametrize("lengths", [[7, 13, 1, 20, 16, 37], [19]])  # one sequence: its heads split over threads
 def test_cpu_kernel_matches_naive(window, hq, hkv, d, lengths):
     from forwardpass.attention.cpu_kernel import load_paged_decode
 

@@ -10,10 +10,59 @@
 // References: forwardpass/layers/norm.py::RMSNorm, forwardpass/layers/rotary.py::apply_rotary.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+namespace {
+
+// lane j = the sum of a[j]'s 8 lanes: 8 horizontal sums in 6 hadds, 2 lane swaps and an add
+inline __m256 sum8x8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+// Scores of query head qh against the keys at rows[0..cnt) + head (cnt <= 8): 8 independent FMA chains, one
+// per position, then one 8-way reduction instead of 8 horizontal sums.
+inline void scores8(const float* qh, const float* const* rows, int64_t head, int cnt, int64_t D, float scale,
+                    float* dst) {
+  __m256 acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(qh + d);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j] + head + d), acc[j]);
+  }
+  alignas(32) float out[8];
+  _mm256_store_ps(out, _mm256_mul_ps(sum8x8(acc), _mm256_set1_ps(scale)));
+  for (int j = 0; j < cnt; ++j) dst[j] = out[j];
+}
+
+// out[0..D) += Σ_i p[i] · (rows[i] + head)[0..D) over n positions, 64 columns at a time in 8 registers.
+inline void weighted_sum(const float* p, const float* const* rows, int64_t head, int64_t n, int64_t D,
+                         float* out) {
+  for (int64_t c = 0; c < D; c += 64) {
+    const int nv = static_cast<int>(std::min<int64_t>(64, D - c) / 8);
+    __m256 o[8];
+    for (int v = 0; v < nv; ++v) o[v] = _mm256_loadu_ps(out + c + 8 * v);
+    for (int64_t i = 0; i < n; ++i) {
+      const __m256 pv = _mm256_set1_ps(p[i]);
+      const float* r = rows[i] + head + c;
+      if (nv == 8) {
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; ++v) o[v] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(r + 8 * v), o[v]);
+      } else {
+        for (int v = 0; v < nv; ++v) o[v] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(r + 8 * v), o[v]);
+      }
+    }
+    for (int v = 0; v < nv; ++v) _mm256_storeu_ps(out + c + 8 * v, o[v]);
+  }
+}
+
+}  // namespace
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv_cache, torch::Tensor block_tables,
                            torch::Tensor seq_lens, double scale, int64_t window) {
@@ -32,15 +81,16 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv_cache, torch::Tenso
   const int64_t* sl = seq_lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
+  const bool vectorized = D % 8 == 0;  // else the plain loops below (the compiler vectorizes what it can)
 
-  // Work item = one sequence: each K/V row (all KV heads of one position, contiguous) is streamed
-  // once, front to back through each block, which keeps the hardware prefetcher busy. Splitting
-  // by head read each row in pieces and ran latency-bound on a cold cache, so heads are split only
-  // when there are fewer sequences than threads (batch 1 would otherwise leave all but one core idle):
-  // then each item is one sequence and a contiguous range of KV heads.
+  // Work item = one sequence, or, when there are fewer sequences than threads (batch 1 would otherwise leave
+  // all but one core idle), one sequence and a contiguous range of KV heads. A head's computation is the same
+  // either way, so results do not depend on the batch.
   const int64_t splits = B >= at::get_num_threads() ? 1 : std::min<int64_t>(Hkv, at::get_num_threads());
   at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;  // [Hq, n]: this sequence's scores, then probabilities
+    std::vector<float> scores;        // [Hq, n]: this sequence's scores, then probabilities
+    std::vector<int64_t> row_offset;  // [n]: where each visible position's K/V row starts in its cache half
+    std::vector<const float*> rows;   // [n]: those rows for one head (K in pass 1, V in pass 3)
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / splits, part = item % splits;
       const int64_t h0 = Hkv * part / splits * G, h1 = Hkv * (part + 1) / splits * G;  // query heads
@@ -48,21 +98,34 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv_cache, torch::Tenso
       const int64_t start = window > 0 ? std::max<int64_t>(0, L - window) : 0;
       const int64_t n = L - start;
       scores.resize(Hq * n);
+      row_offset.resize(n);
+      rows.resize(n + 8);
+      for (int64_t t = start; t < L; ++t)
+        row_offset[t - start] = (bt[b * max_blocks + t / BS] * BS + t % BS) * Hkv * D;
       const float* qb = qp + b * Hq * D;
-      // Pass 1: scores q·k for every visible key.
-      for (int64_t t = start; t < L; ++t) {
-        const int64_t blk = bt[b * max_blocks + t / BS];
-        const float* krow = kp + (blk * BS + t % BS) * Hkv * D;
-        for (int64_t hq = h0; hq < h1; ++hq) {
-          const float* qh = qb + hq * D;
-          const float* kr = krow + (hq / G) * D;
-          float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += qh[d] * kr[d];
-          scores[hq * n + (t - start)] = dot * fscale;
+      float* ob = op + b * Hq * D;
+      // Pass 1: scores q·k for every visible key, 8 positions at a time: their rows (all KV heads of a position,
+      // contiguous) are read front to back once and serve every query head. Pass 2: softmax per query head
+      // (a contiguous loop, so the exps vectorize). Pass 3: out = P·V, in the same order.
+      if (vectorized) {
+        for (int64_t i = 0; i < n; ++i) rows[i] = kp + row_offset[i];
+        for (int64_t i = n; i < n + 8; ++i) rows[i] = rows[0];  // padding for the last group of 8
+        for (int64_t i = 0; i < n; i += 8) {
+          const int cnt = static_cast<int>(std::min<int64_t>(8, n - i));
+          for (int64_t hq = h0; hq < h1; ++hq)
+            scores8(qb + hq * D, rows.data() + i, (hq / G) * D, cnt, D, fscale, scores.data() + hq * n + i);
         }
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t hq = h0; hq < h1; ++hq) {
+            const float* qh = qb + hq * D;
+            const float* kr = kp + row_offset[i] + (hq / G) * D;
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t d = 0; d < D; ++d) dot += qh[d] * kr[d];
+            scores[hq * n + i] = dot * fscale;
+          }
       }
-      // Pass 2: softmax per query head; a contiguous loop so the exps vectorize.
       for (int64_t hq = h0; hq < h1; ++hq) {
         float* sh = scores.data() + hq * n;
         float mx = sh[0];
@@ -76,19 +139,23 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv_cache, torch::Tenso
         const float inv = 1.f / sum;
         for (int64_t j = 0; j < n; ++j) sh[j] *= inv;
       }
-      // Pass 3: out = P·V.
-      float* ob = op + b * Hq * D;
       std::fill(ob + h0 * D, ob + h1 * D, 0.f);
-      for (int64_t t = start; t < L; ++t) {
-        const int64_t blk = bt[b * max_blocks + t / BS];
-        const float* vrow = vp + (blk * BS + t % BS) * Hkv * D;
-        for (int64_t hq = h0; hq < h1; ++hq) {
-          const float p = scores[hq * n + (t - start)];
-          const float* vr = vrow + (hq / G) * D;
-          float* oh = ob + hq * D;
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) oh[d] += p * vr[d];
+      if (vectorized) {
+        for (int64_t i = 0; i < n; ++i) rows[i] = vp + row_offset[i];
+        for (int64_t i = 0; i < n; i += 8) {
+          const int64_t cnt = std::min<int64_t>(8, n - i);
+          for (int64_t hq = h0; hq < h1; ++hq)
+            weighted_sum(scores.data() + hq * n + i, rows.data() + i, (hq / G) * D, cnt, D, ob + hq * D);
         }
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t hq = h0; hq < h1; ++hq) {
+            const float p = scores[hq * n + i];
+            const float* vr = vp + row_offset[i] + (hq / G) * D;
+            float* oh = ob + hq * D;
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) oh[d] += p * vr[d];
+          }
       }
     }
   });
