@@ -13,14 +13,17 @@ import pytest
 from forwardpass.assets import default_llm_path
 from tests.helpers.server import ServerProcess
 
-NUM_BLOCKS = 48
+NUM_BLOCKS = 96  # of 16 tokens: room for the browser test's four 320-token requests
 LIVE_IDS = ("requests-running", "requests-waiting", "kv-blocks-used", "tokens-per-s")
 
 
 @pytest.fixture(scope="module")
 def server():
+    # --fair-share-tokens 0: first come, first served, so a request beyond the 4 seats waits until one frees;
+    # with fair sharing a newcomer is swapped in within a few steps (~0.3 s here), shorter than the page's
+    # refresh, and the browser test could miss every waiting request (a CI failure)
     with ServerProcess(default_llm_path(), "--num-kv-blocks", str(NUM_BLOCKS), "--max-num-seqs", "4",
-                       "--engine-backend", "process") as srv:
+                       "--fair-share-tokens", "0", "--engine-backend", "process") as srv:
         yield srv
 
 
@@ -90,8 +93,15 @@ def test_dashboard_in_a_real_browser(server):
             assert time.monotonic() < deadline, "the page never got a state"
             time.sleep(0.1)
         before = numbers()
-        threads = _load(server.url, 6, 96)  # more than --max-num-seqs 4: some wait
         peak = dict(before)
+        # Four long requests take the four seats (--max-num-seqs 4); once the page shows them running, two more
+        # wait for seconds, until the first of them ends.
+        threads = _load(server.url, 4, 320)
+        deadline = time.monotonic() + 30
+        while numbers()["requests-running"] < 4:
+            assert time.monotonic() < deadline, f"the page never showed 4 running requests: {numbers()}"
+            time.sleep(0.1)
+        threads += _load(server.url, 2, 24)
         shot_taken = False
         while any(t.is_alive() for t in threads):
             now = numbers()
@@ -104,7 +114,7 @@ def test_dashboard_in_a_real_browser(server):
         for t in threads:
             t.join()
         assert peak["requests-running"] > 0 and peak["kv-blocks-used"] > 0 and peak["tokens-per-s"] > 0, peak
-        assert peak["requests-waiting"] > 0, peak  # 6 requests, 4 seats
+        assert peak["requests-waiting"] > 0, peak
         deadline = time.monotonic() + 20
         while any(numbers().values()):
             assert time.monotonic() < deadline, f"the numbers did not return to idle: {numbers()}"

@@ -45,7 +45,6 @@ def host_isa() -> str:
 AMX_CPU_FLAGS = {"amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c", "fma"}
 AMX_FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c", "-mfma", "-mamx-tile",
              "-mamx-bf16", "-fopenmp")  # fmt: skip
-GEMM_PATHS = ("amx", "bf16", "fp32")
 
 
 def gemm_path(flags: frozenset[str]) -> str:

@@ -27,7 +27,7 @@ BF16_GEMM_ROWS = 32
 AMX_ROWS = 16
 #: ... up to this many rows; above, dequantizing the whole matrix once and oneDNN's bf16 GEMM win (its blocking
 #: for activations beyond L2; measured at 128-4096 rows: the kernel 1.4-2x faster to 512 rows, even at 1024-2048
-#: on 0.6B shapes, 0.65x at 4096 on the 41M model's)
+#: on 0.6B shapes, 0.85x at 2048 and 0.65x at 4096 on the 41M model's)
 AMX_MAX_ROWS = 1024
 GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary fp32 copy, e.g. of an LM head)
 

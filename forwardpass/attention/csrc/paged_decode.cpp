@@ -90,7 +90,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv_cache, torch::Tenso
   at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;        // [Hq, n]: this sequence's scores, then probabilities
     std::vector<int64_t> row_offset;  // [n]: where each visible position's K/V row starts in its cache half
-    std::vector<const float*> rows;   // [n]: those rows for one head (K in pass 1, V in pass 3)
+    std::vector<const float*> rows;   // [n + 8]: those rows (K in pass 1, V in pass 3), padded to a multiple of 8
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / splits, part = item % splits;
       const int64_t h0 = Hkv * part / splits * G, h1 = Hkv * (part + 1) / splits * G;  // query heads
