@@ -1,6 +1,6 @@
 """Building the C++ kernels (torch ``cpp_extension``): one place for what every kernel needs.
 
-* **A name per source and flags**: the build folder is ``NAME_<hash of the source and flags>``, so a
+* **A name per source and flags**: the build folder is ``NAME_<hash of the source, its headers and flags>``, so a
   changed kernel or flag never reuses (or silently re-versions) an old build, and "is it built?" is one
   file check.
 * **Portable flags**: exactly the instruction sets the intrinsics need (``-mavx2 -mfma``), never
@@ -60,10 +60,12 @@ class CppKernel:
     ldflags: tuple[str, ...] = ()
     what: str = "a C++ kernel"  # for people: "the C++ paged-decode kernel"
     expected_s: int = 30
+    headers: tuple[Path, ...] = ()  # local headers the source includes: part of the build's name too
 
     @property
     def build_name(self) -> str:
-        digest = hashlib.sha256(self.source.read_bytes() + " ".join(self.cflags + self.ldflags).encode())
+        code = self.source.read_bytes() + b"".join(h.read_bytes() for h in self.headers)
+        digest = hashlib.sha256(code + " ".join(self.cflags + self.ldflags).encode())
         return f"{self.name}_{digest.hexdigest()[:10]}"
 
     def build_dir(self) -> Path:

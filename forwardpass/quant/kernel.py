@@ -21,6 +21,7 @@ from forwardpass.kernel_build import CppKernel, cpu_flags, pick_isa
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "quant_matmul.cpp"
+HEADER = SOURCE.with_name("block_weights.h")  # the weight layout and its argument checks, shared by both kernels
 # no -ffast-math: the activation quantization must round exactly like the reference's float ops.
 AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 # VNNI's vpdpbusd does 64 int8 products per instruction (AVX2: 32 in three): chosen when this CPU has it
@@ -32,7 +33,7 @@ def kernel_for(isa: str) -> CppKernel:
     """The build of the kernel for ``isa`` ("avx2" or "avx512vnni"); each has its own build folder."""
     return CppKernel(
         f"forwardpass_quant_matmul_{isa}", SOURCE, cflags=AVX512_FLAGS if isa == "avx512vnni" else AVX2_FLAGS,
-        ldflags=("-fopenmp",), what=f"the C++ quantized-matmul kernel ({isa})", expected_s=40,
+        ldflags=("-fopenmp",), what=f"the C++ quantized-matmul kernel ({isa})", expected_s=40, headers=(HEADER,),
     )  # fmt: skip
 
 
@@ -68,7 +69,7 @@ def gemm_path(flags: frozenset[str]) -> str:
 
 AMX_KERNEL = CppKernel(
     "forwardpass_quant_amx", SOURCE.with_name("amx_matmul.cpp"), cflags=AMX_FLAGS, ldflags=("-fopenmp",),
-    what="the C++ AMX quantized-matmul kernel", expected_s=30,
+    what="the C++ AMX quantized-matmul kernel", expected_s=30, headers=(HEADER,),
 )  # fmt: skip
 _amx_module = None
 _amx_failed = False

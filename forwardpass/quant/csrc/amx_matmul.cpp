@@ -24,6 +24,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "block_weights.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -31,7 +33,6 @@
 
 namespace {
 
-constexpr int64_t QK = 32;   // weights per quantization block = K values per tile
 constexpr int64_t TM = 16;   // rows of a tile
 constexpr int64_t NBLK = 32; // weight rows dequantized and multiplied together (two A tiles)
 constexpr int64_t MBLK = 32; // activation rows per pass (two B tiles)
@@ -142,16 +143,8 @@ inline void store_transposed(const float* c, float* y, int64_t N, int64_t m0, in
 template <bool Q4>
 torch::Tensor amx_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
   TORCH_CHECK(request_amx(), "the kernel may not use AMX tiles (arch_prctl refused)");
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be a 2-D float32 tensor");
-  TORCH_CHECK(wd.dtype() == torch::kFloat16 && wd.dim() == 2, "scales must be a 2-D float16 tensor");
-  TORCH_CHECK(wq.dtype() == (Q4 ? torch::kUInt8 : torch::kInt8), Q4 ? "Q4_0 values must be uint8" : "Q8_0 values must be int8");
-  x = x.contiguous();
-  wq = wq.contiguous();
-  wd = wd.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = wq.size(0), nb = wd.size(1);
-  TORCH_CHECK(wd.size(0) == N && nb * QK >= K && (nb - 1) * QK < K, "scales do not match K=", K);
-  const int64_t w_stride = Q4 ? nb * QK / 2 : nb * QK;
-  TORCH_CHECK(wq.size(1) == w_stride, "packed weight row has ", wq.size(1), " bytes, expected ", w_stride);
+  const BlockMatmulShape shape = check_block_matmul<Q4>(x, wq, wd);  // QK (32) = K values per tile, too
+  const int64_t M = shape.M, K = shape.K, N = shape.N, nb = shape.nb, w_stride = shape.w_stride;
   auto out = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   const int64_t Kp = nb * QK, mgroups = (M + MBLK - 1) / MBLK, mtiles = mgroups * (MBLK / TM);

@@ -15,13 +15,13 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "block_weights.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 namespace {
-
-constexpr int64_t QK = 32;  // weights per block
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -321,16 +321,8 @@ void over_tiles(int64_t M, int64_t N, Rows&& rows) {
 
 template <bool Q4>
 torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be a 2-D float32 tensor");
-  TORCH_CHECK(wd.dtype() == torch::kFloat16 && wd.dim() == 2, "scales must be a 2-D float16 tensor");
-  TORCH_CHECK(wq.dtype() == (Q4 ? torch::kUInt8 : torch::kInt8), Q4 ? "Q4_0 values must be uint8" : "Q8_0 values must be int8");
-  x = x.contiguous();
-  wq = wq.contiguous();
-  wd = wd.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = wq.size(0), nb = wd.size(1);
-  TORCH_CHECK(wd.size(0) == N && nb * QK >= K && (nb - 1) * QK < K, "scales do not match K=", K);
-  const int64_t w_stride = Q4 ? nb * QK / 2 : nb * QK;
-  TORCH_CHECK(wq.size(1) == w_stride, "packed weight row has ", wq.size(1), " bytes, expected ", w_stride);
+  const BlockMatmulShape shape = check_block_matmul<Q4>(x, wq, wd);
+  const int64_t M = shape.M, K = shape.K, N = shape.N, nb = shape.nb, w_stride = shape.w_stride;
   auto out = torch::empty({M, N}, x.options());
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
   if (M >= 1) {  // every batch the caller sends here (prefill-sized ones go to a float GEMM, weight.py)
