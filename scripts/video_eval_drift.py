@@ -33,7 +33,7 @@ from forwardpass.diffusion.quality import load_classifier
 from forwardpass.diffusion.video import DEFAULT_VIDEO_MODEL_DIR
 from forwardpass.diffusion.video.moving_digits import render, trajectory
 from forwardpass.diffusion.video.pipeline import VideoPipeline
-from forwardpass.diffusion.video.quality import clip_metrics, eval_prompts
+from forwardpass.diffusion.video.quality import clip_metrics, eval_prompts, generate_clips
 
 
 def real_clips(n: int, frames: int, digits: list[int], dirs: list[str]) -> np.ndarray:
@@ -70,7 +70,7 @@ def main() -> None:
     classifier = load_classifier(DEFAULT_MODEL_DIR / "eval_classifier")
     frames = args.frames or pipe.defaults["num_frames"]
     seeds = [int(s) for s in args.seeds.split(",")]
-    prompts, digits, dirs = eval_prompts(args.clips)
+    _, digits, dirs = eval_prompts(args.clips)
     results: dict = {"clips": args.clips * len(seeds), "frames": frames, "seeds": seeds,
                      "steps": args.steps or pipe.defaults["num_inference_steps"],
                      "guidance_scale": pipe.defaults["guidance_scale"]}  # fmt: skip
@@ -80,12 +80,8 @@ def main() -> None:
         t0 = time.time()
         clips, kept = [], []
         for seed in seeds:
-            generator = torch.Generator().manual_seed(seed)
-            clips.append(np.concatenate([
-                pipe(prompts[i : i + 10], generator=generator, framewise=framewise, num_inference_steps=args.steps,
-                     num_frames=frames, output_type="np", show_progress=False).frames[..., 0]
-                for i in range(0, args.clips, 10)
-            ]))  # fmt: skip
+            clips.append(generate_clips(pipe, args.clips, framewise=framewise, seed=seed, batch_size=10,
+                                        num_inference_steps=args.steps, num_frames=frames))  # fmt: skip
             kept.append(clip_metrics(classifier, clips[-1], digits, dirs)["kept"])
         results[name] = {
             **clip_metrics(classifier, np.concatenate(clips), digits * len(seeds), dirs * len(seeds)),

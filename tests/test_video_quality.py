@@ -110,16 +110,15 @@ def _drift(n: int, steps: int, seeds: list[int]) -> dict[str, dict]:
     from forwardpass.diffusion.quality import load_classifier
     from forwardpass.diffusion.video import DEFAULT_VIDEO_MODEL_DIR
     from forwardpass.diffusion.video.pipeline import VideoPipeline
-    from forwardpass.diffusion.video.quality import clip_metrics, eval_prompts
+    from forwardpass.diffusion.video.quality import clip_metrics, eval_prompts, generate_clips
 
     torch.set_num_threads(1)
     pipe = VideoPipeline.from_pretrained(DEFAULT_VIDEO_MODEL_DIR)
     judge = load_classifier(DEFAULT_MODEL_DIR / "eval_classifier")
-    prompts, digits, dirs = eval_prompts(n)
+    _, digits, dirs = eval_prompts(n)
     out = {}
     for name, framewise in (("whole", False), ("framewise", True)):
-        clips = [pipe(prompts, generator=torch.Generator().manual_seed(seed), framewise=framewise,
-                      num_inference_steps=steps, output_type="np", show_progress=False).frames[..., 0]
+        clips = [generate_clips(pipe, n, framewise=framewise, seed=seed, batch_size=n, num_inference_steps=steps)
                  for seed in seeds]  # fmt: skip
         out[name] = clip_metrics(judge, np.concatenate(clips), digits * len(seeds), dirs * len(seeds))
     return out

@@ -97,14 +97,23 @@ def clip_metrics(classifier: DigitClassifier, frames: np.ndarray, digits: list[i
     }
 
 
-def evaluate(pipe: Any, classifier: DigitClassifier, n: int = 40, *, framewise: bool = False, seed: int = 0,
-             batch_size: int = 10, **call_kwargs: Any) -> dict:  # fmt: skip
-    """Generate ``n`` clips (``eval_prompts``) whole-clip or frame by frame and measure them."""
-    prompts, digits, dirs = eval_prompts(n)
+def generate_clips(pipe: Any, n: int, *, framewise: bool = False, seed: int = 0, batch_size: int = 10,
+                   **call_kwargs: Any) -> np.ndarray:  # fmt: skip
+    """The ``n`` evaluation prompts' clips (``eval_prompts``), whole-clip or frame by frame: one generator seeded
+    with ``seed`` drawn through batches of ``batch_size`` prompts; [n, frames, H, W] in [0, 1]."""
+    prompts = eval_prompts(n)[0]
     generator = torch.Generator().manual_seed(seed)
     clips = []
     for start in range(0, n, batch_size):
         out = pipe(prompts[start : start + batch_size], generator=generator, output_type="np", framewise=framewise,
                    show_progress=False, **call_kwargs)  # fmt: skip
         clips.append(out.frames[..., 0])
-    return clip_metrics(classifier, np.concatenate(clips), digits, dirs)
+    return np.concatenate(clips)
+
+
+def evaluate(pipe: Any, classifier: DigitClassifier, n: int = 40, *, framewise: bool = False, seed: int = 0,
+             batch_size: int = 10, **call_kwargs: Any) -> dict:  # fmt: skip
+    """Generate ``n`` clips (``eval_prompts``) whole-clip or frame by frame and measure them."""
+    _, digits, dirs = eval_prompts(n)
+    clips = generate_clips(pipe, n, framewise=framewise, seed=seed, batch_size=batch_size, **call_kwargs)
+    return clip_metrics(classifier, clips, digits, dirs)
