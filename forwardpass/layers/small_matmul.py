@@ -21,8 +21,6 @@ SOURCE = Path(__file__).with_name("csrc") / "small_matmul.cpp"
 AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 AVX512_FLAGS = (*AVX2_FLAGS, "-mavx512f")
 
-#: Rows up to which the kernel beats oneDNN/MKL (measured with benchmarks/small_matmul.py).
-MAX_ROWS = 32
 
 
 def kernel_for(isa: str) -> CppKernel:
@@ -37,6 +35,10 @@ def host_isa() -> str:
     """``FORWARDPASS_MATMUL_ISA=avx2`` forces the AVX2 build on an AVX-512 CPU."""
     return pick_isa("FORWARDPASS_MATMUL_ISA", "avx512", {"avx512f"}, cpu_flags())
 
+
+#: Rows up to which the kernel beats oneDNN/MKL (measured with benchmarks/small_matmul.py): the AVX-512 build's
+#: broadcast kernel for 17-64 rows holds on to 64, the AVX2 build to 32.
+MAX_ROWS = 64 if host_isa() == "avx512" else 32
 
 _module = None
 _failed = False

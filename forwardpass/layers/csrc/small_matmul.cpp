@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace {
 
@@ -53,11 +54,16 @@ constexpr int MR_MAX = 2;  // 8 accumulators + 4 weight vectors + 1 of the 16 AV
 
 constexpr int NR = 4;        // weight rows per register block
 constexpr int64_t NT = 16;   // weight rows per thread tile
+#if defined(__AVX512F__)
+constexpr int64_t BCAST_ROWS = 17;  // from this many rows on, the broadcast kernel below
+#endif
 
 // Rows m..m+MR of x against weight rows n..n+NRB: the register block.
+// `next` (or null): the same rows of the thread's next tile, prefetched into L2 line by line as this block
+// reads its own, so the next tile streams in from memory while this one computes.
 template <int MR, int NRB>
 inline void block(const float* x, int64_t K, const float* w, int64_t m, int64_t n, const float* bias, float* y,
-                  int64_t N) {
+                  int64_t N, const float* next) {
   typename Vec::T acc[MR][NRB];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NRB; ++j) acc[i][j] = Vec::zero();
@@ -67,6 +73,10 @@ inline void block(const float* x, int64_t K, const float* w, int64_t m, int64_t 
   for (int j = 0; j < NRB; ++j) wr[j] = w + (n + j) * K;
   const int64_t kv = K / Vec::L * Vec::L;
   for (int64_t k = 0; k < kv; k += Vec::L) {
+#ifndef NO_PF
+    if (next != nullptr)
+      for (int j = 0; j < NRB; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * K + k), _MM_HINT_T1);
+#endif
     typename Vec::T wv[NRB];
     for (int j = 0; j < NRB; ++j) wv[j] = Vec::load(wr[j] + k);
     for (int i = 0; i < MR; ++i) {
@@ -84,16 +94,180 @@ inline void block(const float* x, int64_t K, const float* w, int64_t m, int64_t 
 
 template <int MR>
 inline void rows(const float* x, int64_t K, const float* w, int64_t m, int64_t n0, int64_t n1, const float* bias,
-                 float* y, int64_t N) {
+                 float* y, int64_t N, bool prefetch) {
   int64_t n = n0;
-  for (; n + NR <= n1; n += NR) block<MR, NR>(x, K, w, m, n, bias, y, N);
+  // the first group of activation rows over a tile fetches the next one (rows NT further on)
+  auto next = [&](int64_t r) { return prefetch && r + NT < N ? w + (r + NT) * K : nullptr; };
+  for (; n + NR <= n1; n += NR) block<MR, NR>(x, K, w, m, n, bias, y, N, next(n));
   switch (n1 - n) {
-    case 3: block<MR, 3>(x, K, w, m, n, bias, y, N); break;
-    case 2: block<MR, 2>(x, K, w, m, n, bias, y, N); break;
-    case 1: block<MR, 1>(x, K, w, m, n, bias, y, N); break;
+    case 3: block<MR, 3>(x, K, w, m, n, bias, y, N, next(n)); break;
+    case 2: block<MR, 2>(x, K, w, m, n, bias, y, N, next(n)); break;
+    case 1: block<MR, 1>(x, K, w, m, n, bias, y, N, next(n)); break;
     default: break;
   }
 }
+
+#if defined(__AVX512F__)
+// ---- batches of 16+ rows (AVX-512 build): activations transposed, weights broadcast ---------------------
+//
+// The dot-product blocks above keep partial sums of different k in the lanes: every FMA needs a weight vector
+// and an activation vector, and the weight tile is re-read from L2 for each group of 4 activation rows. From 16
+// rows on that re-reading bounds it (~55% of the FMA units' peak). Here the lanes hold 16 activation ROWS
+// instead: x is transposed once per call into xt [K][16·MV] (MV = 1..4 vectors = up to 64 rows), and each
+// weight w[n][k] is broadcast from memory straight into its FMA (the load is part of the instruction), against
+// the MV vectors of xt[k]: NR weight rows × MV vectors = 24 accumulators (12 for one vector), so per k one or a
+// few vector loads feed NR·MV FMAs. Weights are still read in their checkpoint layout, nothing packed, and
+// each weight row is prefetched a few lines ahead (the hardware prefetcher loses track of 6-12 rows that
+// start a new 4 KB page each).
+//
+// Outputs: the accumulators hold y[m][n] with m along the lanes, so they are stored to a small buffer and
+// gathered out row by row. Sums run in k order per output (one fp32 FMA chain), like ``x @ W.T``'s naive
+// definition; the library GEMMs split k differently, so results agree to rounding.
+namespace bcast {
+
+constexpr int64_t L = 16;      // lanes: activation rows per vector
+constexpr int MV_MAX = 4;      // vectors per block: 64 activation rows
+constexpr int64_t PF = 64;     // prefetch distance along a weight row, floats (4 cache lines)
+constexpr int64_t PANEL_BYTES = 512 * 1024;  // weight rows a thread keeps in L2 across row blocks
+
+// weight rows per register block for a block of MV vectors: NR·MV accumulators (24, or 12 for one vector:
+// enough independent chains to cover the FMA latency) + MV activation vectors + a broadcast
+constexpr int nr_for(int mv) { return mv == 1 ? 12 : mv == 2 ? 12 : mv == 3 ? 8 : 6; }
+
+// c[j][v·16 + lane] = Σ_k xt[k][v·16 + lane] · w[j][k] for j < NR, v < MV (w rows ldw floats apart)
+template <int MV, int NR>
+inline void micro(const float* __restrict xt, const float* __restrict w, int64_t ldw, int64_t K, float* __restrict c) {
+  __m512 acc[NR][MV];
+  for (int j = 0; j < NR; ++j)
+    for (int v = 0; v < MV; ++v) acc[j][v] = _mm512_setzero_ps();
+  auto step = [&](int64_t k) {
+    __m512 xv[MV];
+    for (int v = 0; v < MV; ++v) xv[v] = _mm512_loadu_ps(xt + k * MV * L + v * L);
+    for (int j = 0; j < NR; ++j) {
+      const __m512 b = _mm512_set1_ps(w[j * ldw + k]);
+      for (int v = 0; v < MV; ++v) acc[j][v] = _mm512_fmadd_ps(xv[v], b, acc[j][v]);
+    }
+  };
+  int64_t k = 0;
+  for (; k + L <= K; k += L) {
+    for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + j * ldw + k + PF), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int64_t kk = k; kk < k + L; ++kk) step(kk);
+  }
+  for (; k < K; ++k) step(k);
+  for (int j = 0; j < NR; ++j)
+    for (int v = 0; v < MV; ++v) _mm512_store_ps(c + (j * MV + v) * L, acc[j][v]);
+}
+
+// 16×16 transpose in registers: r[i] = row i in, column i out
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int s = 0; s < 4; ++s) {
+    const __m512 v = _mm512_shuffle_f32x4(r[s], r[4 + s], 0x88), w = _mm512_shuffle_f32x4(r[8 + s], r[12 + s], 0x88);
+    const __m512 v2 = _mm512_shuffle_f32x4(r[s], r[4 + s], 0xDD), w2 = _mm512_shuffle_f32x4(r[8 + s], r[12 + s], 0xDD);
+    t[s] = _mm512_shuffle_f32x4(v, w, 0x88);
+    t[4 + s] = _mm512_shuffle_f32x4(v2, w2, 0x88);
+    t[8 + s] = _mm512_shuffle_f32x4(v, w, 0xDD);
+    t[12 + s] = _mm512_shuffle_f32x4(v2, w2, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+inline __mmask16 first(int64_t n) { return n >= 16 ? 0xFFFF : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1); }
+
+// One block of activation rows: x rows r0..r0+rows (rows ≤ 64) → xt [K][16·mv], rows past `rows` zero.
+inline void transpose_block(const float* x, int64_t K, int64_t r0, int64_t rows, int mv, float* xt) {
+  __m512 r[16];
+  for (int v = 0; v < mv; ++v) {
+    const int64_t here = std::min<int64_t>(L, rows - v * L);  // real rows in this vector (may be ≤ 0)
+    for (int64_t k0 = 0; k0 < K; k0 += L) {
+      const __mmask16 cols = first(K - k0);
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < here ? _mm512_maskz_loadu_ps(cols, x + (r0 + v * L + i) * K + k0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int t = 0; t < 16 && k0 + t < K; ++t) _mm512_storeu_ps(xt + (k0 + t) * mv * L + v * L, r[t]);
+    }
+  }
+}
+
+// c [NR][16·mv] → y[r0 + m][n0 + j] (+ bias) for m < rows, j < cols
+inline void store_block(const float* c, int nr, int mv, int64_t rows, int64_t cols, const float* bias, float* y,
+                        int64_t N, int64_t r0, int64_t n0) {
+  const __mmask16 mask = first(cols);
+  const __m512i lane = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(static_cast<int>(mv * L)));
+  const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+  (void)nr;
+  for (int64_t m = 0; m < rows; ++m) {
+    const __m512 row = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, lane, c + m, 4);
+    _mm512_mask_storeu_ps(y + (r0 + m) * N + n0, mask, _mm512_add_ps(row, b));
+  }
+}
+
+template <int NR>
+inline void micro_any(int mv, const float* xt, const float* w, int64_t ldw, int64_t K, float* c) {
+  switch (mv) {
+    case 1: micro<1, NR>(xt, w, ldw, K, c); break;
+    case 2: micro<2, NR>(xt, w, ldw, K, c); break;
+    case 3: micro<3, NR>(xt, w, ldw, K, c); break;
+    default: micro<4, NR>(xt, w, ldw, K, c); break;
+  }
+}
+
+template <int NR>
+void gemm(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N) {
+  const int64_t rblocks = (M + MV_MAX * L - 1) / (MV_MAX * L);
+  const int64_t xt_block = K * MV_MAX * L;  // floats per transposed row block
+  std::vector<float> xt(rblocks * xt_block);
+  at::parallel_for(0, rblocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t rows = std::min<int64_t>(MV_MAX * L, M - b * MV_MAX * L);
+      transpose_block(x, K, b * MV_MAX * L, rows, static_cast<int>((rows + L - 1) / L), xt.data() + b * xt_block);
+    }
+  });
+  const int64_t nblocks = (N + NR - 1) / NR;
+  // a thread's weight rows in panels that stay in L2 while every row block passes over them
+  const int64_t panel = std::max<int64_t>(1, PANEL_BYTES / (NR * K * 4));
+  at::parallel_for(0, nblocks, 1, [&](int64_t q0, int64_t q1) {
+    alignas(64) float c[NR * MV_MAX * L];
+    std::vector<float> wpad;  // the last weight rows padded to NR (N not a multiple of NR)
+    for (int64_t p0 = q0; p0 < q1; p0 += panel) {
+      const int64_t p1 = std::min(q1, p0 + panel);
+      for (int64_t rb = 0; rb < rblocks; ++rb) {
+        const int64_t r0 = rb * MV_MAX * L, rows = std::min<int64_t>(MV_MAX * L, M - r0);
+        const int mv = static_cast<int>((rows + L - 1) / L);
+        for (int64_t q = p0; q < p1; ++q) {
+          const int64_t n0 = q * NR, cols = std::min<int64_t>(NR, N - n0);
+          const float* wq = w + n0 * K;
+          if (cols < NR) {
+            if (wpad.empty()) {
+              wpad.assign(NR * K, 0.f);
+              std::copy(wq, wq + cols * K, wpad.begin());
+            }
+            wq = wpad.data();
+          }
+          micro_any<NR>(mv, xt.data() + rb * xt_block, wq, K, K, c);
+          store_block(c, NR, mv, rows, cols, bias, y, N, r0, n0);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace bcast
+#endif
 
 }  // namespace
 
@@ -113,18 +287,30 @@ torch::Tensor small_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch
   const float* wp = w.data_ptr<float>();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
+#if defined(__AVX512F__)
+  if (M >= BCAST_ROWS && K > 0) {
+    if (M <= 2 * bcast::L) {
+      bcast::gemm<bcast::nr_for(2)>(xp, wp, bp, yp, M, K, N);
+    } else if (M <= 3 * bcast::L) {
+      bcast::gemm<bcast::nr_for(3)>(xp, wp, bp, yp, M, K, N);
+    } else {
+      bcast::gemm<bcast::nr_for(4)>(xp, wp, bp, yp, M, K, N);
+    }
+    return y;
+  }
+#endif
   at::parallel_for(0, (N + NT - 1) / NT, 1, [&](int64_t t_begin, int64_t t_end) {
     for (int64_t t = t_begin; t < t_end; ++t) {
       const int64_t n0 = t * NT, n1 = std::min(N, n0 + NT);
       int64_t m = 0;
-      for (; m + MR_MAX <= M; m += MR_MAX) rows<MR_MAX>(xp, K, wp, m, n0, n1, bp, yp, N);
+      for (; m + MR_MAX <= M; m += MR_MAX) rows<MR_MAX>(xp, K, wp, m, n0, n1, bp, yp, N, m == 0);
       if constexpr (MR_MAX > 3) {
-        if (M - m == 3) rows<3>(xp, K, wp, m, n0, n1, bp, yp, N);
+        if (M - m == 3) rows<3>(xp, K, wp, m, n0, n1, bp, yp, N, m == 0);
       }
       if constexpr (MR_MAX > 2) {
-        if (M - m == 2) rows<2>(xp, K, wp, m, n0, n1, bp, yp, N);
+        if (M - m == 2) rows<2>(xp, K, wp, m, n0, n1, bp, yp, N, m == 0);
       }
-      if (M - m == 1) rows<1>(xp, K, wp, m, n0, n1, bp, yp, N);
+      if (M - m == 1) rows<1>(xp, K, wp, m, n0, n1, bp, yp, N, m == 0);
     }
   });
   return y;
