@@ -28,6 +28,7 @@ def kernel_for(isa: str) -> CppKernel:
     return CppKernel(
         f"forwardpass_small_matmul_{isa}", SOURCE, cflags=AVX512_FLAGS if isa == "avx512" else AVX2_FLAGS,
         ldflags=("-fopenmp",), what=f"the C++ small-batch matmul kernel ({isa})", expected_s=20,
+        headers=(SOURCE.with_name("transpose16.h"),),
     )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "quant_matmul.cpp"
 HEADER = SOURCE.with_name("block_weights.h")  # the weight layout and its argument checks, shared by both kernels
+TRANSPOSE_HEADER = Path(__file__).parent.parent / "layers" / "csrc" / "transpose16.h"  # the AMX kernel's stores
 # no -ffast-math: the activation quantization must round exactly like the reference's float ops.
 AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 # VNNI's vpdpbusd does 64 int8 products per instruction (AVX2: 32 in three): chosen when this CPU has it
@@ -69,7 +70,7 @@ def gemm_path(flags: frozenset[str]) -> str:
 
 AMX_KERNEL = CppKernel(
     "forwardpass_quant_amx", SOURCE.with_name("amx_matmul.cpp"), cflags=AMX_FLAGS, ldflags=("-fopenmp",),
-    what="the C++ AMX quantized-matmul kernel", expected_s=30, headers=(HEADER,),
+    what="the C++ AMX quantized-matmul kernel", expected_s=30, headers=(HEADER, TRANSPOSE_HEADER),
 )  # fmt: skip
 _amx_module = None
 _amx_failed = False

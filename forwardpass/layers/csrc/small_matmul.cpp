@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -109,6 +110,8 @@ inline void rows(const float* x, int64_t K, const float* w, int64_t m, int64_t n
 }
 
 #if defined(__AVX512F__)
+#include "transpose16.h"
+
 // ---- batches of 17+ rows (AVX-512 build): activations transposed, weights broadcast ---------------------
 //
 // The dot-product blocks above keep partial sums of different k in the lanes: every FMA needs a weight vector
@@ -159,32 +162,6 @@ inline void micro(const float* __restrict xt, const float* __restrict w, int64_t
     for (int v = 0; v < MV; ++v) _mm512_store_ps(c + (j * MV + v) * L, acc[j][v]);
 }
 
-// 16×16 transpose in registers: r[i] = row i in, column i out
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
-    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
-    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-  for (int s = 0; s < 4; ++s) {
-    const __m512 v = _mm512_shuffle_f32x4(r[s], r[4 + s], 0x88), w = _mm512_shuffle_f32x4(r[8 + s], r[12 + s], 0x88);
-    const __m512 v2 = _mm512_shuffle_f32x4(r[s], r[4 + s], 0xDD), w2 = _mm512_shuffle_f32x4(r[8 + s], r[12 + s], 0xDD);
-    t[s] = _mm512_shuffle_f32x4(v, w, 0x88);
-    t[4 + s] = _mm512_shuffle_f32x4(v2, w2, 0x88);
-    t[8 + s] = _mm512_shuffle_f32x4(v, w, 0xDD);
-    t[12 + s] = _mm512_shuffle_f32x4(v2, w2, 0xDD);
-  }
-  for (int i = 0; i < 16; ++i) r[i] = t[i];
-}
-
 inline __mmask16 first(int64_t n) { return n >= 16 ? 0xFFFF : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1); }
 
 // One block of activation rows: x rows r0..r0+rows (rows ≤ 64) → xt [K][16·mv], rows past `rows` zero.
@@ -229,11 +206,12 @@ template <int NR>
 void gemm(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N) {
   const int64_t rblocks = (M + MV_MAX * L - 1) / (MV_MAX * L);
   const int64_t xt_block = K * MV_MAX * L;  // floats per transposed row block
-  std::vector<float> xt(rblocks * xt_block);
+  // every value a block's kernel reads is written by transpose_block (rows past M as zeros): no fill needed
+  std::unique_ptr<float[]> xt(new float[rblocks * xt_block]);
   at::parallel_for(0, rblocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t rows = std::min<int64_t>(MV_MAX * L, M - b * MV_MAX * L);
-      transpose_block(x, K, b * MV_MAX * L, rows, static_cast<int>((rows + L - 1) / L), xt.data() + b * xt_block);
+      transpose_block(x, K, b * MV_MAX * L, rows, static_cast<int>((rows + L - 1) / L), xt.get() + b * xt_block);
     }
   });
   const int64_t nblocks = (N + NR - 1) / NR;
@@ -257,7 +235,7 @@ void gemm(const float* x, const float* w, const float* bias, float* y, int64_t M
             }
             wq = wpad.data();
           }
-          micro_any<NR>(mv, xt.data() + rb * xt_block, wq, K, K, c);
+          micro_any<NR>(mv, xt.get() + rb * xt_block, wq, K, K, c);
           store_block(c, mv, rows, cols, bias, y, N, r0, n0);
         }
       }

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "block_weights.h"
+#include "../../layers/csrc/transpose16.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -114,77 +115,49 @@ void prepare_activations(const float* x, int64_t M, int64_t K, int64_t nb, int64
 }
 
 // C tile (16 weight rows n × 16 activation rows m, fp32, row-major) → y[m0 + m][n0 + n] for the rows and
-// columns that exist: a 16×16 transpose in registers (4×4 blocks within 128-bit lanes, then the lanes).
+// columns that exist, transposed in registers.
 inline void store_transposed(const float* c, float* y, int64_t N, int64_t m0, int64_t n0, int64_t M) {
   const int64_t mm = std::min<int64_t>(TM, M - m0), nn = std::min<int64_t>(TM, N - n0);
   if (mm <= 0 || nn <= 0) return;
-  __m512 r[16], t[16];
+  __m512 r[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(c + i * TM);
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // u[4i + s]: within each lane, column 4L + s of rows 4i..4i+3
-    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
-    const __m512d c2 = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
-    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c2));
-    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c2));
-    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
+  transpose16(r);
   const __mmask16 cols = nn == TM ? 0xFFFF : static_cast<__mmask16>((1u << nn) - 1);
-  for (int s = 0; s < 4; ++s) {  // output rows s, 4 + s, 8 + s, 12 + s
-    const __m512 v = _mm512_shuffle_f32x4(r[s], r[4 + s], 0x88), w = _mm512_shuffle_f32x4(r[8 + s], r[12 + s], 0x88);
-    const __m512 v2 = _mm512_shuffle_f32x4(r[s], r[4 + s], 0xDD), w2 = _mm512_shuffle_f32x4(r[8 + s], r[12 + s], 0xDD);
-    const __m512 out[4] = {_mm512_shuffle_f32x4(v, w, 0x88), _mm512_shuffle_f32x4(v2, w2, 0x88),
-                           _mm512_shuffle_f32x4(v, w, 0xDD), _mm512_shuffle_f32x4(v2, w2, 0xDD)};
-    for (int q = 0; q < 4; ++q) {
-      const int64_t m = 4 * q + s;
-      if (m < mm) _mm512_mask_storeu_ps(y + (m0 + m) * N + n0, cols, out[q]);
-    }
-  }
+  for (int64_t m = 0; m < mm; ++m) _mm512_mask_storeu_ps(y + (m0 + m) * N + n0, cols, r[m]);
 }
 
 // 32 weight rows (a0, a_stride bytes between rows) × 32 activation rows (the tiles from b0 and b1, nb blocks each)
-// → c[0..3] (weights 0-15 × activations 0-15, × 16-31; weights 16-31 × 0-15, × 16-31).
-inline void block_2x2(const uint16_t* a0, int64_t a_stride, const uint16_t* b0, const uint16_t* b1, int64_t nb,
-                      float c[4][TM * TM]) {
+// → c[0..3] (weights 0-15 × activations 0-15, × 16-31; weights 16-31 × 0-15, × 16-31). With TWO_B false, a batch
+// of at most 16 rows: only b0, c[0] and c[2] (a second B tile would be all padding: half the tile work wasted,
+// measured 20% slower per 16-row decode step on 0.6B shapes).
+template <bool TWO_B>
+inline void block(const uint16_t* a0, int64_t a_stride, const uint16_t* b0, const uint16_t* b1, int64_t nb,
+                  float c[4][TM * TM]) {
   const uint16_t* a1 = a0 + TM * (a_stride / 2);
   _tile_zero(0);
-  _tile_zero(1);
   _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t kb = 0; kb < nb; ++kb) {
-    _tile_loadd(4, a0 + kb * QK, a_stride);
-    _tile_loadd(5, a1 + kb * QK, a_stride);
-    _tile_loadd(6, b0 + kb * TM * QK, 64);
-    _tile_loadd(7, b1 + kb * TM * QK, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+  if constexpr (TWO_B) {
+    _tile_zero(1);
+    _tile_zero(3);
   }
-  _tile_stored(0, c[0], 64);
-  _tile_stored(1, c[1], 64);
-  _tile_stored(2, c[2], 64);
-  _tile_stored(3, c[3], 64);
-}
-
-// The same for a batch of at most 16 rows, one B tile (a second would be all padding: half the tile work wasted,
-// measured 20% slower per 16-row decode step on 0.6B shapes): c[0] = weights 0-15, c[2] = weights 16-31.
-inline void block_2x1(const uint16_t* a0, int64_t a_stride, const uint16_t* b0, int64_t nb, float c[4][TM * TM]) {
-  const uint16_t* a1 = a0 + TM * (a_stride / 2);
-  _tile_zero(0);
-  _tile_zero(2);
   for (int64_t kb = 0; kb < nb; ++kb) {
     _tile_loadd(4, a0 + kb * QK, a_stride);
     _tile_loadd(5, a1 + kb * QK, a_stride);
     _tile_loadd(6, b0 + kb * TM * QK, 64);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(2, 5, 6);
+    if constexpr (TWO_B) {
+      _tile_loadd(7, b1 + kb * TM * QK, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
   }
   _tile_stored(0, c[0], 64);
   _tile_stored(2, c[2], 64);
+  if constexpr (TWO_B) {
+    _tile_stored(1, c[1], 64);
+    _tile_stored(3, c[3], 64);
+  }
 }
 
 template <bool Q4>
@@ -236,9 +209,9 @@ torch::Tensor amx_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
           const uint16_t* a0 = wbuf.data() + blk * NBLK * Kp;
           const int64_t n0 = pn0 + blk * NBLK;
           if (one_tile) {
-            block_2x1(a0, a_stride, b0, nb, c);
+            block<false>(a0, a_stride, b0, b1, nb, c);
           } else {
-            block_2x2(a0, a_stride, b0, b1, nb, c);
+            block<true>(a0, a_stride, b0, b1, nb, c);
             store_transposed(c[1], yp, N, m0 + TM, n0, M);
             store_transposed(c[3], yp, N, m0 + TM, n0 + TM, M);
           }
