@@ -93,9 +93,11 @@ def run_vllm(python, path, prompts, out_len, batch, runs):
 
     env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count()),
            "VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}"}  # fmt: skip
-    out = subprocess.run([python, "-c", VLLM_SCRIPT, str(path), json.dumps(prompts), str(out_len), str(batch),
-                          str(runs)], env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
-    return float(next(line for line in out.splitlines() if line.startswith("RESULT")).split()[1])
+    proc = subprocess.run([python, "-c", VLLM_SCRIPT, str(path), json.dumps(prompts), str(out_len), str(batch),
+                           str(runs)], env=env, capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:  # its own error, not the command line (which holds every prompt)
+        raise RuntimeError(f"vLLM ({python}) failed with exit status {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return float(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT")).split()[1])
 
 
 def main() -> None:

@@ -136,7 +136,7 @@ void rows(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb, c
 // saturation: 64 products in one instruction where AVX2 needs sign, maddubs and madd for 32. The weights
 // are made unsigned by an offset: Q8_0's w ^ 0x80 = w + 128, Q4_0's nibbles q = w + 8 as stored; the
 // offset's contribution, 128·Σx or 8·Σx over each lane's 4 activations, depends only on the activations,
-// so it is computed once per activation row (`corr`) and subtracted from each lane. The lane sums are the
+// so it is computed once per activation row (`corr`, negated) and starts each lane's sum. The lane sums are the
 // AVX2 path's exactly; only the order of the float additions differs.
 //
 // Activation layout per pair of blocks (b, b+1), 64 bytes, matching how the weights load:
@@ -148,7 +148,7 @@ void rows(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb, c
 
 struct Activations512 {
   const int8_t* xq;      // [M, nbp·32], nbp = nb rounded up to even (a zero block pads an odd nb)
-  const int32_t* corr;   // [M, nbp·8]: offset · (sum of the lane's 4 activations)
+  const int32_t* corr;   // [M, nbp·8]: -offset · (sum of the lane's 4 activations), vpdpbusd's starting value
   const float* xd;       // [M, nbp]
   int64_t nbp;
 };
@@ -190,36 +190,36 @@ void micro512(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t n
   // Groups of 16 blocks: the scales of 16 blocks are converted with one vcvtph2ps per weight row and
   // loaded as one vector per activation row; each pair then only permutes them into place.
   for (; b + 16 <= nb; b += 16) {
-    __m512 xd16[MR], dw16[NR];
+    // d_w · d_x of the 16 blocks for each (weight row, activation row), one multiply per 16 blocks (the same
+    // float32 products as the tail below, computed before the permute instead of after)
+    __m512 scale16[MR][NR];
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) xd16[i] = _mm512_loadu_ps(a.xd + (m0 + i) * a.nbp + b);
+    for (int j = 0; j < NR; ++j) {
+      const __m512 dw16 =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wd + (n0 + j) * nb + b)));
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j)
-      dw16[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wd + (n0 + j) * nb + b)));
+      for (int i = 0; i < MR; ++i) scale16[i][j] = _mm512_mul_ps(dw16, _mm512_loadu_ps(a.xd + (m0 + i) * a.nbp + b));
+    }
 #pragma GCC unroll 8
     for (int k = 0; k < 8; ++k) {
       const int64_t bb = b + 2 * k;
       const __m512i idx = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * k));
       __m512i xs[MR], cs[MR];
-      __m512 xdk[MR];
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const int64_t m = m0 + i;
         xs[i] = _mm512_loadu_si512(a.xq + m * a.nbp * QK + bb * QK);
         cs[i] = _mm512_loadu_si512(a.corr + m * a.nbp * 8 + bb * 8);
-        xdk[i] = _mm512_permutexvar_ps(idx, xd16[i]);
       }
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
         const uint8_t* row = wq + (n0 + j) * w_stride;
         _mm_prefetch(reinterpret_cast<const char*>(row + PF_ROWS * w_stride + bb * (Q4 ? QK / 2 : QK)), _MM_HINT_T0);
         const __m512i w = load_pair512<Q4>(row, bb, false);
-        const __m512 dwk = _mm512_permutexvar_ps(idx, dw16[j]);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
-          const __m512i dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xs[i]), cs[i]);
-          // the same float32 product d_w · d_x as below, permuted before instead of after
-          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dwk, xdk[i]), acc[i][j]);
+          const __m512i dot = _mm512_dpbusd_epi32(cs[i], w, xs[i]);
+          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, scale16[i][j]), acc[i][j]);
         }
       }
     }
@@ -245,7 +245,7 @@ void micro512(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t n
       const __m128 dw = pair_scales(wd + (n0 + j) * nb, b, single);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
-        const __m512i dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xs[i]), cs[i]);
+        const __m512i dot = _mm512_dpbusd_epi32(cs[i], w, xs[i]);
         const __m512 scale = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dw, xds[i])));
         acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[i][j]);
       }
@@ -264,7 +264,11 @@ void micro512(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t n
 template <bool Q4, int MR>
 void rows512(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb, const Activations512& a,
              int64_t m0, int64_t n_begin, int64_t n_end, int64_t N, float* out) {
-  constexpr int NR = MR == 1 ? 4 : 2;
+  // One activation row (batch-1 decode) reads one weight row at a time, front to back: a single stream per
+  // thread. Four rows side by side (four streams 1-3 KB apart, as the AVX2 path does) read DRAM-resident
+  // weights at 18-26 GB/s on a Zen 4 core pair, one row at 27-35 (the 0.6B model's shapes and its LM head),
+  // though from L2 one row computes at ~35 GB/s per core: the limit is the memory streams, not the kernel.
+  constexpr int NR = MR == 1 ? 1 : 2;
   int64_t n = n_begin;
   for (; n + NR <= n_end; n += NR) micro512<Q4, MR, NR>(wq, w_stride, wd, nb, a, m0, n, N, out);
   for (; n < n_end; ++n) micro512<Q4, MR, 1>(wq, w_stride, wd, nb, a, m0, n, N, out);
@@ -291,7 +295,7 @@ void prepare512(const float* x, int64_t M, int64_t K, int64_t nb, int64_t nbp, i
           _mm512_storeu_si512(q + b * QK, v);
         }
         const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
-        _mm512_storeu_si512(corr + m * nbp * 8 + b * 8, _mm512_mullo_epi32(sums, _mm512_set1_epi32(offset)));
+        _mm512_storeu_si512(corr + m * nbp * 8 + b * 8, _mm512_mullo_epi32(sums, _mm512_set1_epi32(-offset)));
       }
     }
   });
