@@ -125,7 +125,15 @@ def test_gemm_path_follows_the_cpu(monkeypatch):
     sapphire_rapids = frozenset({"avx2", "fma"} | AMX_CPU_FLAGS)
     assert gemm_path(sapphire_rapids) == "amx"
     assert gemm_path(frozenset({"avx2", "amx_bf16", "amx_tile"})) == "bf16"  # AMX without AVX-512 BF16: oneDNN
-    assert gemm_path(frozenset({"avx2", "avx512f", "avx512_bf16"})) == "bf16"  # Zen 4
+    assert gemm_path(frozenset({"avx2", "avx512f", "avx512_bf16"})) == "bf16"  # AVX512-BF16 without VNNI
+    zen4 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"})
+    assert gemm_path(zen4) == "vnni"  # the int8 GEMM beats oneDNN's bf16 one there
+    monkeypatch.setenv("FORWARDPASS_QUANT_ISA", "avx2")  # the AVX2 build has no GEMM
+    assert gemm_path(zen4) == "bf16"
+    monkeypatch.delenv("FORWARDPASS_QUANT_ISA")
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "vnni")
+    assert gemm_path(sapphire_rapids - {"avx512_vnni"}) == "amx"  # not without the instructions
+    monkeypatch.delenv("FORWARDPASS_QUANT_GEMM")
     assert gemm_path(frozenset({"avx2", "fma", "avx512f"})) == "fp32"
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "fp32")
     assert gemm_path(sapphire_rapids) == "fp32"
@@ -138,6 +146,25 @@ def test_gemm_path_follows_the_cpu(monkeypatch):
 
 HAS_AMX = gemm_path(cpu_flags()) == "amx"
 needs_amx = pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX-BF16 tiles")
+HAS_VNNI_GEMM = gemm_path(cpu_flags()) in ("amx", "vnni") and "avx512_vnni" in cpu_flags()
+
+
+@pytest.mark.skipif(not HAS_VNNI_GEMM, reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_vnni_gemm_equals_reference(kernel, fmt):
+    """The GEMM for many rows computes the matvec kernel's math (the same int8 activations, exact block sums,
+    float32 scales) with the float additions block after block: bitwise the reference written that way, close
+    to the plain reference. Shapes: rows not a multiple of the 4-row blocks and beyond one 256-row pass,
+    columns not a multiple of the 32-column panels, K with a padded last block."""
+    assert kernel.isa == "avx512vnni"
+    g = torch.Generator().manual_seed(11)
+    for m, n, k in [(1, 5, 32), (3, 33, 70), (17, 100, 1024), (64, 64, 256), (300, 40, 33), (5, 1000, 96)]:
+        w, x = torch.randn(n, k, generator=g) * 0.1, torch.randn(m, k, generator=g)
+        qs, d = formats.quantize(w, fmt)
+        got = getattr(kernel, f"{fmt}_gemm")(x, qs, d)
+        assert got.shape == (m, n) and got.dtype == torch.float32
+        assert torch.equal(got, reference.quant_gemm_exact(x, qs, d, fmt))
+        torch.testing.assert_close(got, reference.quant_matmul(x, qs, d, fmt), rtol=1e-5, atol=1e-5 * math.sqrt(k))
 
 
 @needs_amx
@@ -196,7 +223,8 @@ def _embedded(quantization: str | None, kernel_path: bool = True):
 
 
 # bf16 only on bf16 hardware, the AMX kernel only with AMX
-GEMM_KINDS = ["fp32"] + (["bf16"] if gemm_path(cpu_flags()) != "fp32" else []) + (["amx"] if HAS_AMX else [])
+GEMM_KINDS = (["fp32"] + (["bf16"] if gemm_path(cpu_flags()) != "fp32" else []) + (["amx"] if HAS_AMX else [])
+              + (["vnni"] if gemm_path(cpu_flags()) == "vnni" else []))
 
 
 @pytest.mark.parametrize("gemm", GEMM_KINDS)
@@ -213,15 +241,20 @@ def test_quantized_model_equals_reference_model(kernel, quantization, gemm, monk
     emb = fast.model.embed_tokens
     assert isinstance(emb, QuantizedEmbedding) and emb.weight.fmt == "q8_0"  # tied head: 8 bits in both modes
     down = fast.model.layers[0].mlp.down_proj.weight
-    assert down.fmt == ("q8_0" if quantization == "int8" else "q4_0") and down.bf16_gemm == (gemm != "fp32")
-    assert (down._amx is not None) == (gemm == "amx")
+    assert down.fmt == ("q8_0" if quantization == "int8" else "q4_0") and down.bf16_gemm == (gemm in ("bf16", "amx"))
+    assert (down._amx is not None) == (gemm == "amx") and (down._vnni is not None) == (gemm == "vnni")
     assert not any(p.dim() == 2 and "proj" in n for n, p in fast.named_parameters())  # no fp32 copy left
     rows = down.gemm_rows  # short: the int8 kernel; long: the dequantized GEMM
     short, long = list(range(5, 5 + 3 * (rows - 8), 3)), list(range(5, 5 + 3 * (rows + 17), 3))
     a, b = _logits(fast, short), _logits(fast, long)
     ref = _embedded(quantization, kernel_path=False)
     assert (a.argmax(-1) == _logits(ref, short).argmax(-1)).float().mean() > 0.95
-    if gemm == "amx":
+    if gemm == "vnni":  # the reference model computes long batches with the GEMM's float operations too
+        with monkeypatch.context() as m:
+            m.setattr(weight_module, "GEMM_ROWS", 1 << 30)
+            m.setattr(reference, "quant_matmul", reference.quant_gemm_exact)
+            assert torch.equal(b, _logits(ref, long))
+    elif gemm == "amx":
         ref_b = _logits(ref, long)
         assert (b - ref_b).norm() < 1e-2 * ref_b.norm() and (b.argmax(-1) == ref_b.argmax(-1)).all()
     else:
@@ -267,7 +300,7 @@ def fp32_scores():
 # the fp32 GEMM multiplies the dequantized weights exactly; the bf16 one also rounds weights and activations
 QUALITY_CASES = [("int8", "kernel", 0.97, 0.01), ("int4", "kernel", None, 0.05)] + [
     (q, f"gemm-{kind}", agree, rise)
-    for kind in ("bf16", "amx") if kind in GEMM_KINDS
+    for kind in ("bf16", "amx", "vnni") if kind in GEMM_KINDS
     for q, agree, rise in [("int8", 0.97, 0.01), ("int4", None, 0.05)]
 ]
 
@@ -283,6 +316,7 @@ def test_quality_on_heldout_text(
         monkeypatch.setattr(weight_module, "GEMM_ROWS", 1 << 30)
         monkeypatch.setattr(weight_module, "BF16_GEMM_ROWS", 1 << 30)
         monkeypatch.setattr(weight_module, "AMX_ROWS", 1 << 30)
+        monkeypatch.setattr(weight_module, "VNNI_GEMM_ROWS", 1 << 30)
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", path.removeprefix("gemm-") if path != "kernel" else "fp32")
     ids, (ref_pred, ref_nll) = fp32_scores
     pred, nll = _score(_embedded(quantization), ids)

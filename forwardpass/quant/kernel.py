@@ -1,6 +1,7 @@
 """Builds and loads the quantized-matmul kernels for this CPU: ``csrc/quant_matmul.cpp`` (small batches; an
-AVX-512 VNNI build where the CPU has it, ``vpdpbusd`` two blocks per instruction, else AVX2) and, on CPUs with
-AMX, ``csrc/amx_matmul.cpp`` (batches of 16+ rows on the bf16 tile unit).
+AVX-512 VNNI build where the CPU has it, ``vpdpbusd`` two blocks per instruction, else AVX2; the VNNI build also
+has the GEMM for many rows, ``csrc/vnni_gemm.h``) and, on CPUs with AMX, ``csrc/amx_matmul.cpp`` (batches of 16+
+rows on the bf16 tile unit).
 
 Compiled with torch's cpp_extension (a C++ compiler and ninja; ~40 s once, then cached in
 ``$TORCH_EXTENSIONS_DIR`` / ``~/.cache/torch_extensions``), the same way as the paged-decode kernel
@@ -22,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "quant_matmul.cpp"
 HEADER = SOURCE.with_name("block_weights.h")  # the weight layout and its argument checks, shared by both kernels
+GEMM_HEADER = SOURCE.with_name("vnni_gemm.h")  # the VNNI build's GEMM for many rows
 TRANSPOSE_HEADER = Path(__file__).parent.parent / "layers" / "csrc" / "transpose16.h"  # the AMX kernel's stores
 # no -ffast-math: the activation quantization must round exactly like the reference's float ops.
 AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
@@ -34,7 +36,7 @@ def kernel_for(isa: str) -> CppKernel:
     """The build of the kernel for ``isa`` ("avx2" or "avx512vnni"); each has its own build folder."""
     return CppKernel(
         f"forwardpass_quant_matmul_{isa}", SOURCE, cflags=AVX512_FLAGS if isa == "avx512vnni" else AVX2_FLAGS,
-        ldflags=("-fopenmp",), what=f"the C++ quantized-matmul kernel ({isa})", expected_s=40, headers=(HEADER,),
+        ldflags=("-fopenmp",), what=f"the C++ quantized-matmul kernel ({isa})", expected_s=40, headers=(HEADER, GEMM_HEADER),
     )  # fmt: skip
 
 
@@ -54,17 +56,23 @@ def gemm_path(flags: frozenset[str]) -> str:
 
     * ``"amx"``: the AMX kernel, weights dequantized to bf16 a panel at a time into L2 and multiplied on the
       tile unit (Intel since Sapphire Rapids);
+    * ``"vnni"``: the AVX-512 VNNI GEMM of the quantized-matmul kernel (``csrc/vnni_gemm.h``), int8 activations
+      times the int8 weights repacked a panel at a time (AMD Zen 4, Intel Ice Lake and others without AMX);
+      measured on a Zen 4 core pair at 32-512 rows: 1.4-2x oneDNN's bf16 GEMM on the dequantized weights;
     * ``"bf16"``: the weights dequantized to bf16 in memory and oneDNN's bf16 GEMM, where the CPU multiplies bf16
-      in hardware without AMX (AVX512-BF16: AMD Zen 4 and later); measured on a Sapphire Rapids core at 128-512
-      rows, bf16 ~3x fp32 GFLOP/s;
+      in hardware but has neither of the above; measured on a Sapphire Rapids core at 128-512 rows, bf16 ~3x
+      fp32 GFLOP/s;
     * ``"fp32"``: dequantized to fp32 and oneDNN's fp32 GEMM, elsewhere (an AVX2 CPU emulates bf16, ~300x slower).
 
-    ``FORWARDPASS_QUANT_GEMM=amx|bf16|fp32`` overrides (``amx`` only where the CPU has it)."""
+    ``FORWARDPASS_QUANT_GEMM=amx|vnni|bf16|fp32`` overrides (``amx`` and ``vnni`` only where the CPU has them)."""
     forced = os.environ.get("FORWARDPASS_QUANT_GEMM")
-    if forced in ("bf16", "fp32") or (forced == "amx" and AMX_CPU_FLAGS <= flags):
+    vnni = pick_isa("FORWARDPASS_QUANT_ISA", "avx512vnni", AVX512_CPU_FLAGS, flags) == "avx512vnni"
+    if forced in ("bf16", "fp32") or (forced == "amx" and AMX_CPU_FLAGS <= flags) or (forced == "vnni" and vnni):
         return forced
     if AMX_CPU_FLAGS <= flags:
         return "amx"
+    if vnni:
+        return "vnni"
     return "bf16" if {"amx_bf16", "avx512_bf16"} & flags else "fp32"
 
 

@@ -64,6 +64,24 @@ def quant_matmul_exact(
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 
 
+def quant_gemm_exact(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The float operations of the AVX-512 VNNI GEMM (``csrc/vnni_gemm.h``) one for one, so its result is bitwise
+    the kernel's (tests only): each block's integer dot product whole (exact), then ``acc = fma(sum, d_w · d_x,
+    acc)`` block after block, the fma in float64 and rounded once, as in ``quant_matmul_exact``."""
+    xq, xd = quantize_activations(x)
+    m, nb = xd.shape
+    n = qs.shape[0]
+    xv = xq.float().reshape(m, nb, QK)
+    wv = dequantize(qs, torch.ones_like(d), fmt).reshape(n, nb, QK)  # the integer values
+    dw = d.float()
+    acc = torch.zeros(m, n)
+    for b in range(nb):
+        sums = xv[:, b] @ wv[:, b].T  # integers < 2^19: exact in float32
+        scale = (dw[:, b][None, :] * xd[:, b][:, None]).double()
+        acc = (acc.double() + sums.double() * scale).float()
+    return acc
+
+
 def exact_for(isa: str):
     """``quant_matmul_exact`` in the float order of the kernel built for ``isa`` (the AVX-512 build pairs
     blocks), for tests that compare whole models bit for bit."""

@@ -22,6 +22,9 @@ GEMM_ROWS = 48
 #: the same crossover with a bf16 GEMM on bf16 hardware (AMX): measured at 8-128 rows on 0.6B- and 41M-model
 #: shapes, the int8 kernel wins up to ~24 rows and the bf16 GEMM from 32 on (1.3-4x by 64 rows)
 BF16_GEMM_ROWS = 32
+#: the same crossover for the AVX-512 VNNI GEMM (csrc/vnni_gemm.h): measured on a Zen 4 core pair at 16-512 rows
+#: on 0.6B- and 41M-model shapes, the int8 kernel and the GEMM are even at 16 rows, the GEMM 1.3-2.5x from 32 on
+VNNI_GEMM_ROWS = 32
 #: the same crossover for the AMX kernel: measured on the 41M model's shapes (LM head included) at 8-24 rows,
 #: the int8 kernel wins at 8 (4.7 vs 6.1 ms per step), the AMX kernel from 16 on (3.9 vs 8.0)
 AMX_ROWS = 16
@@ -47,12 +50,17 @@ class QuantizedWeight(nn.Module):
         # see quant/kernel.py::gemm_path. An AMX kernel that cannot be built leaves oneDNN's bf16 GEMM.
         path = gemm_path(cpu_flags())
         self._amx = load_amx_kernel() if kernel and path == "amx" else None
+        self._vnni = self._kernel if path == "vnni" else None  # the kernel's GEMM (its AVX-512 VNNI build)
         self.bf16_gemm = path in ("amx", "bf16")
 
     @property
     def gemm_rows(self) -> int:
         """From this many activation rows on, the large-batch path rather than the int8 kernel."""
-        return AMX_ROWS if self._amx is not None else BF16_GEMM_ROWS if self.bf16_gemm else GEMM_ROWS
+        if self._amx is not None:
+            return AMX_ROWS
+        if self._vnni is not None:
+            return VNNI_GEMM_ROWS
+        return BF16_GEMM_ROWS if self.bf16_gemm else GEMM_ROWS
 
     @classmethod
     def from_float(cls, w: torch.Tensor, fmt: str, kernel: bool = True) -> QuantizedWeight:
@@ -79,6 +87,7 @@ class QuantizedWeight(nn.Module):
         out.register_buffer("qs", self.qs[i])
         out.register_buffer("d", self.d[i])
         out.fmt, out.in_features, out._kernel, out._amx = self.fmt, self.in_features, self._kernel, self._amx
+        out._vnni = self._vnni
         out.bf16_gemm = self.bf16_gemm
         return out
 
@@ -109,6 +118,9 @@ class QuantizedWeight(nn.Module):
         if self._amx is not None and self.gemm_rows <= x2.shape[0] <= AMX_MAX_ROWS and x2.is_cpu:
             # dequantized to bf16 a panel at a time in L2 and multiplied on AMX tiles (quant/csrc/amx_matmul.cpp)
             out = (self._amx.q8_0_matmul if self.fmt == "q8_0" else self._amx.q4_0_matmul)(x2, self.qs, self.d)
+        elif self._vnni is not None and x2.shape[0] >= self.gemm_rows and x2.is_cpu:
+            # int8 activations · the int8 weights, repacked a panel at a time for vpdpbusd (quant/csrc/vnni_gemm.h)
+            out = (self._vnni.q8_0_gemm if self.fmt == "q8_0" else self._vnni.q4_0_gemm)(x2, self.qs, self.d)
         elif x2.shape[0] >= self.gemm_rows:
             # prefill-sized batches are compute bound: a float GEMM (oneDNN) on the weights dequantized a slab
             # at a time beats the int8 dot products (measured: ~55 GFLOP/s per core for the kernel, 80-130 for
@@ -131,5 +143,5 @@ class QuantizedWeight(nn.Module):
 
     def extra_repr(self) -> str:
         path = "kernel" if self._kernel is not None else "reference"
-        path += ", amx" if self._amx is not None else ""
+        path += ", amx" if self._amx is not None else ", vnni gemm" if self._vnni is not None else ""
         return f"{self.fmt}, shape={tuple(self.shape)}, {path}"

@@ -16,6 +16,9 @@
 #include <immintrin.h>
 
 #include "block_weights.h"
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include "vnni_gemm.h"  // many rows
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -274,6 +277,36 @@ void rows512(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb
   for (; n < n_end; ++n) micro512<Q4, MR, 1>(wq, w_stride, wd, nb, a, m0, n, N, out);
 }
 
+// Many activation rows (prefill chunks, large decode batches): the GEMM of vnni_gemm.h, activations quantized by
+// the same quantize_row as the matvec path.
+template <bool Q4>
+torch::Tensor quant_gemm(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
+  const BlockMatmulShape shape = check_block_matmul<Q4>(x, wq, wd);
+  const int64_t M = shape.M, K = shape.K, N = shape.N, nb = shape.nb;
+  auto xq = torch::empty({M, nb * QK}, x.options().dtype(torch::kInt8));
+  auto xd = torch::empty({M, nb}, x.options());
+  auto xc = torch::empty({M, nb}, x.options().dtype(torch::kInt32));
+  const float* xp = x.data_ptr<float>();
+  int8_t* xqp = xq.data_ptr<int8_t>();
+  float* xdp = xd.data_ptr<float>();
+  int32_t* xcp = xc.data_ptr<int32_t>();
+  const int32_t offset = Q4 ? 8 : 128;
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      quantize_row(xp + m * K, K, nb, xqp + m * nb * QK, xdp + m * nb);
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t s = 0;
+        for (int64_t j = 0; j < QK; ++j) s += xqp[m * nb * QK + b * QK + j];
+        xcp[m * nb + b] = -offset * s;
+      }
+    }
+  });
+  auto out = torch::empty({M, N}, x.options());
+  vnni_gemm::gemm<Q4>(xqp, xdp, xcp, M, reinterpret_cast<const uint8_t*>(wq.data_ptr()), shape.w_stride,
+                      wd.data_ptr<at::Half>(), nb, N, out.data_ptr<float>());
+  return out;
+}
+
 // x → the pair layout's int8 values (zero-padded to an even number of blocks), scales and lane corrections
 template <bool Q4>
 void prepare512(const float* x, int64_t M, int64_t K, int64_t nb, int64_t nbp, int8_t* xq, float* xd,
@@ -424,6 +457,10 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_0_matmul", &quant_matmul<false>, "x[M,K] fp32 · Q8_0 W[N,K]ᵀ (values int8 [N,Kp], scales fp16 [N,Kp/32])");
   m.def("q4_0_matmul", &quant_matmul<true>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ (nibbles uint8 [N,Kp/2], scales fp16 [N,Kp/32])");
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  m.def("q8_0_gemm", &quant_gemm<false>, "x[M,K] fp32 · Q8_0 W[N,K]ᵀ for many rows (AVX-512 VNNI, weights repacked per panel)");
+  m.def("q4_0_gemm", &quant_gemm<true>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ for many rows (AVX-512 VNNI, weights repacked per panel)");
+#endif
   m.def("q8_0_dequantize", &dequantize<false, float>, "Q8_0 (values, scales, K) → fp32 [N, K]");
   m.def("q4_0_dequantize", &dequantize<true, float>, "Q4_0 (values, scales, K) → fp32 [N, K]");
   m.def("q8_0_dequantize_bf16", &dequantize<false, at::BFloat16>, "Q8_0 (values, scales, K) → bf16 [N, K]");
