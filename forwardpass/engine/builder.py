@@ -27,6 +27,7 @@ from forwardpass.engine.kv_cache_spec import StateSpec, layer_specs, plan_groups
 from forwardpass.engine.model_runner import CausalLM, ModelRunner
 from forwardpass.engine.scheduler import Scheduler
 from forwardpass.errors import ConfigError
+from forwardpass.engine.huge_pages import move_model_to_huge_pages
 from forwardpass.layers.fused import use_fused_ops, use_small_matmul
 from forwardpass.layers.moe import ModelRoutingCounter, RoutingStats, moe_layers
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
@@ -145,6 +146,8 @@ def build_engine_core(
         admission=lora,
         fair_share_tokens=config.fair_share_tokens,
     )
+    if config.device == "cpu":  # decode streams every weight once per step: 2 MB pages (engine/huge_pages.py)
+        move_model_to_huge_pages(net)
     kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
     use_fused_ops(net, fused_ops_for(kernel))  # the per-layer ops compiled with it, for the same lifetime
     use_small_matmul(net, small_matmul_for(kernel))

@@ -26,6 +26,7 @@ from forwardpass.attention.metadata import (
 )
 from forwardpass.engine.batch import EMPTY_RUNNER_OUTPUT, NewSequence, RunnerOutput, SchedulerOutput
 from forwardpass.engine.compressed_spec import CompressedSpec
+from forwardpass.engine import huge_pages
 from forwardpass.engine.encoder_step import run_encoders
 from forwardpass.engine.isolation import drop_unloadable, sample_isolated
 from forwardpass.engine.kv_cache_spec import KVCacheGroup, StateSpec
@@ -115,10 +116,12 @@ class ModelRunner:
             for layer in group.layer_ids:
                 # Zeroed, not empty: padded rows of a gathered decode batch are masked out, but 0 · NaN
                 # garbage would still poison the weighted sum.
-                self.kv_caches[layer] = torch.zeros(  # states (StateSpec) keep their own dtype (float32)
-                    group.spec.cache_shape(group.num_blocks),
-                    dtype=group.spec.dtype if isinstance(group.spec, StateSpec) else dtype, device=device,
-                )
+                shape = group.spec.cache_shape(group.num_blocks)
+                cache_dtype = group.spec.dtype if isinstance(group.spec, StateSpec) else dtype  # states: their own
+                if str(device) == "cpu" and huge_pages.enabled():  # each step reads it all: 2 MB pages
+                    self.kv_caches[layer] = huge_pages.zeros_on_huge_pages(shape, cache_dtype)
+                else:
+                    self.kv_caches[layer] = torch.zeros(shape, dtype=cache_dtype, device=device)
                 self.layer_group[layer] = g
         self.sampler = Sampler()
         self.sequences: dict[int, _RunnerSequence] = {}

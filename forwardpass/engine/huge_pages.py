@@ -1,0 +1,97 @@
+"""Weights and the KV cache on 2 MB pages (Linux transparent huge pages, asked for with ``madvise``).
+
+Decode reads every weight and the whole live KV cache once per step, front to back. With 4 KB pages each page
+is a TLB miss and, because the hardware prefetchers stop at page boundaries, a restart of the memory stream;
+with 2 MB pages neither happens for 512 times as long. Measured on a Zen 4 core pair, 0.6B model: int8 batch-1
+decode 34.9 -> 37.4 tok/s with only its 6 MB+ tensors moved; the paged-decode kernel over a DRAM-resident cache
++8%; a plain fp32 sum +5%.
+
+Most Linux systems run transparent huge pages in ``madvise`` mode: memory gets them only where the process asks,
+before the pages are first touched. So a tensor is moved by allocating a fresh, 2 MB-aligned buffer, asking for
+huge pages on it, then copying. Where the kernel has no huge pages (or this is not Linux) the copy is plain
+memory, and nothing changes but the copy. ``FORWARDPASS_HUGE_PAGES=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import sys
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+HUGE = 1 << 21  # bytes per page asked for
+MADV_HUGEPAGE = 14  # <sys/mman.h>
+MIN_BYTES = HUGE  # smaller tensors cannot hold a whole huge page
+
+
+def enabled() -> bool:
+    return sys.platform == "linux" and os.environ.get("FORWARDPASS_HUGE_PAGES", "1") != "0"
+
+
+def _madvise_huge(addr: int, nbytes: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), MADV_HUGEPAGE) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def empty_on_huge_pages(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor whose data starts on a 2 MB boundary, huge pages asked for (not yet touched,
+    so the kernel can back it with them)."""
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    raw = torch.empty(nbytes + HUGE, dtype=torch.uint8)  # slack for the alignment; mmap-backed, untouched
+    offset = -raw.data_ptr() % HUGE
+    _madvise_huge(raw.data_ptr() + offset, nbytes // HUGE * HUGE)
+    return raw[offset : offset + nbytes].view(dtype).view(shape)  # the view keeps `raw` alive
+
+
+def zeros_on_huge_pages(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return empty_on_huge_pages(shape, dtype).zero_()
+
+
+def _whole(t: torch.Tensor) -> bool:
+    """``t`` is its storage, all of it (not a view into a larger one)."""
+    nbytes = t.numel() * t.element_size()
+    return t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == nbytes
+
+
+def move_model_to_huge_pages(model: nn.Module) -> int:
+    """Move every parameter and buffer of ``model`` of 2 MB or more onto huge pages, in place (parameters stay
+    the same Parameter objects; a tensor two modules share, such as a tied embedding, stays shared; a storage
+    that some tensor only views part of stays where it is, so no view is cut off from it). Returns how many
+    bytes moved."""
+    if not enabled():
+        return 0
+    slots: dict[int, list[tuple[nn.Module, str, bool]]] = {}  # storage address -> (module, name, is parameter)
+    tensors: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for kind, table in ((True, module._parameters), (False, module._buffers)):
+            for name, t in table.items():
+                if t is not None and t.device.type == "cpu":
+                    key = t.untyped_storage().data_ptr()
+                    slots.setdefault(key, []).append((module, name, kind))
+                    tensors.setdefault(key, t)
+    moved = 0
+    with torch.no_grad():
+        for key, users in slots.items():
+            first = tensors[key]
+            nbytes = first.numel() * first.element_size()
+            views = [getattr(m, n) for m, n, _ in users]
+            if nbytes < MIN_BYTES or not all(_whole(v) and v.shape == first.shape and v.dtype == first.dtype
+                                             for v in views):  # fmt: skip
+                continue
+            new = empty_on_huge_pages(first.shape, first.dtype).copy_(first)
+            for module, name, is_param in users:
+                if is_param:
+                    getattr(module, name).data = new  # the same Parameter object, new memory
+                else:
+                    module._buffers[name] = new
+            moved += nbytes
+    logger.info("%.0f MB of weights on huge pages", moved / 1e6)
+    return moved
