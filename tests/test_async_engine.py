@@ -161,13 +161,16 @@ def test_closing_the_generator_aborts_and_frees_blocks(ckpt):
         first = await gen.__anext__()
         assert not first.finished
         await gen.aclose()
-        # a consumer cancelled while waiting for its next output
+        # a consumer cancelled while waiting for its next output: cancelled as soon as its first output is in
+        # (a fixed sleep raced the engine: a tiny model's 400 tokens can take under 0.3 s)
+        streaming = asyncio.Event()
+
         async def consume():
             async for _ in engine.generate(random_prompts(1, [30])[0], params, "cancelled"):
-                pass
+                streaming.set()
 
         task = asyncio.ensure_future(consume())
-        await asyncio.sleep(0.3)
+        await streaming.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

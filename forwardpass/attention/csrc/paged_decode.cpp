@@ -41,24 +41,38 @@ inline void scores8(const float* qh, const float* const* rows, int64_t head, int
   for (int j = 0; j < cnt; ++j) dst[j] = out[j];
 }
 
-// out[0..D) += Σ_i p[i] · (rows[i] + head)[0..D) over n positions, 64 columns at a time in 8 registers.
+// out[0..8·NV) += Σ_i p[i] · rows[i][off .. off + 8·NV) over n positions, the NV accumulators in registers
+// (NV is a compile-time constant: with a run-time count the compiler kept them on the stack, and every FMA
+// waited on a store and a reload: measured, half of the kernel's time).
+template <int NV>
+inline void weighted_sum_cols(const float* p, const float* const* rows, int64_t off, int64_t n, float* out) {
+  __m256 o[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) o[v] = _mm256_loadu_ps(out + 8 * v);
+  for (int64_t i = 0; i < n; ++i) {
+    const __m256 pv = _mm256_set1_ps(p[i]);
+    const float* r = rows[i] + off;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) o[v] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(r + 8 * v), o[v]);
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + 8 * v, o[v]);
+}
+
+// out[0..D) += Σ_i p[i] · (rows[i] + head)[0..D) over n positions, 64 columns at a time (D % 8 == 0).
 inline void weighted_sum(const float* p, const float* const* rows, int64_t head, int64_t n, int64_t D,
                          float* out) {
-  for (int64_t c = 0; c < D; c += 64) {
-    const int nv = static_cast<int>(std::min<int64_t>(64, D - c) / 8);
-    __m256 o[8];
-    for (int v = 0; v < nv; ++v) o[v] = _mm256_loadu_ps(out + c + 8 * v);
-    for (int64_t i = 0; i < n; ++i) {
-      const __m256 pv = _mm256_set1_ps(p[i]);
-      const float* r = rows[i] + head + c;
-      if (nv == 8) {
-#pragma GCC unroll 8
-        for (int v = 0; v < 8; ++v) o[v] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(r + 8 * v), o[v]);
-      } else {
-        for (int v = 0; v < nv; ++v) o[v] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(r + 8 * v), o[v]);
-      }
-    }
-    for (int v = 0; v < nv; ++v) _mm256_storeu_ps(out + c + 8 * v, o[v]);
+  int64_t c = 0;
+  for (; c + 64 <= D; c += 64) weighted_sum_cols<8>(p, rows, head + c, n, out + c);
+  switch ((D - c) / 8) {
+    case 7: weighted_sum_cols<7>(p, rows, head + c, n, out + c); break;
+    case 6: weighted_sum_cols<6>(p, rows, head + c, n, out + c); break;
+    case 5: weighted_sum_cols<5>(p, rows, head + c, n, out + c); break;
+    case 4: weighted_sum_cols<4>(p, rows, head + c, n, out + c); break;
+    case 3: weighted_sum_cols<3>(p, rows, head + c, n, out + c); break;
+    case 2: weighted_sum_cols<2>(p, rows, head + c, n, out + c); break;
+    case 1: weighted_sum_cols<1>(p, rows, head + c, n, out + c); break;
+    default: break;
   }
 }
 
