@@ -171,7 +171,10 @@ def test_state_models_match_transformers_alone_and_batched(ckpt, oracle, variant
     with torch.no_grad():
         ref = hf(torch.tensor([PROMPTS[2]])).logits[0].float()
         ours = llm.engine.model.compute_logits(llm.engine.model(torch.tensor(PROMPTS[2]), torch.arange(70)))
-    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
+    # fp32 both, summed in other orders; Qwen3-Next's delta rule most of all (our chunked form and transformers'
+    # differ in chunk size and in the triangular solve): up to 1.3e-4 on logits of magnitude ~5.6 measured on a
+    # Zen 4 CPU, 3e-6 for the others
+    torch.testing.assert_close(ours, ref, atol=3e-4 if variant == "qwen3_next" else 1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("variant", ["mamba2", "nemotron_h", "qwen3_next"])
