@@ -303,6 +303,7 @@ def main() -> None:
     samples: dict[str, list[dict]] = {w.name: [] for w in workers}
     for r in range(args.rounds):  # A B C ... A B C ...: drifts of a shared machine hit every engine alike
         for w in workers:
+            time.sleep(1.0)  # the previous engine's threads stop spinning (OpenMP, ggml) before this one runs
             samples[w.name].append(w.measure())
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     bw_after = bandwidth()
