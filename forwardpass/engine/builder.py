@@ -23,11 +23,11 @@ from forwardpass.distributed.worker import WorkerSetup
 from forwardpass.engine.core import EngineCore
 from forwardpass.engine.cost import StepCostModel
 from forwardpass.engine.kv_cache import KVCacheManager
+from forwardpass.engine.huge_pages import move_model_to_huge_pages
 from forwardpass.engine.kv_cache_spec import StateSpec, layer_specs, plan_groups, sequence_capacity
 from forwardpass.engine.model_runner import CausalLM, ModelRunner
 from forwardpass.engine.scheduler import Scheduler
 from forwardpass.errors import ConfigError
-from forwardpass.engine.huge_pages import move_model_to_huge_pages
 from forwardpass.layers.fused import use_fused_ops, use_small_matmul
 from forwardpass.layers.moe import ModelRoutingCounter, RoutingStats, moe_layers
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config

@@ -24,9 +24,9 @@ from forwardpass.attention.metadata import (
     GroupMetadataBuilder,
     StateMetadataBuilder,
 )
+from forwardpass.engine import huge_pages
 from forwardpass.engine.batch import EMPTY_RUNNER_OUTPUT, NewSequence, RunnerOutput, SchedulerOutput
 from forwardpass.engine.compressed_spec import CompressedSpec
-from forwardpass.engine import huge_pages
 from forwardpass.engine.encoder_step import run_encoders
 from forwardpass.engine.isolation import drop_unloadable, sample_isolated
 from forwardpass.engine.kv_cache_spec import KVCacheGroup, StateSpec

@@ -113,6 +113,7 @@ void gemm(const int8_t* xq, const float* xd, const int32_t* xc, int64_t M, const
           static_cast<uint32_t*>(std::aligned_alloc(64, nb * 8 * NV * 16 * sizeof(uint32_t))), &std::free);
       auto ps = std::unique_ptr<float[], decltype(&std::free)>(
           static_cast<float*>(std::aligned_alloc(64, nb * NV * 16 * sizeof(float))), &std::free);
+      TORCH_CHECK(pw && ps, "out of memory for a weight panel");
       for (int64_t p = p_begin; p < p_end; ++p) {
         const int64_t n0 = p * NP, cols = std::min(NP, N - n0);
         repack_panel<Q4>(wq, w_stride, wd, nb, n0, N, pw.get(), ps.get());
