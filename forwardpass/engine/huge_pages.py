@@ -69,20 +69,17 @@ def move_model_to_huge_pages(model: nn.Module) -> int:
     if not enabled():
         return 0
     slots: dict[int, list[tuple[nn.Module, str, bool]]] = {}  # storage address -> (module, name, is parameter)
-    tensors: dict[int, torch.Tensor] = {}
     for module in model.modules():
         for kind, table in ((True, module._parameters), (False, module._buffers)):
             for name, t in table.items():
                 if t is not None and t.device.type == "cpu":
-                    key = t.untyped_storage().data_ptr()
-                    slots.setdefault(key, []).append((module, name, kind))
-                    tensors.setdefault(key, t)
+                    slots.setdefault(t.untyped_storage().data_ptr(), []).append((module, name, kind))
     moved = 0
     with torch.no_grad():
-        for key, users in slots.items():
-            first = tensors[key]
-            nbytes = first.numel() * first.element_size()
+        for users in slots.values():
             views = [getattr(m, n) for m, n, _ in users]
+            first = views[0]
+            nbytes = first.numel() * first.element_size()
             if nbytes < MIN_BYTES or not all(_whole(v) and v.shape == first.shape and v.dtype == first.dtype
                                              for v in views):  # fmt: skip
                 continue

@@ -119,7 +119,7 @@ inline void rows(const float* x, int64_t K, const float* w, int64_t m, int64_t n
   }
   int64_t n = n0;
   const int pf0 = g % groups, pf_step = groups;  // this group's share of the next tile's rows
-  auto next = [&](int64_t r) { return batch_rows > 1 && r + NT < N ? w + (r + NT) * K : nullptr; };
+  auto next = [&](int64_t r) { return r + NT < N ? w + (r + NT) * K : nullptr; };
   for (; n + NR <= n1; n += NR) block<MR, NR>(x, K, w, m, n, bias, y, N, next(n), pf0, pf_step);
   switch (n1 - n) {
     case 3: block<MR, 3>(x, K, w, m, n, bias, y, N, next(n), pf0, pf_step); break;

@@ -1,8 +1,10 @@
 // The block-quantized weight layout both quantized-matmul kernels take (quant_matmul.cpp, amx_matmul.cpp):
 // W [N, K] in blocks of 32 weights along K, one fp16 scale per block; Q8_0 values int8 [N, nb·32], Q4_0 nibbles
-// uint8 [N, nb·16] (the GGUF layouts). One check of the arguments against it, for both.
+// uint8 [N, nb·16] (the GGUF layouts). One check of the arguments against it, for both, and the block unpacking
+// the quant_matmul.cpp build shares with its VNNI GEMM (vnni_gemm.h).
 #pragma once
 #include <torch/extension.h>
+#include <immintrin.h>
 
 #include <cstdint>
 
@@ -28,4 +30,16 @@ BlockMatmulShape check_block_matmul(torch::Tensor& x, torch::Tensor& wq, torch::
   const int64_t w_stride = Q4 ? nb * QK / 2 : nb * QK;
   TORCH_CHECK(wq.size(1) == w_stride, "packed weight row has ", wq.size(1), " bytes, expected ", w_stride);
   return {M, K, N, nb, w_stride};
+}
+
+// The 32 weights of block b of row `row` as int8 (Q8_0: as stored; Q4_0: nibbles unpacked, minus 8).
+template <bool Q4>
+inline __m256i load_block(const uint8_t* row, int64_t b) {
+  if constexpr (Q4) {
+    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * QK / 2));
+    const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+    return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+  } else {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * QK));
+  }
 }

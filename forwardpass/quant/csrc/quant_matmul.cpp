@@ -72,18 +72,6 @@ void quantize_row(const float* x, int64_t K, int64_t nb, int8_t* q, float* d) {
   }
 }
 
-// The 32 weights of block b of row `row` as int8 (Q8_0: as stored; Q4_0: nibbles unpacked, minus 8).
-template <bool Q4>
-inline __m256i load_block(const uint8_t* row, int64_t b) {
-  if constexpr (Q4) {
-    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * QK / 2));
-    const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
-    return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
-  } else {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * QK));
-  }
-}
-
 // int8 · int8 over one block, as 8 int32 partial sums converted to float. maddubs wants one unsigned operand:
 // |w| and x carrying w's sign give the same products (llama.cpp's trick; no int16 overflow for |x| <= 127).
 inline __m256 dot_block(__m256i w_abs, __m256i w, __m256i x) {

@@ -44,15 +44,9 @@ void repack_panel(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64
     }
     const uint8_t* row = wq + n * w_stride;
     for (int64_t b = 0; b < nb; ++b) {
-      alignas(32) uint8_t bytes[QK];
-      if constexpr (Q4) {  // elements 0..15 are the low nibbles of the block's 16 bytes, 16..31 the high ones
-        const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * QK / 2));
-        _mm_store_si128(reinterpret_cast<__m128i*>(bytes), _mm_and_si128(t, _mm_set1_epi8(0x0F)));
-        _mm_store_si128(reinterpret_cast<__m128i*>(bytes + 16), _mm_and_si128(_mm_srli_epi16(t, 4), _mm_set1_epi8(0x0F)));
-      } else {
-        const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * QK));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), _mm256_xor_si256(t, _mm256_set1_epi8(static_cast<char>(0x80))));
-      }
+      alignas(32) uint8_t bytes[QK];  // the block's int8 weights plus the offset (mod 256): unsigned
+      const __m256i offset = _mm256_set1_epi8(static_cast<char>(Q4 ? 8 : 128));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), _mm256_add_epi8(load_block<Q4>(row, b), offset));
       for (int64_t q = 0; q < 8; ++q) std::memcpy(&pw[((b * 8 + q) * NV + v) * 16 + lane], bytes + 4 * q, 4);
       ps[(b * NV + v) * 16 + lane] = _cvtsh_ss(wd[n * nb + b].x);
     }
