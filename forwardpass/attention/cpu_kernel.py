@@ -32,6 +32,7 @@ KERNEL = CppKernel(
     "forwardpass_paged_decode", Path(__file__).with_name("csrc") / "paged_decode.cpp",
     cflags=("-O3", "-mavx2", "-mfma", "-ffast-math", "-fopenmp"), ldflags=("-fopenmp",),
     what="the C++ paged-decode kernel", expected_s=30,
+    headers=(Path(__file__).with_name("csrc") / "decode_stack.h",),
 )
 SMALL_MATMUL = kernel_for(host_isa())
 _kernel = None

@@ -28,7 +28,7 @@ from forwardpass.engine.kv_cache_spec import StateSpec, layer_specs, plan_groups
 from forwardpass.engine.model_runner import CausalLM, ModelRunner
 from forwardpass.engine.scheduler import Scheduler
 from forwardpass.errors import ConfigError
-from forwardpass.layers.fused import use_fused_ops, use_small_matmul
+from forwardpass.layers.fused import use_decode_stack, use_fused_ops, use_small_matmul
 from forwardpass.layers.moe import ModelRoutingCounter, RoutingStats, moe_layers
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
 from forwardpass.loader.gguf import is_gguf_dir, load_gguf_model
@@ -151,6 +151,7 @@ def build_engine_core(
     kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
     use_fused_ops(net, fused_ops_for(kernel))  # the per-layer ops compiled with it, for the same lifetime
     use_small_matmul(net, small_matmul_for(kernel))
+    use_decode_stack(net, fused_ops_for(kernel))  # a decode step's layers in one C++ call, where they allow it
     runner = (ModelRunner if parallel is None else parallel.make_runner)(
         cast(CausalLM, net),  # every registered model class has forward + compute_logits
         groups,

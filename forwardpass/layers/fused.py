@@ -48,3 +48,17 @@ def use_small_matmul(model: nn.Module, small_matmul: Any) -> int:
             module.small_matmul = small_matmul
             n += 1
     return n
+
+
+def use_decode_stack(model: nn.Module, ops: Any) -> bool:
+    """Give a Llama-family ``model`` whose layers run entirely on the compiled ``ops`` (and the compiled matmul
+    kernels) the C++ loop over its layers for decode steps (``layers/decode_stack.py``). Call it after the
+    model is quantized, its LoRA slots attached and :func:`use_fused_ops` / :func:`use_small_matmul` applied:
+    it checks what they left. Returns whether the model took it."""
+    from forwardpass.layers.decode_stack import build_decode_stack
+    from forwardpass.layers.small_matmul import small_matmul_capsule
+
+    stack = build_decode_stack(model, ops, small_matmul_capsule())
+    if stack is not None:
+        model.model.decode_stack = stack
+    return stack is not None

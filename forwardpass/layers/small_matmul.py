@@ -61,3 +61,8 @@ def load_small_matmul():
 
 if __name__ == "__main__":  # build ahead of time: python -m forwardpass.layers.small_matmul
     print("built" if load_small_matmul() is not None else "not built")
+
+
+def small_matmul_capsule():
+    """The loaded kernel's entry point as a PyCapsule, for C++ callers (``attention/csrc/decode_stack.h``)."""
+    return None if _module is None else _module.matmul_capsule()

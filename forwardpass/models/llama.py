@@ -94,6 +94,10 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
+    #: every layer of a pure decode step in one C++ call (layers/decode_stack.py), set by the engine where the
+    #: layers are exactly what it computes; None: the modules below
+    decode_stack: Any = None
+
     def __init__(self, spec: ModelSpec, layer_cls: type[DecoderLayer] = DecoderLayer):
         super().__init__()
         tp = tensor_parallel()
@@ -106,6 +110,8 @@ class DecoderModel(nn.Module):
     def forward(self, input_ids, positions, ctx):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)  # computed once, shared by every layer
+        if self.decode_stack is not None and self.decode_stack.applies(x, cos, ctx):
+            return self.norm(self.decode_stack(x, cos, sin, ctx))  # the same kernels without the Python between
         for layer in self.layers:
             x = layer(x, cos, sin, ctx)
         return self.norm(x)

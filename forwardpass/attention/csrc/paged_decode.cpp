@@ -274,10 +274,13 @@ void write_kv_(torch::Tensor kv_cache, torch::Tensor k, torch::Tensor v, torch::
     }
 }
 
+#include "decode_stack.h"
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "SwiGLU: silu(gate) * up over [..., 2F] (CPU, fp32)");
   m.def("write_kv_", &write_kv_, "store this step's K/V at their cache slots (CPU, fp32)");
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU, fp32)");
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension (CPU, fp32)");
   m.def("qk_norm_rope_", &qk_norm_rope_, "per-head q/k RMSNorm + rotary, in place on qkv (CPU, fp32)");
+  decode_stack::bind(m);  // a decode step's layers in one call (decode_stack.h)
 }

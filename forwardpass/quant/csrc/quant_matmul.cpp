@@ -459,4 +459,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("isa") = "avx2";
 #endif
   m.def("quantize_activations", &quantize_activations, "x[M,K] fp32 → (int8 [M,Kp], fp32 scales [M,Kp/32])");
+  // the matvec entry points for C++ callers (attention/csrc/decode_stack.h), named after their signature
+  m.def("matmul_capsule", [](bool q4) {
+    return py::capsule(reinterpret_cast<void*>(q4 ? &quant_matmul<true> : &quant_matmul<false>),
+                       "forwardpass.quant_matmul");
+  }, "the q4_0 (True) or q8_0 (False) matmul as a PyCapsule");
 }

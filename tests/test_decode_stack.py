@@ -1,0 +1,86 @@
+"""The decode step's layers in one C++ call (``forwardpass/layers/decode_stack.py``): the same kernels as the
+modules in the same order, so the tokens *and* their log-probabilities are bitwise those of the module path,
+for every weight format and the Llama family's switches (q/k norms, qkv bias, sliding windows, rope scaling,
+batches of sequences at different lengths); and the engine builds it only where every layer is exactly what
+it computes."""
+
+from __future__ import annotations
+
+import pytest
+
+from forwardpass import LLM, SamplingParams
+from tests.helpers.checkpoints import random_prompts
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from forwardpass.attention import cpu_kernel
+
+    if cpu_kernel.load_paged_decode() is None:
+        pytest.skip("no C++ toolchain: the engine uses the PyTorch path")
+    return cpu_kernel.fused_ops_for(cpu_kernel.load_paged_decode())
+
+
+class CountingStack:
+    """Wraps the engine's stack to count the steps it ran (a test that never used it would prove nothing)."""
+
+    def __init__(self, stack):
+        self.stack, self.calls = stack, 0
+
+    def applies(self, *args):
+        return self.stack.applies(*args)
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.stack(*args)
+
+
+@pytest.mark.parametrize("quantization", [None, "int8", "int4"])
+@pytest.mark.parametrize("variant", ["qwen3", "qwen2", "mistral", "llama"])
+def test_stack_equals_the_modules_bitwise(ops, checkpoint_factory, variant, quantization):
+    # qwen3: q/k norms, tied head; qwen2: q/k/v biases, one KV head; mistral: a 48-token sliding window
+    # (the contexts below pass it); llama: llama3 rope scaling, an untied head
+    llm = LLM(checkpoint_factory(variant), quantization=quantization, num_kv_blocks=64, block_size=16,
+              cpu_kernels=True, enable_prefix_caching=False)  # fmt: skip
+    decoder = llm.engine.model.model
+    assert decoder.decode_stack is not None
+    counting = CountingStack(decoder.decode_stack)
+    prompts = random_prompts(3, [9, 40, 63])
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3)
+    runs = {}
+    for name, stack in (("stack", counting), ("modules", None)):
+        decoder.decode_stack = stack
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs[name] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+    assert counting.calls >= 15  # every decode step of the batch
+    assert runs["stack"] == runs["modules"]  # tokens and log-probabilities, exactly
+
+
+def test_large_batches_and_mixed_steps_take_the_modules(ops, checkpoint_factory):
+    import torch
+
+    from forwardpass.attention.context import AttentionContext
+
+    llm = LLM(checkpoint_factory("qwen3"), num_kv_blocks=32, cpu_kernels=True)
+    stack = llm.engine.model.model.decode_stack
+    x, cos = torch.zeros(4, 64), torch.zeros(4, 32)
+    ctx = AttentionContext(kv_caches=[], groups=[], layer_group=[], num_decode=4, decode_kernel=ops.paged_decode)
+    assert stack.applies(x, cos, ctx)
+    assert not stack.applies(x, cos, AttentionContext([], [], [], num_decode=3, decode_kernel=ops.paged_decode))
+    assert not stack.applies(x, cos, None)  # no cache: scoring / parity runs
+    rows = stack.max_rows + 1
+    big = AttentionContext([], [], [], num_decode=rows, decode_kernel=ops.paged_decode)
+    assert not stack.applies(torch.zeros(rows, 64), torch.zeros(rows, 32), big)
+
+
+def test_not_built_where_a_layer_differs(ops, checkpoint_factory, tmp_path):
+    from tests.helpers.attention_checkpoints import make_attention_checkpoint
+    from tests.helpers.moe_checkpoints import make_moe_checkpoint
+
+    def stack_of(path, **kw):
+        return getattr(LLM(path, num_kv_blocks=32, **kw).engine.model.model, "decode_stack", None)
+
+    assert stack_of(checkpoint_factory("qwen3"), cpu_kernels=False) is None  # the PyTorch path
+    assert stack_of(checkpoint_factory("qwen3"), cpu_kernels=True, enable_lora=True, max_lora_rank=8) is None
+    assert stack_of(make_moe_checkpoint(tmp_path / "moe", "qwen3_moe_k2_norm"), cpu_kernels=True) is None
+    assert stack_of(make_attention_checkpoint(tmp_path / "g2", "gemma2"), cpu_kernels=True) is None
