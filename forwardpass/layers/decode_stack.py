@@ -32,7 +32,7 @@ class DecodeStack:
 
     def applies(self, x: torch.Tensor, cos: torch.Tensor, ctx: AttentionContext | None) -> bool:
         return (
-            ctx is not None and ctx.decode_kernel is not None and ctx.num_decode == x.shape[0] <= self.max_rows
+            ctx is not None and ctx.decode_kernel is not None and 0 < ctx.num_decode == x.shape[0] <= self.max_rows
             and x.dtype == torch.float32 and x.device.type == "cpu" and cos.shape[-1] == self.head_dim
         )  # fmt: skip
 
