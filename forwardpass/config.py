@@ -59,6 +59,11 @@ class EngineConfig:
     # weight-only quantization at load (CPU): "int8" (Q8_0 blocks), "int4" (Q4_0 blocks) or None (the
     # checkpoint's weights in `dtype`); see forwardpass/quant/apply.py
     quantization: str | None = None
+    # what the paged K/V are stored in: "auto" (the model's dtype), "float16" or "bfloat16". Half the bytes of
+    # an fp32 cache: twice the context in the same memory, and decode attention (which reads the whole cache
+    # every step) reads half as much. Values are rounded once when stored; attention computes in the model's
+    # dtype. Plain K/V caches only (Llama-family attention); see engine/builder.py
+    kv_cache_dtype: str = "auto"
     # tensor parallelism (forwardpass/distributed): the model split across this many processes (ranks),
     # each holding 1/N of the weights and of the KV cache (kv_cache_memory / num_kv_blocks are per rank)
     tensor_parallel_size: int = 1
@@ -101,6 +106,15 @@ class EngineConfig:
         self.torch_dtype = resolve_dtype(self.dtype, self.device)
         if self.quantization is not None and self.torch_dtype != torch.float32:
             raise ConfigError("quantization computes in float32: leave dtype at auto/float32", param="dtype")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; use {', '.join(KV_CACHE_DTYPES)}",
+                              param="kv_cache_dtype")
+        kv = KV_CACHE_DTYPES[self.kv_cache_dtype]
+        self.torch_kv_dtype = self.torch_dtype if kv is None else kv
+
+
+#: kv_cache_dtype values → the cache's dtype (None: the model's)
+KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 DEFAULT_KV_CACHE_MEMORY = 1 << 30

@@ -35,13 +35,14 @@ class CountingStack:
         return self.stack(*args)
 
 
-@pytest.mark.parametrize("quantization", [None, "int8", "int4"])
+@pytest.mark.parametrize("quantization,kv_cache_dtype", [(None, "auto"), ("int8", "auto"), ("int4", "auto"),
+                                                         (None, "float16"), ("int8", "float16")])  # fmt: skip
 @pytest.mark.parametrize("variant", ["qwen3", "qwen2", "mistral", "llama"])
-def test_stack_equals_the_modules_bitwise(ops, checkpoint_factory, variant, quantization):
+def test_stack_equals_the_modules_bitwise(ops, checkpoint_factory, variant, quantization, kv_cache_dtype):
     # qwen3: q/k norms, tied head; qwen2: q/k/v biases, one KV head; mistral: a 48-token sliding window
     # (the contexts below pass it); llama: llama3 rope scaling, an untied head
     llm = LLM(checkpoint_factory(variant), quantization=quantization, num_kv_blocks=64, block_size=16,
-              cpu_kernels=True, enable_prefix_caching=False)  # fmt: skip
+              cpu_kernels=True, enable_prefix_caching=False, kv_cache_dtype=kv_cache_dtype)  # fmt: skip
     decoder = llm.engine.model.model
     assert decoder.decode_stack is not None
     counting = CountingStack(decoder.decode_stack)
@@ -81,6 +82,7 @@ def test_not_built_where_a_layer_differs(ops, checkpoint_factory, tmp_path):
         return getattr(LLM(path, num_kv_blocks=32, **kw).engine.model.model, "decode_stack", None)
 
     assert stack_of(checkpoint_factory("qwen3"), cpu_kernels=False) is None  # the PyTorch path
+    assert stack_of(checkpoint_factory("qwen3"), cpu_kernels=True, kv_cache_dtype="bfloat16") is None  # no kernel for it
     assert stack_of(checkpoint_factory("qwen3"), cpu_kernels=True, enable_lora=True, max_lora_rank=8) is None
     assert stack_of(make_moe_checkpoint(tmp_path / "moe", "qwen3_moe_k2_norm"), cpu_kernels=True) is None
     assert stack_of(make_attention_checkpoint(tmp_path / "g2", "gemma2"), cpu_kernels=True) is None

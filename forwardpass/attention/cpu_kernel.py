@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 KERNEL = CppKernel(
     "forwardpass_paged_decode", Path(__file__).with_name("csrc") / "paged_decode.cpp",
-    cflags=("-O3", "-mavx2", "-mfma", "-ffast-math", "-fopenmp"), ldflags=("-fopenmp",),
+    cflags=("-O3", "-mavx2", "-mfma", "-mf16c", "-ffast-math", "-fopenmp"), ldflags=("-fopenmp",),
     what="the C++ paged-decode kernel", expected_s=30,
     headers=(Path(__file__).with_name("csrc") / "decode_stack.h",),
 )

@@ -6,7 +6,8 @@ its own KV cache group (``ctx.for_layer``). With ``ctx=None`` the whole input is
 and nothing is cached (used for parity tests and scoring).
 
 ``softcap`` (Gemma 2) caps the attention logits; the compiled decode kernel has no cap, so such
-layers always take the PyTorch path.
+layers always take the PyTorch path. The cache may be narrower than the model (``kv_cache_dtype``): K/V are
+rounded when stored and widened when read.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from torch import nn
 from forwardpass.attention import attention
 from forwardpass.attention.context import AttentionContext, GroupMetadata
 from forwardpass.attention.paged import paged_decode_attention, paged_prefill_attention, write_kv
+
+
+#: the caches the compiled K/V store and decode kernel read and write (attention/csrc/paged_decode.cpp); others
+#: (a bfloat16 kv_cache_dtype) take the PyTorch path
+KERNEL_CACHE_DTYPES = (torch.float32, torch.float16)
 
 
 class CachedAttention(nn.Module):
@@ -43,7 +49,7 @@ class CachedAttention(nn.Module):
             return out[0].transpose(0, 1)
         kv_cache = ctx.kv_caches[self.layer_idx]
         meta = ctx.for_layer(self.layer_idx)
-        if self.fused is not None and kv_cache.dtype == k.dtype == torch.float32 and k.device.type == "cpu":
+        if self.fused is not None and k.dtype == torch.float32 and kv_cache.dtype in KERNEL_CACHE_DTYPES and k.is_cpu:
             self.fused.write_kv_(kv_cache, k, v, meta.slot_mapping)
         else:
             write_kv(kv_cache, k, v, meta.slot_mapping)
@@ -72,7 +78,7 @@ class CachedAttention(nn.Module):
     def _decode(
         self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: AttentionContext, meta: GroupMetadata
     ) -> torch.Tensor:
-        if ctx.decode_kernel is not None and self.softcap is None:
+        if ctx.decode_kernel is not None and self.softcap is None and kv_cache.dtype in KERNEL_CACHE_DTYPES:
             return ctx.decode_kernel(q.contiguous(), kv_cache, meta.decode_block_tables, meta.decode_seq_lens,
                                      self.scale, self.sliding_window or 0)
         return paged_decode_attention(

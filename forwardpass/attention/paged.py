@@ -18,10 +18,11 @@ from forwardpass.attention import attention
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store new keys/values ``[T, Hkv, D]`` at flat slots ``slot_mapping`` ``[T]``."""
+    """Store new keys/values ``[T, Hkv, D]`` at flat slots ``slot_mapping`` ``[T]`` (rounded to the cache's dtype
+    where it is narrower: ``kv_cache_dtype``)."""
     flat = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])
-    flat[0].index_copy_(0, slot_mapping, k)
-    flat[1].index_copy_(0, slot_mapping, v)
+    flat[0].index_copy_(0, slot_mapping, k.to(flat.dtype))
+    flat[1].index_copy_(0, slot_mapping, v.to(flat.dtype))
 
 
 def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,7 +56,7 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """One query per sequence. q: ``[B, Hq, D]`` → ``[B, Hq, D]``; each attends to its ``seq_lens[b]`` keys."""
     b = q.shape[0]
-    k, v = gather_kv(kv_cache, block_tables, max_len)
+    k, v = (t.to(q.dtype) for t in gather_kv(kv_cache, block_tables, max_len))
     pad_mask = None
     if b > 1 or sliding_window is not None:
         pos = torch.arange(max_len, device=q.device)[None, :]
@@ -80,7 +81,7 @@ def paged_prefill_attention(
 ) -> torch.Tensor:
     """A chunk of ``Nq`` queries (the last ``Nq`` positions of a ``context_len`` context), causal.
     q: ``[Nq, Hq, D]`` → ``[Nq, Hq, D]``."""
-    k, v = gather_kv(kv_cache, block_table, context_len)
+    k, v = (t.to(q.dtype) for t in gather_kv(kv_cache, block_table, context_len))
     out = attention(
         q.transpose(0, 1).unsqueeze(0), k, v, causal=True, scale=scale, sliding_window=sliding_window,
         softcap=softcap, backend=backend,

@@ -23,6 +23,9 @@ def add_quantization_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", default=None, choices=["int8", "int4"],
                    help="quantize the weights at load for CPU decode: int8 (Q8_0 blocks, ~4x fewer bytes per "
                    "token than float32) or int4 (Q4_0 blocks); default: none")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16", "bfloat16"],
+                   help="what the KV cache stores: auto (the model's dtype), float16 or bfloat16 (half the memory of "
+                   "float32: twice the context; values rounded once when stored)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -104,6 +107,7 @@ def load_engine(args: argparse.Namespace, **config_kwargs):
     device = check_device(args.device)
     model = resolve_model(args.model, getattr(args, "revision", None))
     config_kwargs.setdefault("quantization", getattr(args, "quantization", None))
+    config_kwargs.setdefault("kv_cache_dtype", getattr(args, "kv_cache_dtype", "auto"))
     config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len, device=device, **config_kwargs)
     with progress(f"loading {model if args.model else 'the embedded model'}"):
         return LLMEngine(model, config)

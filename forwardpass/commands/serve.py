@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         "fair_share_tokens": args.fair_share_tokens, "max_stats_records": args.max_stats_records, "num_kv_blocks": args.num_kv_blocks,
         "kv_cache_memory": args.kv_cache_memory, "block_size": args.block_size,
         "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
-        "quantization": args.quantization,
+        "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
         "tensor_parallel_size": args.tensor_parallel_size, "enable_expert_parallel": args.enable_expert_parallel,
         "distributed_timeout_s": args.distributed_timeout,
     }

@@ -20,6 +20,7 @@ def run_embed(args: argparse.Namespace, model: str, sock: socket.socket, device:
         ("--lora", args.lora),
         ("--reasoning-parser", args.reasoning_parser),
         ("--quantization", getattr(args, "quantization", None)),
+        ("--kv-cache-dtype", None if getattr(args, "kv_cache_dtype", "auto") == "auto" else args.kv_cache_dtype),
     ):
         if value:
             raise ValidationError(f"{flag} does not apply to an embedding model (--task embed)", param=flag)

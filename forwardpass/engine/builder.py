@@ -8,6 +8,7 @@ adapter mapping), MoE routing counts, and the per-step cost model.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -24,7 +25,15 @@ from forwardpass.engine.core import EngineCore
 from forwardpass.engine.cost import StepCostModel
 from forwardpass.engine.kv_cache import KVCacheManager
 from forwardpass.engine.huge_pages import move_model_to_huge_pages
-from forwardpass.engine.kv_cache_spec import StateSpec, layer_specs, plan_groups, sequence_capacity
+from forwardpass.engine.kv_cache_spec import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+    StateSpec,
+    layer_specs,
+    plan_groups,
+    sequence_capacity,
+)
 from forwardpass.engine.model_runner import CausalLM, ModelRunner
 from forwardpass.engine.scheduler import Scheduler
 from forwardpass.errors import ConfigError
@@ -82,7 +91,7 @@ def build_engine_core(
     # ----- KV budget -------------------------------------------------------------------------------
     kv_spec = spec if parallel is None else local_attention_spec(spec, parallel.size)  # this rank's KV heads
     groups = plan_groups(
-        layer_specs(kv_spec, config.block_size, dtype),
+        _layer_specs(kv_spec, config),
         config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY,
         config.num_kv_blocks,
         config.max_num_seqs,
@@ -151,7 +160,7 @@ def build_engine_core(
     kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
     use_fused_ops(net, fused_ops_for(kernel))  # the per-layer ops compiled with it, for the same lifetime
     use_small_matmul(net, small_matmul_for(kernel))
-    use_decode_stack(net, fused_ops_for(kernel))  # a decode step's layers in one C++ call, where they allow it
+    use_decode_stack(net, fused_ops_for(kernel), config.torch_kv_dtype)  # a decode step's layers in one C++ call, where they allow it
     runner = (ModelRunner if parallel is None else parallel.make_runner)(
         cast(CausalLM, net),  # every registered model class has forward + compute_logits
         groups,
@@ -183,6 +192,21 @@ def build_engine_core(
         routing_stats=routing_stats,
         cost=cost,
     )
+
+
+def _layer_specs(spec: ModelSpec, config: EngineConfig) -> list[KVCacheSpec | None]:
+    """What each layer caches, in ``config.kv_cache_dtype``: that applies to plain K/V pages only (the other caches
+    are read by code that computes in the model's dtype), so a model with any other cache refuses it."""
+    specs = layer_specs(spec, config.block_size, config.torch_dtype)
+    if config.torch_kv_dtype == config.torch_dtype:
+        return specs
+    other = {type(s).__name__ for s in specs if s is not None and type(s) not in (FullAttentionSpec, SlidingWindowSpec)}
+    if other:
+        raise ConfigError(
+            f"kv_cache_dtype={config.kv_cache_dtype} applies to models whose layers cache plain keys and values; this "
+            f"one also keeps {', '.join(sorted(other))}: leave it at auto", param="kv_cache_dtype",
+        )
+    return [None if s is None else dataclasses.replace(s, dtype=config.torch_kv_dtype) for s in specs]
 
 
 def _weight_bytes(config: EngineConfig) -> tuple[float | None, float | None]:

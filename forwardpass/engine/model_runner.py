@@ -29,7 +29,7 @@ from forwardpass.engine.batch import EMPTY_RUNNER_OUTPUT, NewSequence, RunnerOut
 from forwardpass.engine.compressed_spec import CompressedSpec
 from forwardpass.engine.encoder_step import run_encoders
 from forwardpass.engine.isolation import drop_unloadable, sample_isolated
-from forwardpass.engine.kv_cache_spec import KVCacheGroup, StateSpec
+from forwardpass.engine.kv_cache_spec import FullAttentionSpec, KVCacheGroup, StateSpec
 from forwardpass.engine.prompt_logprobs import add_prompt_logprobs, take_prompt_logprobs
 from forwardpass.sampling.params import SamplingParams
 from forwardpass.sampling.sampler import Sampler, SamplingRow, TokenLogprobs, make_generator
@@ -117,7 +117,8 @@ class ModelRunner:
                 # Zeroed, not empty: padded rows of a gathered decode batch are masked out, but 0 · NaN
                 # garbage would still poison the weighted sum.
                 shape = group.spec.cache_shape(group.num_blocks)
-                cache_dtype = group.spec.dtype if isinstance(group.spec, StateSpec) else dtype  # states: their own
+                # states keep their own dtype, K/V pages the engine's kv_cache_dtype (the model's by default)
+                cache_dtype = group.spec.dtype if isinstance(group.spec, (StateSpec, FullAttentionSpec)) else dtype
                 if str(device) == "cpu" and huge_pages.enabled():  # each step reads it all: 2 MB pages
                     self.kv_caches[layer] = huge_pages.zeros_on_huge_pages(shape, cache_dtype)
                 else:

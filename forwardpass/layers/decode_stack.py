@@ -44,11 +44,13 @@ class DecodeStack:
         )  # fmt: skip
 
 
-def build_decode_stack(model: nn.Module, ops: Any, dense_capsule: Any) -> DecodeStack | None:
+def build_decode_stack(
+    model: nn.Module, ops: Any, dense_capsule: Any, kv_cache_dtype: torch.dtype = torch.float32
+) -> DecodeStack | None:
     """The stack for ``model`` (a Llama-family ``...ForCausalLM``) on the compiled ``ops`` (the paged-decode
-    extension) with ``dense_capsule`` (the small-batch fp32 matmul's entry point, for fp32 weights), or None
-    where some part of the model is not exactly what the stack computes."""
-    from forwardpass.attention.layer import CachedAttention
+    extension) with ``dense_capsule`` (the small-batch fp32 matmul's entry point, for fp32 weights) over KV caches
+    of ``kv_cache_dtype``, or None where some part is not exactly what the stack computes."""
+    from forwardpass.attention.layer import KERNEL_CACHE_DTYPES, CachedAttention
     from forwardpass.layers.linear import Linear, MergedLinear
     from forwardpass.layers.mlp import GatedMLP
     from forwardpass.layers.norm import RMSNorm
@@ -56,7 +58,8 @@ def build_decode_stack(model: nn.Module, ops: Any, dense_capsule: Any) -> Decode
     from forwardpass.models.llama import DecoderAttention, DecoderLayer, DecoderModel
 
     decoder = getattr(model, "model", None)
-    if ops is None or type(decoder) is not DecoderModel or not hasattr(ops, "DecodeStack"):
+    if (ops is None or type(decoder) is not DecoderModel or not hasattr(ops, "DecodeStack")
+            or kv_cache_dtype not in KERNEL_CACHE_DTYPES):  # fmt: skip
         return None
     max_rows = [MAX_ROWS]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -50,7 +51,7 @@ def use_small_matmul(model: nn.Module, small_matmul: Any) -> int:
     return n
 
 
-def use_decode_stack(model: nn.Module, ops: Any) -> bool:
+def use_decode_stack(model: nn.Module, ops: Any, kv_cache_dtype: torch.dtype = torch.float32) -> bool:
     """Give a Llama-family ``model`` whose layers run entirely on the compiled ``ops`` (and the compiled matmul
     kernels) the C++ loop over its layers for decode steps (``layers/decode_stack.py``). Call it after the
     model is quantized, its LoRA slots attached and :func:`use_fused_ops` / :func:`use_small_matmul` applied:
@@ -58,7 +59,7 @@ def use_decode_stack(model: nn.Module, ops: Any) -> bool:
     from forwardpass.layers.decode_stack import build_decode_stack
     from forwardpass.layers.small_matmul import small_matmul_capsule
 
-    stack = build_decode_stack(model, ops, small_matmul_capsule())
+    stack = build_decode_stack(model, ops, small_matmul_capsule(), kv_cache_dtype)
     if stack is not None:
         model.model.decode_stack = stack
     return stack is not None

@@ -25,16 +25,21 @@ inline __m256 sum8x8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
+// 8 cache values as floats: an fp32 cache as is, an fp16 cache converted in registers (F16C, exact)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
 // Scores of query head qh against the keys at rows[0..cnt) + head (cnt <= 8): 8 independent FMA chains, one
 // per position, then one 8-way reduction instead of 8 horizontal sums.
-inline void scores8(const float* qh, const float* const* rows, int64_t head, int cnt, int64_t D, float scale,
+template <typename T>
+inline void scores8(const float* qh, const T* const* rows, int64_t head, int cnt, int64_t D, float scale,
                     float* dst) {
   __m256 acc[8];
   for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t d = 0; d < D; d += 8) {
     const __m256 qv = _mm256_loadu_ps(qh + d);
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j] + head + d), acc[j]);
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(rows[j] + head + d), acc[j]);
   }
   alignas(32) float out[8];
   _mm256_store_ps(out, _mm256_mul_ps(sum8x8(acc), _mm256_set1_ps(scale)));
@@ -44,44 +49,46 @@ inline void scores8(const float* qh, const float* const* rows, int64_t head, int
 // out[0..8·NV) += Σ_i p[i] · rows[i][off .. off + 8·NV) over n positions, the NV accumulators in registers
 // (NV is a compile-time constant: with a run-time count the compiler kept them on the stack, and every FMA
 // waited on a store and a reload: measured, half of the kernel's time).
-template <int NV>
-inline void weighted_sum_cols(const float* p, const float* const* rows, int64_t off, int64_t n, float* out) {
+template <int NV, typename T>
+inline void weighted_sum_cols(const float* p, const T* const* rows, int64_t off, int64_t n, float* out) {
   __m256 o[NV];
 #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) o[v] = _mm256_loadu_ps(out + 8 * v);
   for (int64_t i = 0; i < n; ++i) {
     const __m256 pv = _mm256_set1_ps(p[i]);
-    const float* r = rows[i] + off;
+    const T* r = rows[i] + off;
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) o[v] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(r + 8 * v), o[v]);
+    for (int v = 0; v < NV; ++v) o[v] = _mm256_fmadd_ps(pv, load8(r + 8 * v), o[v]);
   }
 #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + 8 * v, o[v]);
 }
 
 // out[0..D) += Σ_i p[i] · (rows[i] + head)[0..D) over n positions, 64 columns at a time (D % 8 == 0).
-inline void weighted_sum(const float* p, const float* const* rows, int64_t head, int64_t n, int64_t D,
+template <typename T>
+inline void weighted_sum(const float* p, const T* const* rows, int64_t head, int64_t n, int64_t D,
                          float* out) {
   int64_t c = 0;
-  for (; c + 64 <= D; c += 64) weighted_sum_cols<8>(p, rows, head + c, n, out + c);
+  for (; c + 64 <= D; c += 64) weighted_sum_cols<8, T>(p, rows, head + c, n, out + c);
   switch ((D - c) / 8) {
-    case 7: weighted_sum_cols<7>(p, rows, head + c, n, out + c); break;
-    case 6: weighted_sum_cols<6>(p, rows, head + c, n, out + c); break;
-    case 5: weighted_sum_cols<5>(p, rows, head + c, n, out + c); break;
-    case 4: weighted_sum_cols<4>(p, rows, head + c, n, out + c); break;
-    case 3: weighted_sum_cols<3>(p, rows, head + c, n, out + c); break;
-    case 2: weighted_sum_cols<2>(p, rows, head + c, n, out + c); break;
-    case 1: weighted_sum_cols<1>(p, rows, head + c, n, out + c); break;
+    case 7: weighted_sum_cols<7, T>(p, rows, head + c, n, out + c); break;
+    case 6: weighted_sum_cols<6, T>(p, rows, head + c, n, out + c); break;
+    case 5: weighted_sum_cols<5, T>(p, rows, head + c, n, out + c); break;
+    case 4: weighted_sum_cols<4, T>(p, rows, head + c, n, out + c); break;
+    case 3: weighted_sum_cols<3, T>(p, rows, head + c, n, out + c); break;
+    case 2: weighted_sum_cols<2, T>(p, rows, head + c, n, out + c); break;
+    case 1: weighted_sum_cols<1, T>(p, rows, head + c, n, out + c); break;
     default: break;
   }
 }
 
 }  // namespace
 
-torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv_cache, torch::Tensor block_tables,
-                           torch::Tensor seq_lens, double scale, int64_t window) {
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && kv_cache.dtype() == torch::kFloat32, "float32 only");
-  TORCH_CHECK(q.is_contiguous() && kv_cache.is_contiguous(), "contiguous inputs required");
+namespace {
+
+template <typename T>  // the cache's element type: float or at::Half
+torch::Tensor paged_decode_impl(torch::Tensor q, torch::Tensor kv_cache, torch::Tensor block_tables,
+                                torch::Tensor seq_lens, double scale, int64_t window) {
   block_tables = block_tables.contiguous();
   seq_lens = seq_lens.contiguous();
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
@@ -89,8 +96,8 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv_cache, torch::Tenso
   const int64_t G = Hq / Hkv, max_blocks = block_tables.size(1);
   auto out = torch::empty_like(q);
   const float* qp = q.data_ptr<float>();
-  const float* kp = kv_cache.data_ptr<float>();
-  const float* vp = kp + NB * BS * Hkv * D;
+  const T* kp = kv_cache.data_ptr<T>();
+  const T* vp = kp + NB * BS * Hkv * D;
   const int64_t* bt = block_tables.data_ptr<int64_t>();
   const int64_t* sl = seq_lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
@@ -104,7 +111,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv_cache, torch::Tenso
   at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;        // [Hq, n]: this sequence's scores, then probabilities
     std::vector<int64_t> row_offset;  // [n]: where each visible position's K/V row starts in its cache half
-    std::vector<const float*> rows;   // [n + 8]: those rows (K in pass 1, V in pass 3), padded to a multiple of 8
+    std::vector<const T*> rows;       // [n + 8]: those rows (K in pass 1, V in pass 3), padded to a multiple of 8
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / splits, part = item % splits;
       const int64_t h0 = Hkv * part / splits * G, h1 = Hkv * (part + 1) / splits * G;  // query heads
@@ -133,10 +140,10 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv_cache, torch::Tenso
         for (int64_t i = 0; i < n; ++i)
           for (int64_t hq = h0; hq < h1; ++hq) {
             const float* qh = qb + hq * D;
-            const float* kr = kp + row_offset[i] + (hq / G) * D;
+            const T* kr = kp + row_offset[i] + (hq / G) * D;
             float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < D; ++d) dot += qh[d] * kr[d];
+            for (int64_t d = 0; d < D; ++d) dot += qh[d] * static_cast<float>(kr[d]);
             scores[hq * n + i] = dot * fscale;
           }
       }
@@ -165,15 +172,28 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv_cache, torch::Tenso
         for (int64_t i = 0; i < n; ++i)
           for (int64_t hq = h0; hq < h1; ++hq) {
             const float p = scores[hq * n + i];
-            const float* vr = vp + row_offset[i] + (hq / G) * D;
+            const T* vr = vp + row_offset[i] + (hq / G) * D;
             float* oh = ob + hq * D;
 #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) oh[d] += p * vr[d];
+            for (int64_t d = 0; d < D; ++d) oh[d] += p * static_cast<float>(vr[d]);
           }
       }
     }
   });
   return out;
+}
+
+}  // namespace
+
+// The cache may be fp32 or fp16 (kv_cache_dtype="float16": values converted to fp32 as they are read); q, the
+// scores and the output are fp32.
+torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv_cache, torch::Tensor block_tables,
+                           torch::Tensor seq_lens, double scale, int64_t window) {
+  TORCH_CHECK(q.dtype() == torch::kFloat32, "q: float32 only");
+  TORCH_CHECK(q.is_contiguous() && kv_cache.is_contiguous(), "contiguous inputs required");
+  if (kv_cache.dtype() == torch::kHalf) return paged_decode_impl<at::Half>(q, kv_cache, block_tables, seq_lens, scale, window);
+  TORCH_CHECK(kv_cache.dtype() == torch::kFloat32, "KV cache: float32 or float16 only");
+  return paged_decode_impl<float>(q, kv_cache, block_tables, seq_lens, scale, window);
 }
 
 namespace {
@@ -252,8 +272,38 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
 
 // This step's keys and values [T, Hkv, D] (any row strides: they are views of the qkv projection) into the
 // cache [2, blocks, block_size, Hkv, D] at flat slots slot_mapping [T]. Reference: paged.py::write_kv.
+namespace {
+
+// fp32 → the cache's type; to fp16 with F16C's round-to-nearest-even, as torch's .to(torch.float16)
+inline void copy_row(const float* src, int64_t n, float* dst) { std::copy_n(src, n, dst); }
+inline void copy_row(const float* src, int64_t n, at::Half* dst) {
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kRound));
+  for (; i < n; ++i) dst[i].x = _cvtss_sh(src[i], kRound);
+}
+
+template <typename T>
+void write_kv_impl(torch::Tensor kv_cache, const torch::Tensor& k, const torch::Tensor& v, const int64_t* sp) {
+  const int64_t T_ = k.size(0), H = k.size(1), D = k.size(2);
+  const int64_t slots = kv_cache.size(1) * kv_cache.size(2);
+  T* kc = kv_cache.data_ptr<T>();
+  T* vc = kc + slots * H * D;
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  for (int64_t t = 0; t < T_; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      copy_row(kp + t * k.stride(0) + h * k.stride(1), D, kc + (sp[t] * H + h) * D);
+      copy_row(vp + t * v.stride(0) + h * v.stride(1), D, vc + (sp[t] * H + h) * D);
+    }
+}
+
+}  // namespace
+
 void write_kv_(torch::Tensor kv_cache, torch::Tensor k, torch::Tensor v, torch::Tensor slot_mapping) {
-  TORCH_CHECK(kv_cache.dtype() == torch::kFloat32 && kv_cache.is_contiguous(), "contiguous float32 cache");
+  TORCH_CHECK((kv_cache.dtype() == torch::kFloat32 || kv_cache.dtype() == torch::kHalf) && kv_cache.is_contiguous(),
+              "contiguous float32 or float16 cache");
   TORCH_CHECK(k.dtype() == torch::kFloat32 && v.dtype() == torch::kFloat32 && k.sizes() == v.sizes() && k.dim() == 3,
               "k, v: [T, Hkv, D] float32");
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "k, v: unit stride along D");
@@ -261,17 +311,10 @@ void write_kv_(torch::Tensor kv_cache, torch::Tensor k, torch::Tensor v, torch::
   const int64_t T = k.size(0), H = k.size(1), D = k.size(2);
   const int64_t slots = kv_cache.size(1) * kv_cache.size(2);
   TORCH_CHECK(kv_cache.size(3) == H && kv_cache.size(4) == D && slot_mapping.numel() == T, "shapes do not match");
-  float* kc = kv_cache.data_ptr<float>();
-  float* vc = kc + slots * H * D;
   const int64_t* sp = slot_mapping.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t) TORCH_CHECK(sp[t] >= 0 && sp[t] < slots, "slot ", sp[t], " out of range");
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      std::copy_n(kp + t * k.stride(0) + h * k.stride(1), D, kc + (sp[t] * H + h) * D);
-      std::copy_n(vp + t * v.stride(0) + h * v.stride(1), D, vc + (sp[t] * H + h) * D);
-    }
+  if (kv_cache.dtype() == torch::kHalf) write_kv_impl<at::Half>(kv_cache, k, v, sp);
+  else write_kv_impl<float>(kv_cache, k, v, sp);
 }
 
 #include "decode_stack.h"
