@@ -140,7 +140,8 @@ def build_engine_core(
     has_moe = bool(moe_layers(net))
     routing_stats = RoutingStats(maxlen=config.max_stats_records) if has_moe else None
     try:  # FLOPs / bytes per step for achieved FLOP/s and GB/s; optional, never fatal
-        cost = StepCostModel(spec, torch.empty((), dtype=dtype).element_size(), *_weight_bytes(config))
+        cost = StepCostModel(spec, torch.empty((), dtype=dtype).element_size(), *_weight_bytes(config),
+                             kv_dtype_bytes=torch.empty((), dtype=config.torch_kv_dtype).element_size())
     except Exception as exc:  # noqa: BLE001 - an exotic config the accounting can't read
         logger.warning("no FLOP/byte accounting for this model: %s", exc)
         cost = None
@@ -206,7 +207,8 @@ def _layer_specs(spec: ModelSpec, config: EngineConfig) -> list[KVCacheSpec | No
             f"kv_cache_dtype={config.kv_cache_dtype} applies to models whose layers cache plain keys and values; this "
             f"one also keeps {', '.join(sorted(other))}: leave it at auto", param="kv_cache_dtype",
         )
-    return [None if s is None else dataclasses.replace(s, dtype=config.torch_kv_dtype) for s in specs]
+    return [None if s is None else dataclasses.replace(cast(FullAttentionSpec, s), dtype=config.torch_kv_dtype)
+            for s in specs]
 
 
 def _weight_bytes(config: EngineConfig) -> tuple[float | None, float | None]:

@@ -27,9 +27,10 @@ class StepCost(Protocol):
 
 class StepCostModel:
     def __init__(self, spec: ModelSpec, dtype_bytes: int, weight_bytes: float | None = None,
-                 head_bytes: float | None = None):  # fmt: skip
+                 head_bytes: float | None = None, kv_dtype_bytes: int | None = None):  # fmt: skip
         """``dtype_bytes``: activations and KV cache; ``weight_bytes`` / ``head_bytes``: bytes per weight of
-        the layers and of the LM head when they differ from it (quantized weights)."""
+        the layers and of the LM head when they differ from it (quantized weights); ``kv_dtype_bytes``: the KV
+        cache's when it differs (``kv_cache_dtype``)."""
         self.spec = s = spec
         self.dtype_bytes = dtype_bytes
         self.weight_bytes = dtype_bytes if weight_bytes is None else weight_bytes
@@ -38,7 +39,7 @@ class StepCostModel:
         # parameters a token multiplies through, except embedding lookup and LM head
         self.matmul_params = s.active_params - s.embedding_params - s.lm_head_params - per_layer_norms
         self.all_body_params = s.params - s.embedding_params - s.lm_head_params
-        self.kv_bytes_per_token = s.kv_bytes_per_token(dtype_bytes)
+        self.kv_bytes_per_token = s.kv_bytes_per_token(dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes)
         self.state_bytes = s.state_bytes_per_sequence(4)  # Mamba / DeltaNet states: float32, per sequence
 
     def step(self, spans: Sequence[tuple[int, int]], num_sampled: int) -> tuple[float, float]:

@@ -94,13 +94,17 @@ def build_decode_stack(
         if any(p is None for p in projs):
             return None
         if stack is None:
-            stack = ops.DecodeStack(attn.num_heads, attn.num_kv_heads, attn.head_dim)
-        q_norm, k_norm = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
+            head_dim = attn.head_dim
+            stack = ops.DecodeStack(attn.num_heads, attn.num_kv_heads, head_dim)
+        q_norm = k_norm = None
+        qk_eps = 0.0
+        if attn.q_norm is not None and attn.k_norm is not None:
+            q_norm, k_norm, qk_eps = attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps
         stack.add_layer(
             layer.input_layernorm.weight, layer.input_layernorm.eps, layer.post_attention_layernorm.weight,
-            layer.post_attention_layernorm.eps, q_norm, k_norm, attn.q_norm.eps if attn.q_norm is not None else 0.0,
-            *projs, attn.attn.scale, attn.attn.sliding_window or 0,
+            layer.post_attention_layernorm.eps, q_norm, k_norm, qk_eps, *projs, attn.attn.scale,
+            attn.attn.sliding_window or 0,
         )  # fmt: skip
     if stack is None:
         return None
-    return DecodeStack(stack, min(max_rows), decoder.layers[0].self_attn.head_dim)
+    return DecodeStack(stack, min(max_rows), head_dim)

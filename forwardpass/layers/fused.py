@@ -61,5 +61,5 @@ def use_decode_stack(model: nn.Module, ops: Any, kv_cache_dtype: torch.dtype = t
 
     stack = build_decode_stack(model, ops, small_matmul_capsule(), kv_cache_dtype)
     if stack is not None:
-        model.model.decode_stack = stack
+        model.model.decode_stack = stack  # type: ignore[union-attr]  # a DecoderModel (build_decode_stack)
     return stack is not None
