@@ -144,7 +144,7 @@ def main() -> None:
     for name, tok_s in rows.items():
         ratios = "  ".join(f"{tok_s / other:5.2f}x {peer.split()[0]}" for peer, other in rows.items()
                            if not peer.startswith("forwardpass")) if name.startswith("forwardpass") else ""
-        print(f"{name:<20}{tok_s:8.1f} output tok/s  {ratios}")
+        print(f"{name:<30}{tok_s:8.1f} output tok/s  {ratios}")
     record = {"model": str(path), "num_prompts": args.num_prompts, "input_len": args.input_len,
               "output_len": args.output_len, "batch": args.batch, "runs": args.runs, "output_tok_s": rows,
               "forwardpass_tok_s": fp, "transformers_tok_s": hf, "ratio": fp / hf}  # fmt: skip
