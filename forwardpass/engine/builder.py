@@ -161,7 +161,8 @@ def build_engine_core(
     kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
     use_fused_ops(net, fused_ops_for(kernel))  # the per-layer ops compiled with it, for the same lifetime
     use_small_matmul(net, small_matmul_for(kernel))
-    use_decode_stack(net, fused_ops_for(kernel), config.torch_kv_dtype)  # a decode step's layers in one C++ call, where they allow it
+    # a decode step's layers in one C++ call, where the model's layers are exactly what it computes
+    use_decode_stack(net, fused_ops_for(kernel), config.torch_kv_dtype)
     runner = (ModelRunner if parallel is None else parallel.make_runner)(
         cast(CausalLM, net),  # every registered model class has forward + compute_logits
         groups,
