@@ -86,3 +86,25 @@ def test_not_built_where_a_layer_differs(ops, checkpoint_factory, tmp_path):
     assert stack_of(checkpoint_factory("qwen3"), cpu_kernels=True, enable_lora=True, max_lora_rank=8) is None
     assert stack_of(make_moe_checkpoint(tmp_path / "moe", "qwen3_moe_k2_norm"), cpu_kernels=True) is None
     assert stack_of(make_attention_checkpoint(tmp_path / "g2", "gemma2"), cpu_kernels=True) is None
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_large_quantized_batches_use_the_weights_gemm(ops, checkpoint_factory, quantization):
+    """On AVX-512 VNNI CPUs a quantized weight multiplies 32+ rows with the kernel's GEMM (quant/csrc/vnni_gemm.h);
+    the stack calls it for those batches too, still bitwise the modules. Elsewhere such batches run the modules."""
+    from forwardpass.quant.weight import QuantizedWeight
+
+    llm = LLM(checkpoint_factory("qwen3"), quantization=quantization, num_kv_blocks=256, block_size=16,
+              cpu_kernels=True, enable_prefix_caching=False, max_num_seqs=40)  # fmt: skip
+    decoder = llm.engine.model.model
+    vnni = any(w._vnni is not None for w in decoder.modules() if isinstance(w, QuantizedWeight))
+    assert (decoder.decode_stack.max_rows >= 40) == vnni
+    counting = CountingStack(decoder.decode_stack)
+    prompts = random_prompts(40, [5, 17, 33])
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
+    runs = {}
+    for name, stack in (("stack", counting), ("modules", None)):
+        decoder.decode_stack = stack
+        runs[name] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert runs["stack"] == runs["modules"]
+    assert (counting.calls > 0) == vnni  # decode steps of all 40 sequences

@@ -21,32 +21,42 @@ using DenseMatmul = torch::Tensor (*)(torch::Tensor, torch::Tensor, c10::optiona
 constexpr const char* kQuantCapsule = "forwardpass.quant_matmul";  // (x, values, scales) -> x · Wᵀ
 constexpr const char* kDenseCapsule = "forwardpass.dense_matmul";  // (x, weight, bias) -> x · Wᵀ + bias
 
+inline std::string capsule_name(const py::capsule& c) { return c.name() ? c.name() : ""; }
+
 // One linear layer: x [T, K] -> [T, N] through its format's kernel.
 struct Projection {
   QuantMatmul quant = nullptr;
+  QuantMatmul gemm = nullptr;  // a quantized weight's GEMM for gemm_rows rows and more (the VNNI build), or none
+  int64_t gemm_rows = 0;
   DenseMatmul dense = nullptr;
   torch::Tensor a, b;  // dense: the fp32 weight (b unused); quantized: values and block scales
   c10::optional<torch::Tensor> bias;
 
   Projection() = default;
-  Projection(py::capsule kernel, torch::Tensor a_, c10::optional<torch::Tensor> b_, c10::optional<torch::Tensor> bias_)
-      : a(std::move(a_)), bias(std::move(bias_)) {
-    const std::string name = kernel.name() ? kernel.name() : "";
+  Projection(py::capsule kernel, torch::Tensor a_, c10::optional<torch::Tensor> b_, c10::optional<torch::Tensor> bias_,
+             py::object gemm_kernel, int64_t gemm_rows_)
+      : gemm_rows(gemm_rows_), a(std::move(a_)), bias(std::move(bias_)) {
+    const std::string name = capsule_name(kernel);
     if (name == kQuantCapsule) {
       TORCH_CHECK(b_.has_value(), "a quantized projection needs its scales");
       quant = reinterpret_cast<QuantMatmul>(kernel.get_pointer());
       b = *b_;
+      if (!gemm_kernel.is_none()) {
+        const py::capsule g = gemm_kernel.cast<py::capsule>();
+        TORCH_CHECK(capsule_name(g) == kQuantCapsule && gemm_rows > 0, "not a quantized GEMM capsule");
+        gemm = reinterpret_cast<QuantMatmul>(g.get_pointer());
+      }
     } else {
-      TORCH_CHECK(name == kDenseCapsule, "not a matmul kernel capsule: ", name);
+      TORCH_CHECK(name == kDenseCapsule && gemm_kernel.is_none(), "not a matmul kernel capsule: ", name);
       dense = reinterpret_cast<DenseMatmul>(kernel.get_pointer());
     }
   }
 
   // as forwardpass/layers/linear.py::linear: the dense kernel adds the bias itself; a quantized weight's
-  // output gets it added after (QuantizedWeight.matmul)
+  // output gets it added after, and from gemm_rows rows on it multiplies with its GEMM (QuantizedWeight.matmul)
   torch::Tensor operator()(const torch::Tensor& x) const {
     if (dense) return dense(x, a, bias);
-    torch::Tensor out = quant(x, a, b);
+    torch::Tensor out = gemm && x.size(0) >= gemm_rows ? gemm(x, a, b) : quant(x, a, b);
     if (bias) out.add_(*bias);
     return out;
   }
@@ -116,8 +126,10 @@ class Stack {
 
 inline void bind(py::module& m) {
   py::class_<Projection>(m, "Projection")
-      .def(py::init<py::capsule, torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>>(),
-           py::arg("kernel"), py::arg("a"), py::arg("b"), py::arg("bias"));
+      .def(py::init<py::capsule, torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, py::object,
+                    int64_t>(),
+           py::arg("kernel"), py::arg("a"), py::arg("b"), py::arg("bias"), py::arg("gemm") = py::none(),
+           py::arg("gemm_rows") = 0);
   py::class_<Stack>(m, "DecodeStack")
       .def(py::init<int64_t, int64_t, int64_t>(), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"))
       .def("add_layer", &Stack::add_layer)

@@ -448,6 +448,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
   m.def("q8_0_gemm", &quant_gemm<false>, "x[M,K] fp32 · Q8_0 W[N,K]ᵀ for many rows (AVX-512 VNNI, weights repacked per panel)");
   m.def("q4_0_gemm", &quant_gemm<true>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ for many rows (AVX-512 VNNI, weights repacked per panel)");
+  m.def("gemm_capsule", [](bool q4) {  // for C++ callers, as matmul_capsule below
+    return py::capsule(reinterpret_cast<void*>(q4 ? &quant_gemm<true> : &quant_gemm<false>), "forwardpass.quant_matmul");
+  }, "the q4_0 (True) or q8_0 (False) GEMM as a PyCapsule");
 #endif
   m.def("q8_0_dequantize", &dequantize<false, float>, "Q8_0 (values, scales, K) → fp32 [N, K]");
   m.def("q4_0_dequantize", &dequantize<true, float>, "Q4_0 (values, scales, K) → fp32 [N, K]");
