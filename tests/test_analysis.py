@@ -54,9 +54,9 @@ def fake_cache(tmp_path, monkeypatch):
 
 
 def _fake_overhead():
-    from forwardpass.analysis.overhead import Overhead
+    from forwardpass.analysis.overhead import PATH, Overhead
 
-    return Overhead(per_step_s=1e-3, per_layer_s=1e-4, method="fake")
+    return Overhead(per_step_s=1e-3, per_layer_s=1e-4, method=f"fake, {PATH}")  # a cached value of the current probe
 
 
 FAKE_OVERHEAD = _fake_overhead()
@@ -599,3 +599,15 @@ def test_measured_points_sit_beside_the_predicted_ones(tmp_path, fake_cache):
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert "measured" in labels and "predicted (roofline + overhead)" in labels
     assert (tmp_path / "roofline.png").stat().st_size > 10_000
+
+
+def test_an_overhead_cached_from_another_probe_path_is_measured_again(tmp_path, monkeypatch):
+    from forwardpass.analysis import overhead as ohmod
+
+    path = tmp_path / "hardware.json"
+    old = ohmod.Overhead(per_step_s=2e-4, per_layer_s=5e-4, method="median of ... interleaved runs")  # module path
+    path.write_text(json.dumps({"overhead-cpu": old.to_dict()}))
+    monkeypatch.setattr(ohmod, "measure_overhead", lambda device: FAKE_OVERHEAD)
+    assert ohmod.this_machine_overhead("cpu", path=path).per_layer_s == FAKE_OVERHEAD.per_layer_s
+    assert json.loads(path.read_text())["overhead-cpu"]["method"] == FAKE_OVERHEAD.method
+    assert ohmod.this_machine_overhead("cpu", path=path) == FAKE_OVERHEAD  # now from the cache

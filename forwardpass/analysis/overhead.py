@@ -103,7 +103,9 @@ def _tiny_step_time(layers: int, device: str, steps: int) -> float:
     with torch.no_grad():
         for p in net.parameters():
             p.normal_(0.0, 0.02)
-    config = EngineConfig(device=device, num_kv_blocks=64, enable_prefix_caching=False, cpu_kernels=False)
+    # the engine's compiled CPU path, as the engines it is compared with (analysis/measure.py) run: with it a
+    # decode step's layers are one C++ call (layers/decode_stack.py), so its per-layer cost is the kernels' own
+    config = EngineConfig(device=device, num_kv_blocks=64, enable_prefix_caching=False, cpu_kernels=True)
     core = build_engine_core(home, config, model_and_spec=(net, spec))
     engine = LLMEngine(home, core=core)
     params = SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True)
@@ -118,6 +120,11 @@ def _tiny_step_time(layers: int, device: str, steps: int) -> float:
     return statistics.median(times[: max(1, len(times) // 4)])
 
 
+#: what the probe engines run on: part of each measurement's ``method``, so a cached one taken on another path
+#: (before the compiled CPU path and the decode stack, the module path's ~0.5 ms per layer) is measured again
+PATH = "engine's compiled CPU path"
+
+
 def measure_overhead(device: str = "cpu", *, deep_layers: int = 8, steps: int = 48, repeats: int = 2) -> Overhead:
     t1, tl = float("inf"), float("inf")
     for _ in range(repeats):  # interleaved, best of each: load from elsewhere only ever adds time
@@ -130,7 +137,7 @@ def measure_overhead(device: str = "cpu", *, deep_layers: int = 8, steps: int = 
         device=device,
         method=(f"median of the fastest quarter of pure-decode engine steps of random decoders (hidden 64, "
                 f"vocab 256) with 1 and {deep_layers} layers, batch 1, {steps} steps, best of {repeats} "
-                f"interleaved runs"),
+                f"interleaved runs, {PATH}"),
         measured_at=_dt.datetime.now().isoformat(timespec="seconds"),
     )
 
@@ -145,8 +152,9 @@ def this_machine_overhead(device: str = "cpu", *, remeasure: bool = False, path:
     if path.is_file():
         try:
             doc = json.loads(path.read_text())
-            if not remeasure and isinstance(doc.get(key), dict):
-                return Overhead(**doc[key])
+            cached = doc.get(key)
+            if not remeasure and isinstance(cached, dict) and str(cached.get("method", "")).endswith(PATH):
+                return Overhead(**cached)
         except (ValueError, OSError, TypeError) as exc:
             log.warning("ignoring unreadable overhead cache %s: %s", path, exc)
             doc = {}
