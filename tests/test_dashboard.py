@@ -52,9 +52,9 @@ def test_state_json_and_metrics(server):
         assert httpx.get(f"{server.url}/dashboard/static/{name}").status_code == 200
     assert httpx.get(server.url + "/dashboard/static/../app.py").status_code == 404
 
-    # long enough to outlive the first polls many times over: 24 tokens each finished within ~50 ms once decode
-    # steps became one C++ call, sometimes before the first poll came back (a flaky "never showed a block")
-    threads = _load(server.url, 3, 320)
+    # long enough (~2 s) to outlive the first polls many times over: 24 tokens each could finish before the
+    # first poll came back once decode steps became one C++ call (a flaky "never showed an owned block")
+    threads = _load(server.url, 3, 120)
     seen_blocks = 0
     while any(t.is_alive() for t in threads):
         s = httpx.get(server.url + "/dashboard/state", timeout=10).json()
