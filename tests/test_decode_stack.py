@@ -35,6 +35,19 @@ class CountingStack:
         return self.stack(*args)
 
 
+def stack_and_module_runs(llm, prompts, params):
+    """Each prompt's (tokens, logprobs) with the engine's decode stack (counted) and with the modules, and the
+    number of steps the stack ran."""
+    decoder = llm.engine.model.model
+    counting = CountingStack(decoder.decode_stack)
+    runs = {}
+    for name, stack in (("stack", counting), ("modules", None)):
+        decoder.decode_stack = stack
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs[name] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+    return runs["stack"], runs["modules"], counting.calls
+
+
 @pytest.mark.parametrize("quantization,kv_cache_dtype", [(None, "auto"), ("int8", "auto"), ("int4", "auto"),
                                                          (None, "float16"), ("int8", "float16")])  # fmt: skip
 @pytest.mark.parametrize("variant", ["qwen3", "qwen2", "mistral", "llama"])
@@ -43,18 +56,11 @@ def test_stack_equals_the_modules_bitwise(ops, checkpoint_factory, variant, quan
     # (the contexts below pass it); llama: llama3 rope scaling, an untied head
     llm = LLM(checkpoint_factory(variant), quantization=quantization, num_kv_blocks=64, block_size=16,
               cpu_kernels=True, enable_prefix_caching=False, kv_cache_dtype=kv_cache_dtype)  # fmt: skip
-    decoder = llm.engine.model.model
-    assert decoder.decode_stack is not None
-    counting = CountingStack(decoder.decode_stack)
-    prompts = random_prompts(3, [9, 40, 63])
+    assert llm.engine.model.model.decode_stack is not None
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3)
-    runs = {}
-    for name, stack in (("stack", counting), ("modules", None)):
-        decoder.decode_stack = stack
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        runs[name] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
-    assert counting.calls >= 15  # every decode step of the batch
-    assert runs["stack"] == runs["modules"]  # tokens and log-probabilities, exactly
+    with_stack, with_modules, calls = stack_and_module_runs(llm, random_prompts(3, [9, 40, 63]), params)
+    assert calls >= 15  # every decode step of the batch
+    assert with_stack == with_modules  # tokens and log-probabilities, exactly
 
 
 def test_large_batches_and_mixed_steps_take_the_modules(ops, checkpoint_factory):
@@ -99,12 +105,7 @@ def test_large_quantized_batches_use_the_weights_gemm(ops, checkpoint_factory, q
     decoder = llm.engine.model.model
     vnni = any(w._vnni is not None for w in decoder.modules() if isinstance(w, QuantizedWeight))
     assert (decoder.decode_stack.max_rows >= 40) == vnni
-    counting = CountingStack(decoder.decode_stack)
-    prompts = random_prompts(40, [5, 17, 33])
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
-    runs = {}
-    for name, stack in (("stack", counting), ("modules", None)):
-        decoder.decode_stack = stack
-        runs[name] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert runs["stack"] == runs["modules"]
-    assert (counting.calls > 0) == vnni  # decode steps of all 40 sequences
+    with_stack, with_modules, calls = stack_and_module_runs(llm, random_prompts(40, [5, 17, 33]), params)
+    assert with_stack == with_modules
+    assert (calls > 0) == vnni  # decode steps of all 40 sequences

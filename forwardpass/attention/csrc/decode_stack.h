@@ -117,8 +117,6 @@ class Stack {
     return x;
   }
 
-  int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
-
  private:
   int64_t Hq, Hkv, D;
   std::vector<Layer> layers;
@@ -133,8 +131,7 @@ inline void bind(py::module& m) {
   py::class_<Stack>(m, "DecodeStack")
       .def(py::init<int64_t, int64_t, int64_t>(), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"))
       .def("add_layer", &Stack::add_layer)
-      .def("forward", &Stack::forward)
-      .def_property_readonly("num_layers", &Stack::num_layers);
+      .def("forward", &Stack::forward);
 }
 
 }  // namespace decode_stack
