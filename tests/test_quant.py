@@ -122,6 +122,7 @@ def test_gemm_path_follows_the_cpu(monkeypatch):
     it, hundreds of times slower than fp32), on our AMX kernel where it has AMX; the environment variable wins,
     except that it cannot send a CPU without AMX to the AMX kernel."""
     monkeypatch.delenv("FORWARDPASS_QUANT_GEMM", raising=False)
+    monkeypatch.delenv("FORWARDPASS_QUANT_ISA", raising=False)  # (which would override the flags given here)
     sapphire_rapids = frozenset({"avx2", "fma"} | AMX_CPU_FLAGS)
     assert gemm_path(sapphire_rapids) == "amx"
     assert gemm_path(frozenset({"avx2", "amx_bf16", "amx_tile"})) == "bf16"  # AMX without AVX-512 BF16: oneDNN
@@ -259,7 +260,7 @@ def test_quantized_model_equals_reference_model(kernel, quantization, gemm, monk
         assert (b - ref_b).norm() < 1e-2 * ref_b.norm() and (b.argmax(-1) == ref_b.argmax(-1)).all()
     else:
         assert torch.equal(b, _logits(ref, long))
-    monkeypatch.setattr(reference, "quant_matmul", reference.exact_for(load_quant_kernel().isa))
+    monkeypatch.setattr(reference, "quant_matmul", reference.exact_for(load_quant_kernel().isa, down.tiles))
     assert torch.equal(a, _logits(ref, short))
     few = short[:3]  # a decode-sized batch
     assert torch.equal(_logits(fast, few), _logits(ref, few))
@@ -347,7 +348,8 @@ def test_moe_experts_quantize(tmp_path, monkeypatch, one_thread):
     # near the float model: 13% here (a random tiny MoE flips some expert choices; a dense random model of
     # the same shape: 4%, the trained embedded model: 0.6%); a wrong expert layout gives ~100%
     assert (got - want).norm() < 0.2 * want.norm()
-    monkeypatch.setattr(reference, "quant_matmul", reference.exact_for(load_quant_kernel().isa))
+    tiles = experts[0].gate_up_proj.tiles
+    monkeypatch.setattr(reference, "quant_matmul", reference.exact_for(load_quant_kernel().isa, tiles))
     assert torch.equal(got, _logits(quantize_model(load_model(ckpt)[0], "int8", kernel=False), ids))
 
 

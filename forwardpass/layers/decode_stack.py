@@ -71,11 +71,11 @@ def build_decode_stack(
             if w._kernel is None or w.qs.device.type != "cpu" or w.qs.dim() != 2:
                 return None
             q4 = w.fmt == "q4_0"
+            matvec = w._kernel.matmul_capsule(q4, w.tiles)  # for the layout the weight's buffers hold
             if w._vnni is not None:  # from gemm_rows rows on, the kernel's own GEMM (QuantizedWeight.matmul)
-                return ops.Projection(w._kernel.matmul_capsule(q4), w.qs, w.d, linear.bias, w._vnni.gemm_capsule(q4),
-                                      w.gemm_rows)  # fmt: skip
+                return ops.Projection(matvec, w.qs, w.d, linear.bias, w._vnni.gemm_capsule(q4, w.tiles), w.gemm_rows)
             max_rows.append(w.gemm_rows - 1)  # more rows take a path outside this kernel (AMX, oneDNN)
-            return ops.Projection(w._kernel.matmul_capsule(q4), w.qs, w.d, linear.bias)
+            return ops.Projection(matvec, w.qs, w.d, linear.bias)
         if dense_capsule is None or linear.small_matmul is None or w.dtype != torch.float32 or w.device.type != "cpu":
             return None
         return ops.Projection(dense_capsule, w, None, linear.bias)

@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("csrc") / "quant_matmul.cpp"
 HEADER = SOURCE.with_name("block_weights.h")  # the weight layout and its argument checks, shared by both kernels
 GEMM_HEADER = SOURCE.with_name("vnni_gemm.h")  # the VNNI build's GEMM for many rows
+TILES_HEADER = SOURCE.with_name("tiles.h")  # the VNNI build's weight layout and its small-batch matmul
 TRANSPOSE_HEADER = Path(__file__).parent.parent / "layers" / "csrc" / "transpose16.h"  # the AMX kernel's stores
 # no -ffast-math: the activation quantization must round exactly like the reference's float ops.
 AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
@@ -36,7 +37,7 @@ def kernel_for(isa: str) -> CppKernel:
     """The build of the kernel for ``isa`` ("avx2" or "avx512vnni"); each has its own build folder."""
     return CppKernel(
         f"forwardpass_quant_matmul_{isa}", SOURCE, cflags=AVX512_FLAGS if isa == "avx512vnni" else AVX2_FLAGS,
-        ldflags=("-fopenmp",), what=f"the C++ quantized-matmul kernel ({isa})", expected_s=40, headers=(HEADER, GEMM_HEADER),
+        ldflags=("-fopenmp",), what=f"the C++ quantized-matmul kernel ({isa})", expected_s=40, headers=(HEADER, GEMM_HEADER, TILES_HEADER),
     )  # fmt: skip
 
 

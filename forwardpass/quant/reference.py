@@ -82,11 +82,13 @@ def quant_gemm_exact(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: st
     return acc
 
 
-def exact_for(isa: str):
-    """``quant_matmul_exact`` in the float order of the kernel built for ``isa`` (the AVX-512 build pairs
-    blocks), for tests that compare whole models bit for bit."""
+def exact_for(isa: str, tiles: bool = False):
+    """The float order of the small-batch kernel built for ``isa`` (the AVX-512 build pairs blocks; on weights in
+    the tile layout it sums blocks in sequence, as the GEMM), for tests that compare whole models bit for bit."""
 
     def matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: str) -> torch.Tensor:
+        if tiles:
+            return quant_gemm_exact(x, qs, d, fmt)
         return quant_matmul_exact(x, qs, d, fmt, block_pairs=isa == "avx512vnni")
 
     return matmul

@@ -13,6 +13,7 @@ from torch import nn
 
 from forwardpass.quant import reference
 from forwardpass.quant.formats import dequantize, quantize
+from forwardpass.quant.tiles import from_tiles, tile_rows, to_tiles
 from forwardpass.kernel_build import cpu_flags
 from forwardpass.quant.kernel import gemm_path, load_amx_kernel, load_quant_kernel
 
@@ -39,9 +40,8 @@ class QuantizedWeight(nn.Module):
     """``W [..., N, K]`` stored as ``qs`` + fp16 block scales ``d``; ``matmul(x)`` = ``x · Wᵀ``."""
 
     def __init__(self, qs: torch.Tensor, d: torch.Tensor, fmt: str, in_features: int, kernel: bool = True):
+        """``qs``, ``d``: the GGUF layout (``formats.quantize``)."""
         super().__init__()
-        self.register_buffer("qs", qs, persistent=True)
-        self.register_buffer("d", d, persistent=True)
         self.fmt, self.in_features = fmt, in_features
         # decided once, when the weight is made: the kernel if it builds, else the reference for good
         self._kernel = load_quant_kernel() if kernel else None
@@ -52,6 +52,13 @@ class QuantizedWeight(nn.Module):
         self._amx = load_amx_kernel() if kernel and path == "amx" else None
         self._vnni = self._kernel if path == "vnni" else None  # the kernel's GEMM (its AVX-512 VNNI build)
         self.bf16_gemm = path in ("amx", "bf16")
+        # where every batch size multiplies on the VNNI build (its small-batch kernel and its GEMM), the buffers hold
+        # the tile layout, which both read faster (quant/tiles.py); elsewhere GGUF's, which the other paths read
+        self.tiles = self._vnni is not None and qs.device.type == "cpu"
+        if self.tiles:
+            qs, d = to_tiles(qs, d, fmt)
+        self.register_buffer("qs", qs, persistent=True)
+        self.register_buffer("d", d, persistent=True)
 
     @property
     def gemm_rows(self) -> int:
@@ -87,26 +94,36 @@ class QuantizedWeight(nn.Module):
         out.register_buffer("qs", self.qs[i])
         out.register_buffer("d", self.d[i])
         out.fmt, out.in_features, out._kernel, out._amx = self.fmt, self.in_features, self._kernel, self._amx
-        out._vnni = self._vnni
+        out._vnni, out.tiles = self._vnni, self.tiles
         out.bf16_gemm = self.bf16_gemm
         return out
 
+    def gguf_layout(self, start: int = 0, end: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Values and scales of rows ``start:end`` in the GGUF layout (``start`` a multiple of 16 where the
+        buffers hold the tile layout)."""
+        qs, d = self.qs[..., start:end, :], self.d[..., start:end, :]
+        return from_tiles(qs, d, self.fmt) if self.tiles else (qs, d)
+
     def dequantize(self) -> torch.Tensor:
-        return dequantize(self.qs, self.d, self.fmt, self.in_features)
+        return dequantize(*self.gguf_layout(), self.fmt, self.in_features)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """fp32 rows ``W[ids]`` (an embedding lookup on a tied, quantized embedding matrix)."""
+        if self.tiles:
+            qs, d = tile_rows(self.qs, self.d, self.fmt, ids)
+            return dequantize(qs, d, self.fmt, self.in_features).view(*ids.shape, self.in_features)
         return dequantize(self.qs[ids], self.d[ids], self.fmt, self.in_features)
 
     def _dequantized_rows(self, start: int, end: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        if self._kernel is not None and self.qs.device.type == "cpu":
+        qs, d = self.gguf_layout(start, end)
+        if self._kernel is not None and qs.device.type == "cpu":
             name = f"{self.fmt}_dequantize" + ("_bf16" if dtype == torch.bfloat16 else "")
-            return getattr(self._kernel, name)(self.qs[start:end], self.d[start:end], self.in_features)
-        return dequantize(self.qs[start:end], self.d[start:end], self.fmt, self.in_features).to(dtype)
+            return getattr(self._kernel, name)(qs, d, self.in_features)
+        return dequantize(qs, d, self.fmt, self.in_features).to(dtype)
 
     def _kernel_matmul(self, x2: torch.Tensor) -> torch.Tensor:
-        fn = self._kernel.q8_0_matmul if self.fmt == "q8_0" else self._kernel.q4_0_matmul
-        return fn(x2, self.qs, self.d)
+        name = f"{self.fmt}_matmul" + ("_tiles" if self.tiles else "")
+        return getattr(self._kernel, name)(x2, self.qs, self.d)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if (bias is None and self._kernel is not None and x.dim() == 2 and x.dtype == torch.float32
@@ -120,7 +137,7 @@ class QuantizedWeight(nn.Module):
             out = (self._amx.q8_0_matmul if self.fmt == "q8_0" else self._amx.q4_0_matmul)(x2, self.qs, self.d)
         elif self._vnni is not None and x2.shape[0] >= self.gemm_rows and x2.is_cpu:
             # int8 activations · the int8 weights, repacked a panel at a time for vpdpbusd (quant/csrc/vnni_gemm.h)
-            out = (self._vnni.q8_0_gemm if self.fmt == "q8_0" else self._vnni.q4_0_gemm)(x2, self.qs, self.d)
+            out = getattr(self._vnni, f"{self.fmt}_gemm" + ("_tiles" if self.tiles else ""))(x2, self.qs, self.d)
         elif x2.shape[0] >= self.gemm_rows:
             # prefill-sized batches are compute bound: a float GEMM (oneDNN) on the weights dequantized a slab
             # at a time beats the int8 dot products (measured: ~55 GFLOP/s per core for the kernel, 80-130 for
@@ -136,7 +153,7 @@ class QuantizedWeight(nn.Module):
         elif self._kernel is not None and x2.device.type == "cpu":
             out = self._kernel_matmul(x2)
         else:
-            out = reference.quant_matmul(x2, self.qs, self.d, self.fmt)
+            out = reference.quant_matmul(x2, *self.gguf_layout(), self.fmt)
         if bias is not None:
             out = out + bias
         return out.view(*shape[:-1], out.shape[-1]).to(x.dtype)
@@ -144,4 +161,5 @@ class QuantizedWeight(nn.Module):
     def extra_repr(self) -> str:
         path = "kernel" if self._kernel is not None else "reference"
         path += ", amx" if self._amx is not None else ", vnni gemm" if self._vnni is not None else ""
+        path += ", tile layout" if self.tiles else ""
         return f"{self.fmt}, shape={tuple(self.shape)}, {path}"

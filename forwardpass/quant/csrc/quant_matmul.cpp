@@ -18,6 +18,7 @@
 #include "block_weights.h"
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include "vnni_gemm.h"  // many rows
+#include "tiles.h"      // the tile layout's small-batch matmul
 #endif
 
 #include <algorithm>
@@ -265,12 +266,14 @@ void rows512(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb
   for (; n < n_end; ++n) micro512<Q4, MR, 1>(wq, w_stride, wd, nb, a, m0, n, N, out);
 }
 
-// Many activation rows (prefill chunks, large decode batches): the GEMM of vnni_gemm.h, activations quantized by
-// the same quantize_row as the matvec path.
+// x [M, K] → the GEMM's activations (vnni_gemm.h, tiles.h): int8 blocks and scales by quantize_row (the same
+// bytes as the matvec path) and each block's starting value -offset · Σ block.
+struct GemmActivations {
+  torch::Tensor xq, xd, xc;
+};
+
 template <bool Q4>
-torch::Tensor quant_gemm(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
-  const BlockMatmulShape shape = check_block_matmul<Q4>(x, wq, wd);
-  const int64_t M = shape.M, K = shape.K, N = shape.N, nb = shape.nb;
+GemmActivations prepare_gemm(const torch::Tensor& x, int64_t M, int64_t K, int64_t nb) {
   auto xq = torch::empty({M, nb * QK}, x.options().dtype(torch::kInt8));
   auto xd = torch::empty({M, nb}, x.options());
   auto xc = torch::empty({M, nb}, x.options().dtype(torch::kInt32));
@@ -282,16 +285,41 @@ torch::Tensor quant_gemm(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       quantize_row(xp + m * K, K, nb, xqp + m * nb * QK, xdp + m * nb);
-      for (int64_t b = 0; b < nb; ++b) {
-        int32_t s = 0;
-        for (int64_t j = 0; j < QK; ++j) s += xqp[m * nb * QK + b * QK + j];
-        xcp[m * nb + b] = -offset * s;
+      for (int64_t b = 0; b < nb; ++b) {  // the block's sum: maddubs by 1 (exact for |x| <= 127), then madd
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xqp + m * nb * QK + b * QK));
+        const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+        xcp[m * nb + b] = -offset * _mm_cvtsi128_si32(t);
       }
     }
   });
-  auto out = torch::empty({M, N}, x.options());
-  vnni_gemm::gemm<Q4>(xqp, xdp, xcp, M, reinterpret_cast<const uint8_t*>(wq.data_ptr()), shape.w_stride,
-                      wd.data_ptr<at::Half>(), nb, N, out.data_ptr<float>());
+  return {xq, xd, xc};
+}
+
+// Many activation rows (prefill chunks, large decode batches): the GEMM of vnni_gemm.h, W in the GGUF layout
+// (Tiles = false) or the tile layout (tiles.h).
+template <bool Q4, bool Tiles>
+torch::Tensor quant_gemm(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
+  const BlockMatmulShape shape = check_block_matmul<Q4>(x, wq, wd);
+  const GemmActivations a = prepare_gemm<Q4>(x, shape.M, shape.K, shape.nb);
+  auto out = torch::empty({shape.M, shape.N}, x.options());
+  vnni_gemm::gemm<Q4, Tiles>(a.xq.data_ptr<int8_t>(), a.xd.data_ptr<float>(), a.xc.data_ptr<int32_t>(), shape.M,
+                             reinterpret_cast<const uint8_t*>(wq.data_ptr()), shape.w_stride, wd.data_ptr<at::Half>(),
+                             shape.nb, shape.N, out.data_ptr<float>());
+  return out;
+}
+
+// Small batches (decode) with W in the tile layout (tiles.h).
+template <bool Q4>
+torch::Tensor quant_matmul_tiles(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
+  const BlockMatmulShape shape = check_block_matmul<Q4>(x, wq, wd);
+  const GemmActivations a = prepare_gemm<Q4>(x, shape.M, shape.K, shape.nb);
+  auto out = torch::empty({shape.M, shape.N}, x.options());
+  tiles::matmul<Q4>(a.xq.data_ptr<int8_t>(), a.xd.data_ptr<float>(), a.xc.data_ptr<int32_t>(), shape.M,
+                    reinterpret_cast<const uint8_t*>(wq.data_ptr()), shape.w_stride, wd.data_ptr<at::Half>(),
+                    shape.nb, shape.N, out.data_ptr<float>());
   return out;
 }
 
@@ -446,11 +474,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_0_matmul", &quant_matmul<false>, "x[M,K] fp32 · Q8_0 W[N,K]ᵀ (values int8 [N,Kp], scales fp16 [N,Kp/32])");
   m.def("q4_0_matmul", &quant_matmul<true>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ (nibbles uint8 [N,Kp/2], scales fp16 [N,Kp/32])");
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-  m.def("q8_0_gemm", &quant_gemm<false>, "x[M,K] fp32 · Q8_0 W[N,K]ᵀ for many rows (AVX-512 VNNI, weights repacked per panel)");
-  m.def("q4_0_gemm", &quant_gemm<true>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ for many rows (AVX-512 VNNI, weights repacked per panel)");
-  m.def("gemm_capsule", [](bool q4) {  // for C++ callers, as matmul_capsule below
-    return py::capsule(reinterpret_cast<void*>(q4 ? &quant_gemm<true> : &quant_gemm<false>), "forwardpass.quant_matmul");
-  }, "the q4_0 (True) or q8_0 (False) GEMM as a PyCapsule");
+  m.def("q8_0_gemm", &quant_gemm<false, false>, "x[M,K] fp32 · Q8_0 W[N,K]ᵀ for many rows (AVX-512 VNNI, weights repacked per panel)");
+  m.def("q4_0_gemm", &quant_gemm<true, false>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ for many rows (AVX-512 VNNI, weights repacked per panel)");
+  m.def("q8_0_gemm_tiles", &quant_gemm<false, true>, "q8_0_gemm for W in the tile layout (tiles.h)");
+  m.def("q4_0_gemm_tiles", &quant_gemm<true, true>, "q4_0_gemm for W in the tile layout (tiles.h)");
+  m.def("q8_0_matmul_tiles", &quant_matmul_tiles<false>, "q8_0_matmul for W in the tile layout (tiles.h)");
+  m.def("q4_0_matmul_tiles", &quant_matmul_tiles<true>, "q4_0_matmul for W in the tile layout (tiles.h)");
+  m.def("gemm_capsule", [](bool q4, bool tiles) {  // for C++ callers, as matmul_capsule below
+    void* f = tiles ? (q4 ? reinterpret_cast<void*>(&quant_gemm<true, true>) : reinterpret_cast<void*>(&quant_gemm<false, true>))
+                    : (q4 ? reinterpret_cast<void*>(&quant_gemm<true, false>) : reinterpret_cast<void*>(&quant_gemm<false, false>));
+    return py::capsule(f, "forwardpass.quant_matmul");
+  }, "the q4_0 (True) or q8_0 (False) GEMM, for the GGUF or the tile layout, as a PyCapsule",
+     py::arg("q4"), py::arg("tiles") = false);
 #endif
   m.def("q8_0_dequantize", &dequantize<false, float>, "Q8_0 (values, scales, K) → fp32 [N, K]");
   m.def("q4_0_dequantize", &dequantize<true, float>, "Q4_0 (values, scales, K) → fp32 [N, K]");
@@ -463,8 +498,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #endif
   m.def("quantize_activations", &quantize_activations, "x[M,K] fp32 → (int8 [M,Kp], fp32 scales [M,Kp/32])");
   // the matvec entry points for C++ callers (attention/csrc/decode_stack.h), named after their signature
-  m.def("matmul_capsule", [](bool q4) {
+  m.def("matmul_capsule", [](bool q4, bool tiles) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    if (tiles)
+      return py::capsule(q4 ? reinterpret_cast<void*>(&quant_matmul_tiles<true>) : reinterpret_cast<void*>(&quant_matmul_tiles<false>),
+                         "forwardpass.quant_matmul");
+#else
+    TORCH_CHECK(!tiles, "the tile layout needs the AVX-512 VNNI build");
+#endif
     return py::capsule(reinterpret_cast<void*>(q4 ? &quant_matmul<true> : &quant_matmul<false>),
                        "forwardpass.quant_matmul");
-  }, "the q4_0 (True) or q8_0 (False) matmul as a PyCapsule");
+  }, "the q4_0 (True) or q8_0 (False) matmul, for the GGUF or the tile layout, as a PyCapsule",
+     py::arg("q4"), py::arg("tiles") = false);
 }

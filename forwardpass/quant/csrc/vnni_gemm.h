@@ -16,6 +16,8 @@
 // accumulator starts at -offset · Σ(the activation row's block), which cancels the offset exactly.
 #pragma once
 
+#include "tiles.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -29,10 +31,30 @@ constexpr int64_t MR = 4;        // activation rows per register block: 4 x 2 in
 constexpr int64_t MC = 256;      // activation rows per pass over the weights (their int8 copy stays in L2)
 
 // Weight rows n0..n0+NP (rows >= N are zeros with scale 0) → pw [nb][8][NV][16] dwords and ps [nb][NV][16]
-// floats (the fp16 scales, converted).
-template <bool Q4>
+// floats (the fp16 scales, converted). `Tiles`: W is stored in the tile layout (tiles.h), whose 4-byte groups
+// are already these dwords (Q8_0: plus the offset; Q4_0: one nibble of each byte).
+template <bool Q4, bool Tiles>
 void repack_panel(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb, int64_t n0, int64_t N,
                   uint32_t* pw, float* ps) {
+  if constexpr (Tiles) {  // one 64-byte group of a tile → one vector of the panel (masked past the tile's rows)
+    for (int64_t v = 0; v < NV; ++v) {
+      const int64_t t = n0 / 16 + v;
+      const tiles::Tile tile = 16 * t < N ? tiles::tile_of(t, N, w_stride, nb) : tiles::Tile{0, 0, 0};
+      const __mmask16 mask = static_cast<__mmask16>((1u << tile.rows) - 1);
+      const uint8_t* tw = wq + tile.w_offset;
+      for (int64_t b = 0; b < nb; ++b) {
+        for (int64_t q = 0; q < 8; ++q) {
+          const __m512i g = _mm512_maskz_loadu_epi32(mask, tw + tiles::group_offset<Q4>(b, Q4 ? q / 2 : q, tile.rows, 0));
+          const __m512i u = Q4 ? _mm512_and_si512(_mm512_srli_epi16(g, 4 * (q % 2)), _mm512_set1_epi8(0x0F))
+                               : _mm512_xor_si512(g, _mm512_set1_epi8(static_cast<char>(0x80)));
+          _mm512_store_si512(pw + ((b * 8 + q) * NV + v) * 16, _mm512_maskz_mov_epi32(mask, u));
+        }
+        _mm512_store_ps(ps + (b * NV + v) * 16,
+                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, wd + tile.d_offset + b * tile.rows)));
+      }
+    }
+    return;
+  }
   for (int64_t r = 0; r < NP; ++r) {
     const int64_t n = n0 + r, v = r / 16, lane = r % 16;
     if (n >= N) {
@@ -96,7 +118,7 @@ inline void block(const uint32_t* pw, const float* ps, int64_t nb, const int8_t*
 }
 
 // y [M, N] = x · Wᵀ, x already quantized (xq, xd) with its starting values xc.
-template <bool Q4>
+template <bool Q4, bool Tiles>
 void gemm(const int8_t* xq, const float* xd, const int32_t* xc, int64_t M, const uint8_t* wq, int64_t w_stride,
           const at::Half* wd, int64_t nb, int64_t N, float* y) {
   const int64_t panels = (N + NP - 1) / NP;
@@ -110,7 +132,7 @@ void gemm(const int8_t* xq, const float* xd, const int32_t* xc, int64_t M, const
       TORCH_CHECK(pw && ps, "out of memory for a weight panel");
       for (int64_t p = p_begin; p < p_end; ++p) {
         const int64_t n0 = p * NP, cols = std::min(NP, N - n0);
-        repack_panel<Q4>(wq, w_stride, wd, nb, n0, N, pw.get(), ps.get());
+        repack_panel<Q4, Tiles>(wq, w_stride, wd, nb, n0, N, pw.get(), ps.get());
         int64_t m = m0;
         for (; m + MR <= m1; m += MR) block<MR>(pw.get(), ps.get(), nb, xq, xd, xc, m, y, N, n0, cols);
         switch (m1 - m) {

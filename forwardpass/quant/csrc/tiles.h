@@ -1,0 +1,122 @@
+// The tile layout of a block-quantized weight (AVX-512 VNNI build), and the small-batch matmul that reads it.
+//
+// The GGUF layout keeps each weight row's blocks together, so a vector register holds 32-64 consecutive k of
+// ONE row: every vpdpbusd (64 products) is followed by a convert, a scale permute and an FMA, and the 16 lanes
+// are summed at the end. The tile layout reorders the same bytes, 16 rows at a time, so that one 64-byte load
+// holds 4 consecutive k of 16 rows: the lanes are 16 OUTPUTS, each lane's int32 sum runs over a whole block
+// (8 vpdpbusd), and only then comes one convert, scale and FMA per block of 32 k — the GEMM's register layout
+// (vnni_gemm.h) stored ahead of time. Measured from cache on a Zen 4 core pair: 2x the GGUF-layout kernel's
+// rate for Q8_0, 2.4x for Q4_0; decode reads memory, so end to end it is less (forwardpass/quant/tiles.py).
+//
+// Rows 16t .. 16t+R of W [N, ·] (R = 16, or N mod 16 for the last tile) keep their place in the tensor (the same
+// bytes, the same shape); inside it, with k = 32b + c:
+//   Q8_0: the int8 value of row r at ((b·8 + c/4)·R + r)·4 + c%4
+//   Q4_0: the byte at ((b·4 + c/8)·R + r)·4 + c%4 holds the nibbles of c (c%8 < 4, low) and c + 4 (high)
+//   scales: d of (row r, block b) at b·R + r of the tile's R·nb scales
+// forwardpass/quant/tiles.py converts between the layouts (the reference for these offsets).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace tiles {
+
+struct Tile {
+  int64_t rows;      // R: 16, or fewer for the last tile
+  int64_t w_offset;  // where the tile's bytes start in the values tensor
+  int64_t d_offset;  // ... and its scales in the scales tensor
+};
+
+inline Tile tile_of(int64_t t, int64_t N, int64_t w_stride, int64_t nb) {
+  return {std::min<int64_t>(16, N - 16 * t), 16 * t * w_stride, 16 * t * nb};
+}
+
+// the byte offset, within a tile of R rows, of 4-byte group g of block b of row r (Q8_0: 8 groups of 4 k per
+// block; Q4_0: 4 groups of 8 k, two nibbles per byte)
+template <bool Q4>
+inline int64_t group_offset(int64_t b, int64_t g, int64_t R, int64_t r) {
+  return ((b * (Q4 ? 4 : 8) + g) * R + r) * 4;
+}
+
+// Activation rows m0..m0+MR against one tile: y[m][n0 + r] for its R rows. xq [M, nb·32] int8, xd [M, nb]
+// scales, xc [M, nb] the int32 starting values -offset · Σ block (the GEMM's activations: the weights are made
+// unsigned by +128 (Q8_0, an xor) or are the stored nibbles q = w + 8 (Q4_0), and xc cancels the offset).
+// The same float operations as the GEMM (blocks in sequence, one FMA each with the float32 product d_w · d_x),
+// so a row's result does not depend on which of the two computed it.
+template <bool Q4, int MR>
+inline void tile_rows(const uint8_t* tw, const at::Half* td, int64_t R, int64_t nb, const int8_t* xq,
+                      const float* xd, const int32_t* xc, int64_t m0, float* y, int64_t N, int64_t n0) {
+  const __mmask16 mask = R >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << R) - 1);
+  const int64_t group = R * 4;  // bytes per 4-byte group of all R rows
+  __m512 acc[MR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = tw + b * (Q4 ? 4 : 8) * group;
+    __m512i s0[MR], s1[MR];  // two dependency chains per row, added at the end of the block (exact int32)
+    const int32_t* x4[MR];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      s0[i] = _mm512_set1_epi32(xc[(m0 + i) * nb + b]);
+      s1[i] = _mm512_setzero_si512();
+      x4[i] = reinterpret_cast<const int32_t*>(xq + (m0 + i) * nb * QK + b * QK);
+    }
+    if constexpr (Q4) {
+      const __m512i low = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        const __m512i v = _mm512_maskz_loadu_epi32(mask, p + g * group);
+        const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          s0[i] = _mm512_dpbusd_epi32(s0[i], lo, _mm512_set1_epi32(x4[i][2 * g]));
+          s1[i] = _mm512_dpbusd_epi32(s1[i], hi, _mm512_set1_epi32(x4[i][2 * g + 1]));
+        }
+      }
+    } else {
+      const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; q += 2) {
+        const __m512i v0 = _mm512_xor_si512(_mm512_maskz_loadu_epi32(mask, p + q * group), offset);
+        const __m512i v1 = _mm512_xor_si512(_mm512_maskz_loadu_epi32(mask, p + (q + 1) * group), offset);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          s0[i] = _mm512_dpbusd_epi32(s0[i], v0, _mm512_set1_epi32(x4[i][q]));
+          s1[i] = _mm512_dpbusd_epi32(s1[i], v1, _mm512_set1_epi32(x4[i][q + 1]));
+        }
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, td + b * R));
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i)
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[i], s1[i])),
+                               _mm512_mul_ps(dw, _mm512_set1_ps(xd[(m0 + i) * nb + b])), acc[i]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + (m0 + i) * N + n0, mask, acc[i]);
+}
+
+// y [M, N] = x · Wᵀ for W in the tile layout, x already quantized. Each thread takes a contiguous range of tiles
+// (one memory stream; the hardware prefetcher follows it, software prefetching measured no better), and every
+// group of 4 activation rows reads the tile (16·K bytes, in L1/L2 after the first group).
+template <bool Q4>
+void matmul(const int8_t* xq, const float* xd, const int32_t* xc, int64_t M, const uint8_t* wq, int64_t w_stride,
+            const at::Half* wd, int64_t nb, int64_t N, float* y) {
+  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t t_begin, int64_t t_end) {
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      const Tile tile = tile_of(t, N, w_stride, nb);
+      const uint8_t* tw = wq + tile.w_offset;
+      const at::Half* td = wd + tile.d_offset;
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) tile_rows<Q4, 4>(tw, td, tile.rows, nb, xq, xd, xc, m, y, N, 16 * t);
+      switch (M - m) {
+        case 3: tile_rows<Q4, 3>(tw, td, tile.rows, nb, xq, xd, xc, m, y, N, 16 * t); break;
+        case 2: tile_rows<Q4, 2>(tw, td, tile.rows, nb, xq, xd, xc, m, y, N, 16 * t); break;
+        case 1: tile_rows<Q4, 1>(tw, td, tile.rows, nb, xq, xd, xc, m, y, N, 16 * t); break;
+        default: break;
+      }
+    }
+  });
+}
+
+}  // namespace tiles

@@ -1,0 +1,103 @@
+"""The tile layout of a block-quantized weight, and back (the reference for ``csrc/tiles.h``).
+
+Where the quantized-matmul kernel is the AVX-512 VNNI build and multiplies large batches with its own GEMM, a
+:class:`~forwardpass.quant.weight.QuantizedWeight` stores its values and scales in the tile layout instead of
+GGUF's: the same bytes and the same tensor shapes, reordered inside each group of 16 rows so that one 64-byte
+load holds 4 consecutive k of 16 rows (``csrc/tiles.h`` explains why). Rows ``16t .. 16t+R`` (R = 16, or
+``N mod 16`` for the last group) stay where they were; inside them, with ``k = 32b + c``:
+
+* Q8_0 values: row r's ``c`` at ``((b·8 + c//4)·R + r)·4 + c%4``;
+* Q4_0 values: the byte at ``((b·4 + c//8)·R + r)·4 + c%4`` (``c%8 < 4``) holds the 4-bit codes of ``c`` (low
+  nibble) and ``c + 4`` (high);
+* scales: ``d`` of (row r, block b) at ``b·R + r``.
+
+Measured (0.6B model's shapes, a Zen 4 core pair, alternating runs in one process): from cache the tile kernel
+computes 2x (Q8_0) and 2.4x (Q4_0) as fast as the GGUF-layout one; a batch-1 decode step, which streams the
+weights from memory, 7% faster with Q4_0 and ~2% with Q8_0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TILE = 16  # rows per tile: one AVX-512 register of int32 lanes
+
+
+def _groups(fmt: str) -> int:
+    """4-byte groups per block of 32 weights."""
+    return 8 if fmt == "q8_0" else 4
+
+
+def _rows_to_groups(qs: torch.Tensor, fmt: str) -> torch.Tensor:
+    """GGUF rows ``[n, S]`` → ``[n, nb, groups, 4]`` bytes as the tile layout groups them."""
+    n = qs.shape[0]
+    if fmt == "q8_0":
+        return qs.reshape(n, -1, 8, 4)
+    b = qs.reshape(n, -1, 16)  # GGUF Q4_0: byte i holds codes i (low nibble) and i + 16 (high)
+    codes = torch.cat([b & 0x0F, b >> 4], dim=-1).reshape(n, -1, 4, 2, 4)  # [n, nb, c//8, (c%8)//4, c%4]
+    return codes[..., 0, :] | (codes[..., 1, :] << 4)
+
+
+def _groups_to_rows(g: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The inverse of ``_rows_to_groups``: ``[n, nb, groups, 4]`` → GGUF rows ``[n, S]``."""
+    n = g.shape[0]
+    if fmt == "q8_0":
+        return g.reshape(n, -1)
+    codes = torch.stack([g & 0x0F, g >> 4], dim=-2).reshape(n, -1, 32)  # [n, nb, c]
+    return (codes[..., :16] | (codes[..., 16:] << 4)).reshape(n, -1)
+
+
+def _spans(n: int) -> list[tuple[int, int, int]]:
+    """(first row, end row, rows per tile) of the runs of equal tiles among ``n`` rows: the full tiles, then the
+    short last one."""
+    full = n // TILE * TILE
+    return ([(0, full, TILE)] if full else []) + ([(full, n, n - full)] if n > full else [])
+
+
+def to_tiles(qs: torch.Tensor, d: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF-layout ``qs [..., N, S]``, ``d [..., N, nb]`` → the tile layout (new tensors, same shapes)."""
+    shape_q, shape_d = qs.shape, d.shape
+    q3, d3 = qs.reshape(-1, *shape_q[-2:]), d.reshape(-1, *shape_d[-2:])
+    n, nb = shape_d[-2], shape_d[-1]
+    out_q, out_d = torch.empty_like(q3), torch.empty_like(d3)
+    for i in range(q3.shape[0]):
+        for start, stop, rows in _spans(n):
+            t = (stop - start) // rows
+            g = _rows_to_groups(q3[i, start:stop], fmt).reshape(t, rows, nb, _groups(fmt), 4)
+            out_q[i, start:stop] = g.permute(0, 2, 3, 1, 4).reshape(stop - start, -1)
+            out_d[i, start:stop] = d3[i, start:stop].reshape(t, rows, nb).permute(0, 2, 1).reshape(stop - start, nb)
+    return out_q.reshape(shape_q), out_d.reshape(shape_d)
+
+
+def from_tiles(qs: torch.Tensor, d: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`to_tiles`."""
+    shape_q, shape_d = qs.shape, d.shape
+    q3, d3 = qs.reshape(-1, *shape_q[-2:]), d.reshape(-1, *shape_d[-2:])
+    n, nb = shape_d[-2], shape_d[-1]
+    out_q, out_d = torch.empty_like(q3), torch.empty_like(d3)
+    for i in range(q3.shape[0]):
+        for start, stop, rows in _spans(n):
+            t = (stop - start) // rows
+            g = q3[i, start:stop].reshape(t, nb, _groups(fmt), rows, 4).permute(0, 3, 1, 2, 4)
+            out_q[i, start:stop] = _groups_to_rows(g.reshape(stop - start, nb, _groups(fmt), 4), fmt)
+            out_d[i, start:stop] = d3[i, start:stop].reshape(t, nb, rows).permute(0, 2, 1).reshape(stop - start, nb)
+    return out_q.reshape(shape_q), out_d.reshape(shape_d)
+
+
+def tile_rows(qs: torch.Tensor, d: torch.Tensor, fmt: str, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``ids`` of a tile-layout matrix ``qs [N, S]``, ``d [N, nb]`` in the GGUF layout (an embedding lookup
+    on a tied, quantized embedding: gathered, not the whole matrix converted)."""
+    n, nb = d.shape
+    ids = ids.reshape(-1).long()
+    out_q = torch.empty(ids.numel(), qs.shape[1], dtype=qs.dtype)
+    out_d = torch.empty(ids.numel(), nb, dtype=d.dtype)
+    for start, stop, rows in _spans(n):
+        sel = ((ids >= start) & (ids < stop)).nonzero().squeeze(-1)
+        if sel.numel() == 0:
+            continue
+        rel = ids[sel] - start
+        t, r = rel // rows, rel % rows
+        g = qs[start:stop].reshape(-1, nb, _groups(fmt), rows, 4)[t, :, :, r]  # [k, nb, groups, 4]
+        out_q[sel] = _groups_to_rows(g, fmt)
+        out_d[sel] = d[start:stop].reshape(-1, nb, rows)[t, :, r]
+    return out_q, out_d

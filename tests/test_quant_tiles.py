@@ -1,0 +1,105 @@
+"""The tile layout of quantized weights (forwardpass/quant/tiles.py, csrc/tiles.h): the same bytes reordered 16 rows
+at a time, converted both ways exactly, and multiplied by the VNNI build's kernels with the GEMM's float operations."""
+
+import pytest
+import torch
+
+from forwardpass.kernel_build import cpu_flags
+from forwardpass.quant import formats, reference
+from forwardpass.quant.kernel import gemm_path, load_quant_kernel
+from forwardpass.quant.tiles import from_tiles, tile_rows, to_tiles
+from forwardpass.quant.weight import QuantizedWeight
+
+FORMATS = ["q8_0", "q4_0"]
+# rows: under one tile, one tile, a tile and a short one, several; K: padded blocks (33, 70, 1000) and whole ones
+SHAPES = [(1, 32), (15, 70), (16, 64), (17, 33), (37, 256), (130, 1000)]
+
+
+def _quantized(n, k, fmt, seed=0):
+    return formats.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.1, fmt)
+
+
+@pytest.fixture(scope="module")
+def vnni_kernel():
+    kernel = load_quant_kernel()
+    if kernel is None or kernel.isa != "avx512vnni":
+        pytest.skip("the tile kernels are in the AVX-512 VNNI build; this CPU runs the AVX2 one")
+    return kernel
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_layout_converts_both_ways_exactly(fmt):
+    for n, k in SHAPES:
+        qs, d = _quantized(n, k, fmt)
+        tq, td = to_tiles(qs, d, fmt)
+        assert tq.shape == qs.shape and td.shape == d.shape and tq.dtype == qs.dtype
+        back_q, back_d = from_tiles(tq, td, fmt)
+        assert torch.equal(back_q, qs) and torch.equal(back_d, d)
+        ids = torch.tensor([n - 1, 0, n // 2, n - 1])  # the short last tile, repeats
+        rq, rd = tile_rows(tq, td, fmt, ids)
+        assert torch.equal(rq, qs[ids]) and torch.equal(rd, d[ids])
+    stacked_q, stacked_d = _quantized(3 * 37, 64, fmt)  # an MoE layer's experts: each matrix on its own
+    stacked_q, stacked_d = stacked_q.view(3, 37, -1), stacked_d.view(3, 37, -1)
+    tq, td = to_tiles(stacked_q, stacked_d, fmt)
+    assert torch.equal(tq[1], to_tiles(stacked_q[1], stacked_d[1], fmt)[0])
+    assert all(map(torch.equal, from_tiles(tq, td, fmt), (stacked_q, stacked_d)))
+
+
+def test_layout_puts_each_value_where_the_kernel_reads_it():
+    """The offsets csrc/tiles.h documents: row r, k = 32b + c of a tile of R rows."""
+    n, k = 20, 64  # a full tile (rows 0-15) and a short one (R = 4)
+    w = torch.arange(n * k, dtype=torch.float32).view(n, k)
+    qs = (torch.arange(n * k) % 251 - 125).to(torch.int8).view(n, k)  # distinct enough to find each value
+    d = torch.arange(n * 2, dtype=torch.float16).view(n, 2)
+    tq, td = to_tiles(qs, d, "q8_0")
+    for row, kk in [(0, 0), (5, 37), (15, 63), (16, 1), (19, 62)]:
+        start, rows = (0, 16) if row < 16 else (16, 4)
+        r, b, c = row - start, kk // 32, kk % 32
+        assert tq[start:].flatten()[((b * 8 + c // 4) * rows + r) * 4 + c % 4] == qs[row, kk]
+        assert td[start:].flatten()[b * rows + r] == d[row, b]
+    # Q4_0: the byte of group c // 8 holds the 4-bit codes of c (low nibble) and c + 4 (high), c % 8 < 4
+    q4, d4 = formats.quantize(w * 0.001 - 0.5, "q4_0")
+    codes = formats.dequantize(q4, torch.ones_like(d4), "q4_0").round().to(torch.int32) + 8  # [n, k] in 0..15
+    t4, _ = to_tiles(q4, d4, "q4_0")
+    for row, kk in [(0, 0), (7, 44), (17, 3)]:
+        start, rows = (0, 16) if row < 16 else (16, 4)
+        r, b, c = row - start, kk // 32, kk % 32
+        byte = int(t4[start:].flatten()[((b * 4 + c // 8) * rows + r) * 4 + c % 4])
+        assert (byte & 15, byte >> 4) == (codes[row, 32 * b + c - c % 8 + c % 4], codes[row, 32 * b + c - c % 8 + c % 4 + 4])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 16, 33, 64])
+def test_tile_kernels_are_the_gemms_float_operations(vnni_kernel, fmt, m):
+    """Small-batch kernel and GEMM on the tile layout: bitwise the GEMM's reference (blocks in sequence), so also
+    bitwise each other and the GGUF-layout GEMM, whatever the batch size."""
+    g = torch.Generator().manual_seed(m)
+    for n, k in SHAPES:
+        qs, d = _quantized(n, k, fmt, seed=n)
+        tq, td = to_tiles(qs, d, fmt)
+        x = torch.randn(m, k, generator=g)
+        want = reference.quant_gemm_exact(x, qs, d, fmt)
+        assert torch.equal(getattr(vnni_kernel, f"{fmt}_matmul_tiles")(x, tq, td), want)
+        assert torch.equal(getattr(vnni_kernel, f"{fmt}_gemm_tiles")(x, tq, td), want)
+        assert torch.equal(getattr(vnni_kernel, f"{fmt}_gemm")(x, qs, d), want)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantized_weight_holds_tiles_where_its_gemm_is_the_vnni_one(fmt):
+    w = torch.randn(37, 70, generator=torch.Generator().manual_seed(1)) * 0.1
+    qw = QuantizedWeight.from_float(w, fmt)
+    qs, d = formats.quantize(w, fmt)
+    assert qw.tiles == (gemm_path(cpu_flags()) == "vnni" and qw._kernel is not None)
+    assert all(map(torch.equal, qw.gguf_layout(), (qs, d)))
+    assert torch.equal(qw.dequantize(), formats.dequantize(qs, d, fmt, 70))
+    ids = torch.tensor([[36, 3], [16, 16]])
+    assert torch.equal(qw.rows(ids), formats.dequantize(qs, d, fmt, 70)[ids])
+    exact = reference.quant_gemm_exact if qw.tiles else reference.exact_for(getattr(qw._kernel, "isa", "avx2"))
+    for m in (1, 3, 40):  # decode kernel, and the GEMM from gemm_rows on
+        x = torch.randn(m, 70, generator=torch.Generator().manual_seed(m))
+        got = qw.matmul(x)
+        if qw._kernel is not None and (qw.tiles or m < qw.gemm_rows):  # else the reference or a float GEMM
+            assert torch.equal(got, exact(x, qs, d, fmt))
+        want = reference.quant_matmul(x, qs, d, fmt)  # (a bf16 GEMM, on CPUs that take one, rounds more)
+        assert (got - want).norm() < 1e-2 * want.norm()
+    assert not QuantizedWeight.from_float(w, fmt, kernel=False).tiles  # the reference reads the GGUF layout
