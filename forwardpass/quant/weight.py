@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from forwardpass.kernel_build import cpu_flags
 from forwardpass.quant import reference
 from forwardpass.quant.formats import dequantize, quantize
-from forwardpass.quant.tiles import from_tiles, tile_rows, to_tiles
-from forwardpass.kernel_build import cpu_flags
 from forwardpass.quant.kernel import gemm_path, load_amx_kernel, load_quant_kernel
+from forwardpass.quant.tiles import from_tiles, tile_rows, to_tiles
 
 #: from this many activation rows on, dequantize + fp32 GEMM instead of the int8 kernel (estimated from
 #: the kernel's and oneDNN's compute rates and the dequantization's extra ~8 bytes per weight)
