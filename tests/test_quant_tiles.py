@@ -103,3 +103,26 @@ def test_quantized_weight_holds_tiles_where_its_gemm_is_the_vnni_one(fmt):
         want = reference.quant_matmul(x, qs, d, fmt)  # (a bf16 GEMM, on CPUs that take one, rounds more)
         assert (got - want).norm() < 1e-2 * want.norm()
     assert not QuantizedWeight.from_float(w, fmt, kernel=False).tiles  # the reference reads the GGUF layout
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_a_request_reads_the_same_alone_or_among_forty(vnni_kernel, checkpoint_factory, quantization):
+    """On the tile layout the small-batch kernel and the GEMM (32+ rows) make the same float operations, so a
+    request's tokens and log-probabilities do not depend on how many others share its steps."""
+    from forwardpass import LLM, SamplingParams
+    from tests.helpers.checkpoints import random_prompts
+
+    llm = LLM(checkpoint_factory("qwen3"), quantization=quantization, num_kv_blocks=256, block_size=16,
+              cpu_kernels=True, enable_prefix_caching=False, max_num_seqs=40)  # fmt: skip
+    weights = [w for w in llm.engine.model.modules() if isinstance(w, QuantizedWeight)]
+    if not all(w.tiles for w in weights):
+        pytest.skip("this CPU's large batches take another GEMM (AMX, oneDNN): no tile layout")
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3)
+    prompts = random_prompts(40, [5, 17, 33])
+
+    def read(out):
+        return out.outputs[0].token_ids, out.outputs[0].logprobs
+
+    alone = read(llm.generate([prompts[7]], params, use_tqdm=False)[0])
+    among = read(llm.generate(prompts, params, use_tqdm=False)[7])  # decode steps of 40 rows: the GEMM
+    assert alone == among
