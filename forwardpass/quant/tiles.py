@@ -84,20 +84,26 @@ def from_tiles(qs: torch.Tensor, d: torch.Tensor, fmt: str) -> tuple[torch.Tenso
     return out_q.reshape(shape_q), out_d.reshape(shape_d)
 
 
+def _gather(qs: torch.Tensor, d: torch.Tensor, fmt: str, rel: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``rel`` (relative to the first) of a run of equal tiles of ``rows`` rows, in the GGUF layout."""
+    nb = d.shape[-1]
+    t, r = rel // rows, rel % rows
+    g = qs.reshape(-1, nb, _groups(fmt), rows, 4)[t, :, :, r]  # [len(rel), nb, groups, 4]
+    return _groups_to_rows(g, fmt), d.reshape(-1, nb, rows)[t, :, r]
+
+
 def tile_rows(qs: torch.Tensor, d: torch.Tensor, fmt: str, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``ids`` of a tile-layout matrix ``qs [N, S]``, ``d [N, nb]`` in the GGUF layout (an embedding lookup
     on a tied, quantized embedding: gathered, not the whole matrix converted)."""
     n, nb = d.shape
     ids = ids.reshape(-1).long()
+    spans = _spans(n)
+    if len(spans) == 1:  # N a multiple of 16 (most vocabularies), or under 16 rows: one gather
+        return _gather(qs, d, fmt, ids, spans[0][2])
     out_q = torch.empty(ids.numel(), qs.shape[1], dtype=qs.dtype)
     out_d = torch.empty(ids.numel(), nb, dtype=d.dtype)
-    for start, stop, rows in _spans(n):
+    for start, stop, rows in spans:
         sel = ((ids >= start) & (ids < stop)).nonzero().squeeze(-1)
-        if sel.numel() == 0:
-            continue
-        rel = ids[sel] - start
-        t, r = rel // rows, rel % rows
-        g = qs[start:stop].reshape(-1, nb, _groups(fmt), rows, 4)[t, :, :, r]  # [k, nb, groups, 4]
-        out_q[sel] = _groups_to_rows(g, fmt)
-        out_d[sel] = d[start:stop].reshape(-1, nb, rows)[t, :, r]
+        if sel.numel():
+            out_q[sel], out_d[sel] = _gather(qs[start:stop], d[start:stop], fmt, ids[sel] - start, rows)
     return out_q, out_d
