@@ -65,7 +65,8 @@ def test_layout_puts_each_value_where_the_kernel_reads_it():
         start, rows = (0, 16) if row < 16 else (16, 4)
         r, b, c = row - start, kk // 32, kk % 32
         byte = int(t4[start:].flatten()[((b * 4 + c // 8) * rows + r) * 4 + c % 4])
-        assert (byte & 15, byte >> 4) == (codes[row, 32 * b + c - c % 8 + c % 4], codes[row, 32 * b + c - c % 8 + c % 4 + 4])
+        low_k = 32 * b + c // 8 * 8 + c % 4  # the group's first 4 k are low nibbles, its last 4 high
+        assert (byte & 15, byte >> 4) == (codes[row, low_k], codes[row, low_k + 4])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -15,7 +15,7 @@ from forwardpass.kernel_build import cpu_flags
 from forwardpass.quant import reference
 from forwardpass.quant.formats import dequantize, quantize
 from forwardpass.quant.kernel import gemm_path, load_amx_kernel, load_quant_kernel
-from forwardpass.quant.tiles import from_tiles, tile_rows, to_tiles
+from forwardpass.quant.tiles import TILE, from_tiles, tile_rows, to_tiles
 
 #: from this many activation rows on, dequantize + fp32 GEMM instead of the int8 kernel (estimated from
 #: the kernel's and oneDNN's compute rates and the dequantization's extra ~8 bytes per weight)
@@ -101,6 +101,8 @@ class QuantizedWeight(nn.Module):
     def gguf_layout(self, start: int = 0, end: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Values and scales of rows ``start:end`` in the GGUF layout (``start`` a multiple of 16 where the
         buffers hold the tile layout)."""
+        if self.tiles and start % TILE:
+            raise ValueError(f"rows from {start}: a tile-layout weight converts whole tiles of {TILE} rows")
         qs, d = self.qs[..., start:end, :], self.d[..., start:end, :]
         return from_tiles(qs, d, self.fmt) if self.tiles else (qs, d)
 
