@@ -95,9 +95,10 @@ def test_not_built_where_a_layer_differs(ops, checkpoint_factory, tmp_path):
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_large_quantized_batches_use_the_weights_gemm(ops, checkpoint_factory, quantization):
-    """On AVX-512 VNNI CPUs a quantized weight multiplies 32+ rows with the kernel's GEMM (quant/csrc/vnni_gemm.h);
-    the stack calls it for those batches too, still bitwise the modules. Elsewhere such batches run the modules."""
+def test_large_quantized_batches_run_in_the_stack_where_the_kernel_takes_them(ops, checkpoint_factory, quantization):
+    """On AVX-512 VNNI CPUs the kernel multiplies batches of any size (the tile layout's small-batch kernel, its GEMM
+    from gemm_rows on: quant/csrc/tiles.h, vnni_gemm.h); the stack takes 32+ rows too, still bitwise the modules.
+    Elsewhere such batches run the modules (they take another GEMM: AMX, oneDNN)."""
     from forwardpass.quant.weight import QuantizedWeight
 
     llm = LLM(checkpoint_factory("qwen3"), quantization=quantization, num_kv_blocks=256, block_size=16,

@@ -238,6 +238,8 @@ def test_quantized_model_equals_reference_model(kernel, quantization, gemm, monk
     that the reference model has no AMX kernel: it multiplies the same bf16 operands with oneDNN, whose fp32
     additions come in another order (close, not equal)."""
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", gemm)
+    # tile-layout weights take their GEMM from 1024 rows; from 32 here, so both paths run at these lengths
+    monkeypatch.setattr(weight_module, "TILES_GEMM_ROWS", weight_module.VNNI_GEMM_ROWS)
     fast = _embedded(quantization)
     emb = fast.model.embed_tokens
     assert isinstance(emb, QuantizedEmbedding) and emb.weight.fmt == "q8_0"  # tied head: 8 bits in both modes

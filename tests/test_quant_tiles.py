@@ -96,7 +96,7 @@ def test_quantized_weight_holds_tiles_where_its_gemm_is_the_vnni_one(fmt):
     ids = torch.tensor([[36, 3], [16, 16]])
     assert torch.equal(qw.rows(ids), formats.dequantize(qs, d, fmt, 70)[ids])
     exact = reference.quant_gemm_exact if qw.tiles else reference.exact_for(getattr(qw._kernel, "isa", "avx2"))
-    for m in (1, 3, 40):  # decode kernel, and the GEMM from gemm_rows on
+    for m in (1, 3, 40):  # the small-batch kernel, and (GGUF layout) the GEMM from gemm_rows on
         x = torch.randn(m, 70, generator=torch.Generator().manual_seed(m))
         got = qw.matmul(x)
         if qw._kernel is not None and (qw.tiles or m < qw.gemm_rows):  # else the reference or a float GEMM
@@ -107,11 +107,15 @@ def test_quantized_weight_holds_tiles_where_its_gemm_is_the_vnni_one(fmt):
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_a_request_reads_the_same_alone_or_among_forty(vnni_kernel, checkpoint_factory, quantization):
-    """On the tile layout the small-batch kernel and the GEMM (32+ rows) make the same float operations, so a
-    request's tokens and log-probabilities do not depend on how many others share its steps."""
+def test_a_request_reads_the_same_alone_or_among_forty(vnni_kernel, checkpoint_factory, quantization, monkeypatch):
+    """On the tile layout the small-batch kernel and the GEMM make the same float operations, so a request's
+    tokens and log-probabilities do not depend on how many others share its steps (the GEMM made to take 32+
+    rows here, so that the 40-sequence steps cross over)."""
     from forwardpass import LLM, SamplingParams
+    from forwardpass.quant import weight as weight_module
     from tests.helpers.checkpoints import random_prompts
+
+    monkeypatch.setattr(weight_module, "TILES_GEMM_ROWS", 32)
 
     llm = LLM(checkpoint_factory("qwen3"), quantization=quantization, num_kv_blocks=256, block_size=16,
               cpu_kernels=True, enable_prefix_caching=False, max_num_seqs=40)  # fmt: skip
@@ -125,5 +129,5 @@ def test_a_request_reads_the_same_alone_or_among_forty(vnni_kernel, checkpoint_f
         return out.outputs[0].token_ids, out.outputs[0].logprobs
 
     alone = read(llm.generate([prompts[7]], params, use_tqdm=False)[0])
-    among = read(llm.generate(prompts, params, use_tqdm=False)[7])  # decode steps of 40 rows: the GEMM
+    among = read(llm.generate(prompts, params, use_tqdm=False)[7])  # steps of 40+ rows: the GEMM
     assert alone == among
