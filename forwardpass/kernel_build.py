@@ -1,6 +1,6 @@
 """Building the C++ kernels (torch ``cpp_extension``): one place for what every kernel needs.
 
-* **A name per source and flags**: the build folder is ``NAME_<hash of the source, its headers and flags>``, so a
+* **A name per source and flags**: the build folder is ``NAME_<hash of the source, its headers, flags and path>``, so a
   changed kernel or flag never reuses (or silently re-versions) an old build, and "is it built?" is one
   file check.
 * **Portable flags**: exactly the instruction sets the intrinsics need (``-mavx2 -mfma``), never
@@ -65,7 +65,10 @@ class CppKernel:
     @property
     def build_name(self) -> str:
         code = self.source.read_bytes() + b"".join(h.read_bytes() for h in self.headers)
-        digest = hashlib.sha256(code + " ".join(self.cflags + self.ldflags).encode())
+        # the source's path too: the build files name it, so two checkouts sharing one cache folder would each
+        # rebuild the other's build every time they alternate (a minute of compiling per switch)
+        where = str(self.source.resolve())
+        digest = hashlib.sha256(code + " ".join((*self.cflags, *self.ldflags, where)).encode())
         return f"{self.name}_{digest.hexdigest()[:10]}"
 
     def build_dir(self) -> Path:

@@ -106,3 +106,19 @@ def test_a_kernel_build_shows_progress_on_a_terminal_and_one_line_in_logs(caplog
     with caplog.at_level("WARNING"), compile_progress("the test kernel", 30, __import__("logging").getLogger("t")):
         pass
     assert [r.getMessage() for r in caplog.records] == ["compiling the test kernel (once, ~30 s; cached afterwards)"]
+
+
+def test_two_checkouts_build_their_kernels_apart(tmp_path):
+    """The build files name the source's path: two checkouts of the same code sharing one cache folder must not
+    share a build (each would rebuild it whenever the other had, ~1 min per switch); the same checkout reuses it."""
+    from forwardpass.kernel_build import CppKernel
+
+    a, b = tmp_path / "a" / "k.cpp", tmp_path / "b" / "k.cpp"
+    for src in (a, b):
+        src.parent.mkdir()
+        src.write_text("// the same code\n")
+    before = CppKernel("k", a, ("-O3",)).build_name
+    assert before != CppKernel("k", b, ("-O3",)).build_name
+    assert before == CppKernel("k", a, ("-O3",)).build_name
+    a.write_text("// changed code\n")  # and a changed source still gets a build of its own
+    assert CppKernel("k", a, ("-O3",)).build_name != before
