@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace tiles {
 
@@ -38,6 +39,14 @@ inline int64_t group_offset(int64_t b, int64_t g, int64_t R, int64_t r) {
   return ((b * (Q4 ? 4 : 8) + g) * R + r) * 4;
 }
 
+// 4 activation bytes (k .. k+3) in every lane (memcpy: an int8 array read as int32 without breaking aliasing rules;
+// compiles to one broadcast load)
+inline __m512i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
 // Activation rows m0..m0+MR against one tile: y[m][n0 + r] for its R rows. xq [M, nb·32] int8, xd [M, nb]
 // scales, xc [M, nb] the int32 starting values -offset · Σ block (the GEMM's activations: the weights are made
 // unsigned by +128 (Q8_0, an xor) or are the stored nibbles q = w + 8 (Q4_0), and xc cancels the offset).
@@ -54,12 +63,12 @@ inline void tile_rows(const uint8_t* tw, const at::Half* td, int64_t R, int64_t 
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = tw + b * (Q4 ? 4 : 8) * group;
     __m512i s0[MR], s1[MR];  // two dependency chains per row, added at the end of the block (exact int32)
-    const int32_t* x4[MR];
+    const int8_t* xb[MR];
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) {
       s0[i] = _mm512_set1_epi32(xc[(m0 + i) * nb + b]);
       s1[i] = _mm512_setzero_si512();
-      x4[i] = reinterpret_cast<const int32_t*>(xq + (m0 + i) * nb * QK + b * QK);
+      xb[i] = xq + (m0 + i) * nb * QK + b * QK;
     }
     if constexpr (Q4) {
       const __m512i low = _mm512_set1_epi8(0x0F);
@@ -69,8 +78,8 @@ inline void tile_rows(const uint8_t* tw, const at::Half* td, int64_t R, int64_t 
         const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
-          s0[i] = _mm512_dpbusd_epi32(s0[i], lo, _mm512_set1_epi32(x4[i][2 * g]));
-          s1[i] = _mm512_dpbusd_epi32(s1[i], hi, _mm512_set1_epi32(x4[i][2 * g + 1]));
+          s0[i] = _mm512_dpbusd_epi32(s0[i], lo, broadcast4(xb[i] + 8 * g));
+          s1[i] = _mm512_dpbusd_epi32(s1[i], hi, broadcast4(xb[i] + 8 * g + 4));
         }
       }
     } else {
@@ -81,8 +90,8 @@ inline void tile_rows(const uint8_t* tw, const at::Half* td, int64_t R, int64_t 
         const __m512i v1 = _mm512_xor_si512(_mm512_maskz_loadu_epi32(mask, p + (q + 1) * group), offset);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
-          s0[i] = _mm512_dpbusd_epi32(s0[i], v0, _mm512_set1_epi32(x4[i][q]));
-          s1[i] = _mm512_dpbusd_epi32(s1[i], v1, _mm512_set1_epi32(x4[i][q + 1]));
+          s0[i] = _mm512_dpbusd_epi32(s0[i], v0, broadcast4(xb[i] + 4 * q));
+          s1[i] = _mm512_dpbusd_epi32(s1[i], v1, broadcast4(xb[i] + 4 * q + 4));
         }
       }
     }
