@@ -116,7 +116,7 @@ def test_dashboard_in_a_real_browser(server):
         for t in threads:
             t.join()
         assert peak["requests-running"] > 0 and peak["kv-blocks-used"] > 0 and peak["tokens-per-s"] > 0, peak
-        assert peak["requests-waiting"] > 0, peak
+        assert peak["requests-waiting"] > 0, (peak, driver.find_element("id", "status").text, console_errors(driver))
         deadline = time.monotonic() + 20
         while any(numbers().values()):
             assert time.monotonic() < deadline, f"the numbers did not return to idle: {numbers()}"

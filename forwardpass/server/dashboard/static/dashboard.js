@@ -126,16 +126,22 @@
   }
 
   // One SSE connection lasts a few seconds (so the server can shut down); EventSource reconnects by
-  // itself. The page says "disconnected" only when no state has arrived for a while.
+  // itself — except after an answer it will not retry (an error status, some resets), when it closes for good
+  // and the page would freeze with the server still up. So the page opens a new stream itself when the browser
+  // has given up, and whenever no state has arrived for 3 s (then it also says "disconnected").
   let source = null, lastMessage = Date.now();
   function connect() {
-    source = new EventSource("/dashboard/events");
-    source.onmessage = (ev) => { lastMessage = Date.now(); render(JSON.parse(ev.data)); };
+    if (source) source.close();
+    const s = new EventSource("/dashboard/events");
+    s.onmessage = (ev) => { lastMessage = Date.now(); render(JSON.parse(ev.data)); };
+    s.onerror = () => { if (s === source && s.readyState === EventSource.CLOSED) setTimeout(connect, 1000); };
+    source = s;
   }
   setInterval(() => {
     if (Date.now() - lastMessage > 3000) {
       const status = $("status");
       status.textContent = "disconnected"; status.className = "status down";
+      connect();
     }
   }, 1000);
   fetch("/dashboard/state").then((r) => r.json()).then(render).catch(() => {});
