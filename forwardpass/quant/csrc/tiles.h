@@ -32,6 +32,9 @@ inline Tile tile_of(int64_t t, int64_t N, int64_t w_stride, int64_t nb) {
   return {std::min<int64_t>(16, N - 16 * t), 16 * t * w_stride, 16 * t * nb};
 }
 
+// the lanes a tile of R rows fills (R = 0: none, for a panel's vector past the last tile)
+inline __mmask16 lanes(int64_t R) { return static_cast<__mmask16>((1u << R) - 1); }
+
 // the byte offset, within a tile of R rows, of 4-byte group g of block b of row r (Q8_0: 8 groups of 4 k per
 // block; Q4_0: 4 groups of 8 k, two nibbles per byte)
 template <bool Q4>
@@ -55,7 +58,7 @@ inline __m512i broadcast4(const int8_t* p) {
 template <bool Q4, int MR>
 inline void tile_rows(const uint8_t* tw, const at::Half* td, int64_t R, int64_t nb, const int8_t* xq,
                       const float* xd, const int32_t* xc, int64_t m0, float* y, int64_t N, int64_t n0) {
-  const __mmask16 mask = R >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << R) - 1);
+  const __mmask16 mask = lanes(R);
   const int64_t group = R * 4;  // bytes per 4-byte group of all R rows
   __m512 acc[MR];
 #pragma GCC unroll 4

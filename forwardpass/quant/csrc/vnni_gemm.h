@@ -40,7 +40,7 @@ void repack_panel(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64
     for (int64_t v = 0; v < NV; ++v) {
       const int64_t t = n0 / 16 + v;
       const tiles::Tile tile = 16 * t < N ? tiles::tile_of(t, N, w_stride, nb) : tiles::Tile{0, 0, 0};
-      const __mmask16 mask = static_cast<__mmask16>((1u << tile.rows) - 1);
+      const __mmask16 mask = tiles::lanes(tile.rows);
       const uint8_t* tw = wq + tile.w_offset;
       for (int64_t b = 0; b < nb; ++b) {
         for (int64_t q = 0; q < 8; ++q) {
