@@ -153,16 +153,19 @@ HAS_VNNI_GEMM = gemm_path(cpu_flags()) in ("amx", "vnni") and "avx512_vnni" in c
 @pytest.mark.skipif(not HAS_VNNI_GEMM, reason="this CPU has no AVX-512 VNNI")
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_vnni_gemm_equals_reference(kernel, fmt):
-    """The GEMM for many rows computes the matvec kernel's math (the same int8 activations, exact block sums,
-    float32 scales) with the float additions block after block: bitwise the reference written that way, close
-    to the plain reference. Shapes: rows not a multiple of the 4-row blocks and beyond one 256-row pass,
-    columns not a multiple of the 32-column panels, K with a padded last block."""
+    """The GEMM for many rows (weights in the tile layout, quant/tiles.py) computes the matvec kernel's math
+    (the same int8 activations, exact block sums, float32 scales) with the float additions block after block:
+    bitwise the reference written that way, close to the plain reference. Shapes: rows not a multiple of the
+    4-row blocks and beyond one 256-row pass, columns not a multiple of the 32-column panels or the 16-row
+    tiles, K with a padded last block."""
+    from forwardpass.quant.tiles import to_tiles
+
     assert kernel.isa == "avx512vnni"
     g = torch.Generator().manual_seed(11)
     for m, n, k in [(1, 5, 32), (3, 33, 70), (17, 100, 1024), (64, 64, 256), (300, 40, 33), (5, 1000, 96)]:
         w, x = torch.randn(n, k, generator=g) * 0.1, torch.randn(m, k, generator=g)
         qs, d = formats.quantize(w, fmt)
-        got = getattr(kernel, f"{fmt}_gemm")(x, qs, d)
+        got = getattr(kernel, f"{fmt}_gemm_tiles")(x, *to_tiles(qs, d, fmt))
         assert got.shape == (m, n) and got.dtype == torch.float32
         assert torch.equal(got, reference.quant_gemm_exact(x, qs, d, fmt))
         torch.testing.assert_close(got, reference.quant_matmul(x, qs, d, fmt), rtol=1e-5, atol=1e-5 * math.sqrt(k))
@@ -239,7 +242,7 @@ def test_quantized_model_equals_reference_model(kernel, quantization, gemm, monk
     additions come in another order (close, not equal)."""
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", gemm)
     # tile-layout weights take their GEMM from 1024 rows; from 32 here, so both paths run at these lengths
-    monkeypatch.setattr(weight_module, "TILES_GEMM_ROWS", weight_module.VNNI_GEMM_ROWS)
+    monkeypatch.setattr(weight_module, "TILES_GEMM_ROWS", 32)
     fast = _embedded(quantization)
     emb = fast.model.embed_tokens
     assert isinstance(emb, QuantizedEmbedding) and emb.weight.fmt == "q8_0"  # tied head: 8 bits in both modes
@@ -319,7 +322,7 @@ def test_quality_on_heldout_text(
         monkeypatch.setattr(weight_module, "GEMM_ROWS", 1 << 30)
         monkeypatch.setattr(weight_module, "BF16_GEMM_ROWS", 1 << 30)
         monkeypatch.setattr(weight_module, "AMX_ROWS", 1 << 30)
-        monkeypatch.setattr(weight_module, "VNNI_GEMM_ROWS", 1 << 30)
+        monkeypatch.setattr(weight_module, "TILES_GEMM_ROWS", 1 << 30)
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", path.removeprefix("gemm-") if path != "kernel" else "fp32")
     ids, (ref_pred, ref_nll) = fp32_scores
     pred, nll = _score(_embedded(quantization), ids)

@@ -73,7 +73,7 @@ def build_decode_stack(
             q4 = w.fmt == "q4_0"
             matvec = w._kernel.matmul_capsule(q4, w.tiles)  # for the layout the weight's buffers hold
             if w._vnni is not None:  # from gemm_rows rows on, the kernel's own GEMM (QuantizedWeight.matmul)
-                return ops.Projection(matvec, w.qs, w.d, linear.bias, w._vnni.gemm_capsule(q4, w.tiles), w.gemm_rows)
+                return ops.Projection(matvec, w.qs, w.d, linear.bias, w._vnni.gemm_capsule(q4), w.gemm_rows)
             max_rows.append(w.gemm_rows - 1)  # more rows take a path outside this kernel (AMX, oneDNN)
             return ops.Projection(matvec, w.qs, w.d, linear.bias)
         if dense_capsule is None or linear.small_matmul is None or w.dtype != torch.float32 or w.device.type != "cpu":

@@ -58,7 +58,7 @@ def gemm_path(flags: frozenset[str]) -> str:
     * ``"amx"``: the AMX kernel, weights dequantized to bf16 a panel at a time into L2 and multiplied on the
       tile unit (Intel since Sapphire Rapids);
     * ``"vnni"``: the AVX-512 VNNI GEMM of the quantized-matmul kernel (``csrc/vnni_gemm.h``), int8 activations
-      times the int8 weights repacked a panel at a time (AMD Zen 4, Intel Ice Lake and others without AMX);
+      times the int8 weights (in the tile layout, quant/tiles.py) copied a panel at a time (AMD Zen 4, Intel Ice Lake and others without AMX);
       measured on a Zen 4 core pair at 32-512 rows: 1.4-2x oneDNN's bf16 GEMM on the dequantized weights;
     * ``"bf16"``: the weights dequantized to bf16 in memory and oneDNN's bf16 GEMM, where the CPU multiplies bf16
       in hardware but has neither of the above; measured on a Sapphire Rapids core at 128-512 rows, bf16 ~3x

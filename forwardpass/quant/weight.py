@@ -23,13 +23,11 @@ GEMM_ROWS = 48
 #: the same crossover with a bf16 GEMM on bf16 hardware (AMX): measured at 8-128 rows on 0.6B- and 41M-model
 #: shapes, the int8 kernel wins up to ~24 rows and the bf16 GEMM from 32 on (1.3-4x by 64 rows)
 BF16_GEMM_ROWS = 32
-#: the same crossover for the AVX-512 VNNI GEMM (csrc/vnni_gemm.h): measured on a Zen 4 core pair at 16-512 rows
-#: on 0.6B- and 41M-model shapes, the int8 kernel and the GEMM are even at 16 rows, the GEMM 1.3-2.5x from 32 on
-VNNI_GEMM_ROWS = 32
-#: ... and for weights in the tile layout (quant/tiles.py), whose small-batch kernel is the GEMM's inner loop without
-#: the per-call copy of the weights: measured at 8-2048 rows on 0.6B- and 41M-model shapes (Zen 4 core pair), the
-#: kernel 3-10% faster up to 512 rows, the GEMM 0-8% faster at 1024 on the 41M model's (even on the 0.6B's);
-#: both give bitwise the same result
+#: the same crossover for the AVX-512 VNNI GEMM (csrc/vnni_gemm.h) on weights in the tile layout (quant/tiles.py),
+#: whose small-batch kernel is the GEMM's inner loop without the per-call copy of the weights: measured at 8-2048
+#: rows on 0.6B- and 41M-model shapes (Zen 4 core pair), the kernel 3-10% faster up to 512 rows, the GEMM 0-8%
+#: faster at 1024 on the 41M model's (even on the 0.6B's); both give bitwise the same result. (On the GGUF layout,
+#: with the kernel pairing blocks, the GEMM won 1.3-2.5x from 32 rows on.)
 TILES_GEMM_ROWS = 1024
 #: the same crossover for the AMX kernel: measured on the 41M model's shapes (LM head included) at 8-24 rows,
 #: the int8 kernel wins at 8 (4.7 vs 6.1 ms per step), the AMX kernel from 16 on (3.9 vs 8.0)
@@ -55,11 +53,12 @@ class QuantizedWeight(nn.Module):
         # see quant/kernel.py::gemm_path. An AMX kernel that cannot be built leaves oneDNN's bf16 GEMM.
         path = gemm_path(cpu_flags())
         self._amx = load_amx_kernel() if kernel and path == "amx" else None
-        self._vnni = self._kernel if path == "vnni" else None  # the kernel's GEMM (its AVX-512 VNNI build)
+        # the kernel's GEMM (its AVX-512 VNNI build), for weights in CPU memory
+        self._vnni = self._kernel if path == "vnni" and qs.device.type == "cpu" else None
         self.bf16_gemm = path in ("amx", "bf16")
         # where every batch size multiplies on the VNNI build (its small-batch kernel and its GEMM), the buffers hold
         # the tile layout, which both read faster (quant/tiles.py); elsewhere GGUF's, which the other paths read
-        self.tiles = self._vnni is not None and qs.device.type == "cpu"
+        self.tiles = self._vnni is not None
         if self.tiles:
             qs, d = to_tiles(qs, d, fmt)
         self.register_buffer("qs", qs, persistent=True)
@@ -71,7 +70,7 @@ class QuantizedWeight(nn.Module):
         if self._amx is not None:
             return AMX_ROWS
         if self._vnni is not None:
-            return TILES_GEMM_ROWS if self.tiles else VNNI_GEMM_ROWS
+            return TILES_GEMM_ROWS
         return BF16_GEMM_ROWS if self.bf16_gemm else GEMM_ROWS
 
     @classmethod
@@ -143,8 +142,8 @@ class QuantizedWeight(nn.Module):
             # dequantized to bf16 a panel at a time in L2 and multiplied on AMX tiles (quant/csrc/amx_matmul.cpp)
             out = (self._amx.q8_0_matmul if self.fmt == "q8_0" else self._amx.q4_0_matmul)(x2, self.qs, self.d)
         elif self._vnni is not None and x2.shape[0] >= self.gemm_rows and x2.is_cpu:
-            # int8 activations · the int8 weights, repacked a panel at a time for vpdpbusd (quant/csrc/vnni_gemm.h)
-            out = getattr(self._vnni, f"{self.fmt}_gemm" + ("_tiles" if self.tiles else ""))(x2, self.qs, self.d)
+            # int8 activations · the int8 weights, copied a panel at a time for vpdpbusd (quant/csrc/vnni_gemm.h)
+            out = getattr(self._vnni, f"{self.fmt}_gemm_tiles")(x2, self.qs, self.d)
         elif x2.shape[0] >= self.gemm_rows:
             # prefill-sized batches are compute bound: a float GEMM (oneDNN) on the weights dequantized a slab
             # at a time beats the int8 dot products (measured: ~55 GFLOP/s per core for the kernel, 80-130 for

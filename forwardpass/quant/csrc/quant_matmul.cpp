@@ -298,16 +298,15 @@ GemmActivations prepare_gemm(const torch::Tensor& x, int64_t M, int64_t K, int64
   return {xq, xd, xc};
 }
 
-// Many activation rows (prefill chunks, large decode batches): the GEMM of vnni_gemm.h, W in the GGUF layout
-// (Tiles = false) or the tile layout (tiles.h).
-template <bool Q4, bool Tiles>
-torch::Tensor quant_gemm(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
+// Many activation rows (prefill chunks, large decode batches): the GEMM of vnni_gemm.h, W in the tile layout.
+template <bool Q4>
+torch::Tensor quant_gemm_tiles(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
   const BlockMatmulShape shape = check_block_matmul<Q4>(x, wq, wd);
   const GemmActivations a = prepare_gemm<Q4>(x, shape.M, shape.K, shape.nb);
   auto out = torch::empty({shape.M, shape.N}, x.options());
-  vnni_gemm::gemm<Q4, Tiles>(a.xq.data_ptr<int8_t>(), a.xd.data_ptr<float>(), a.xc.data_ptr<int32_t>(), shape.M,
-                             reinterpret_cast<const uint8_t*>(wq.data_ptr()), shape.w_stride, wd.data_ptr<at::Half>(),
-                             shape.nb, shape.N, out.data_ptr<float>());
+  vnni_gemm::gemm<Q4>(a.xq.data_ptr<int8_t>(), a.xd.data_ptr<float>(), a.xc.data_ptr<int32_t>(), shape.M,
+                      reinterpret_cast<const uint8_t*>(wq.data_ptr()), shape.w_stride, wd.data_ptr<at::Half>(),
+                      shape.nb, shape.N, out.data_ptr<float>());
   return out;
 }
 
@@ -474,18 +473,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_0_matmul", &quant_matmul<false>, "x[M,K] fp32 · Q8_0 W[N,K]ᵀ (values int8 [N,Kp], scales fp16 [N,Kp/32])");
   m.def("q4_0_matmul", &quant_matmul<true>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ (nibbles uint8 [N,Kp/2], scales fp16 [N,Kp/32])");
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-  m.def("q8_0_gemm", &quant_gemm<false, false>, "x[M,K] fp32 · Q8_0 W[N,K]ᵀ for many rows (AVX-512 VNNI, weights repacked per panel)");
-  m.def("q4_0_gemm", &quant_gemm<true, false>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ for many rows (AVX-512 VNNI, weights repacked per panel)");
-  m.def("q8_0_gemm_tiles", &quant_gemm<false, true>, "q8_0_gemm for W in the tile layout (tiles.h)");
-  m.def("q4_0_gemm_tiles", &quant_gemm<true, true>, "q4_0_gemm for W in the tile layout (tiles.h)");
+  m.def("q8_0_gemm_tiles", &quant_gemm_tiles<false>, "x[M,K] fp32 · Q8_0 W[N,K]ᵀ, W in the tile layout (tiles.h), for many rows");
+  m.def("q4_0_gemm_tiles", &quant_gemm_tiles<true>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ, W in the tile layout (tiles.h), for many rows");
   m.def("q8_0_matmul_tiles", &quant_matmul_tiles<false>, "q8_0_matmul for W in the tile layout (tiles.h)");
   m.def("q4_0_matmul_tiles", &quant_matmul_tiles<true>, "q4_0_matmul for W in the tile layout (tiles.h)");
-  m.def("gemm_capsule", [](bool q4, bool tiles) {  // for C++ callers, as matmul_capsule below
-    void* f = tiles ? (q4 ? reinterpret_cast<void*>(&quant_gemm<true, true>) : reinterpret_cast<void*>(&quant_gemm<false, true>))
-                    : (q4 ? reinterpret_cast<void*>(&quant_gemm<true, false>) : reinterpret_cast<void*>(&quant_gemm<false, false>));
-    return py::capsule(f, "forwardpass.quant_matmul");
-  }, "the q4_0 (True) or q8_0 (False) GEMM, for the GGUF or the tile layout, as a PyCapsule",
-     py::arg("q4"), py::arg("tiles") = false);
+  m.def("gemm_capsule", [](bool q4) {  // for C++ callers, as matmul_capsule below
+    return py::capsule(q4 ? reinterpret_cast<void*>(&quant_gemm_tiles<true>) : reinterpret_cast<void*>(&quant_gemm_tiles<false>),
+                       "forwardpass.quant_matmul");
+  }, "the q4_0 (True) or q8_0 (False) GEMM for the tile layout, as a PyCapsule", py::arg("q4"));
 #endif
   m.def("q8_0_dequantize", &dequantize<false, float>, "Q8_0 (values, scales, K) → fp32 [N, K]");
   m.def("q4_0_dequantize", &dequantize<true, float>, "Q4_0 (values, scales, K) → fp32 [N, K]");

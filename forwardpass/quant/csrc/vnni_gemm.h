@@ -1,18 +1,19 @@
 // Quantized GEMM for many activation rows on AVX-512 VNNI CPUs without AMX (AMD Zen 4 and later, Intel Ice
 // Lake / Cascade Lake): prefill chunks and large decode batches. Included by quant_matmul.cpp in its VNNI build.
 //
-// The matvec kernel there holds K in the vector lanes: every 64 multiply-adds (one vpdpbusd) are followed by a
-// convert, a scale and an FMA, and the weights are re-read for every group of activation rows. Here the lanes
-// hold 16 OUTPUT COLUMNS instead, as a GEMM does: a panel of 32 weight rows is repacked once per call into
-// vpdpbusd's layout (for each block and each 4 consecutive k, the 4 bytes of each of 16 weight rows side by
-// side: [block][k/4][2 vectors][16 rows][4 bytes]), kept in L1/L2, and each activation row's 4 bytes at k are
-// broadcast against it. A block of 32 k is then 8 vpdpbusd per (activation row, 16 columns) into an int32
-// accumulator, and only then one convert, scale and FMA: ~3x fewer instructions per multiply-add.
+// The GGUF layout's matvec kernel holds K in the vector lanes: every 64 multiply-adds (one vpdpbusd) are followed
+// by a convert, a scale and an FMA. Here the lanes hold 16 OUTPUT COLUMNS instead, as a GEMM does: W is stored in
+// the tile layout (tiles.h), in which each 64-byte group holds 4 consecutive k of 16 weight rows; a panel of 32
+// weight rows is copied once per call into vpdpbusd's operand form ([block][k/4][2 vectors][16 rows][4 bytes],
+// unsigned), kept in L1/L2, and each activation row's 4 bytes at k are broadcast against it. A block of 32 k is
+// then 8 vpdpbusd per (activation row, 16 columns) into an int32 accumulator, and only then one convert, scale
+// and FMA: ~3x fewer instructions per multiply-add.
 //
-// Same math as the matvec kernel: the activations are quantized per block of 32 by quantize_row (the same bytes),
-// the block sums are exact int32, each is scaled by the float32 product d_w · d_x and added in float32. Only the
-// order of those float additions differs (blocks in sequence here), so results agree to float rounding.
-// Unsigned weights as in the matvec kernel: Q8_0's w ^ 0x80 = w + 128, Q4_0's nibbles q = w + 8; each int32
+// Same math as the matvec kernels: the activations are quantized per block of 32 by quantize_row (the same bytes),
+// the block sums are exact int32, each is scaled by the float32 product d_w · d_x and added in float32, blocks in
+// sequence — the order of the tile layout's small-batch kernel (tiles.h), so the two agree bit for bit and a
+// sequence's result does not depend on the batch it decodes in; the GGUF layout's kernel pairs blocks (to float
+// rounding). Unsigned weights as in the matvec kernel: Q8_0's w ^ 0x80 = w + 128, Q4_0's nibbles q = w + 8; each int32
 // accumulator starts at -offset · Σ(the activation row's block), which cancels the offset exactly.
 #pragma once
 
@@ -31,46 +32,25 @@ constexpr int64_t MR = 4;        // activation rows per register block: 4 x 2 in
 constexpr int64_t MC = 256;      // activation rows per pass over the weights (their int8 copy stays in L2)
 
 // Weight rows n0..n0+NP (rows >= N are zeros with scale 0) → pw [nb][8][NV][16] dwords and ps [nb][NV][16]
-// floats (the fp16 scales, converted). `Tiles`: W is stored in the tile layout (tiles.h), whose 4-byte groups
-// are already these dwords (Q8_0: plus the offset; Q4_0: one nibble of each byte).
-template <bool Q4, bool Tiles>
+// floats (the fp16 scales, converted). The tile layout's 4-byte groups are already these dwords, less the offset
+// that makes them unsigned (Q8_0: w ^ 0x80 = w + 128; Q4_0: one nibble of each byte, q = w + 8).
+template <bool Q4>
 void repack_panel(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb, int64_t n0, int64_t N,
                   uint32_t* pw, float* ps) {
-  if constexpr (Tiles) {  // one 64-byte group of a tile → one vector of the panel (masked past the tile's rows)
-    for (int64_t v = 0; v < NV; ++v) {
-      const int64_t t = n0 / 16 + v;
-      const tiles::Tile tile = 16 * t < N ? tiles::tile_of(t, N, w_stride, nb) : tiles::Tile{0, 0, 0};
-      const __mmask16 mask = tiles::lanes(tile.rows);
-      const uint8_t* tw = wq + tile.w_offset;
-      for (int64_t b = 0; b < nb; ++b) {
-        for (int64_t q = 0; q < 8; ++q) {
-          const __m512i g = _mm512_maskz_loadu_epi32(mask, tw + tiles::group_offset<Q4>(b, Q4 ? q / 2 : q, tile.rows, 0));
-          const __m512i u = Q4 ? _mm512_and_si512(_mm512_srli_epi16(g, 4 * (q % 2)), _mm512_set1_epi8(0x0F))
-                               : _mm512_xor_si512(g, _mm512_set1_epi8(static_cast<char>(0x80)));
-          _mm512_store_si512(pw + ((b * 8 + q) * NV + v) * 16, _mm512_maskz_mov_epi32(mask, u));
-        }
-        _mm512_store_ps(ps + (b * NV + v) * 16,
-                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, wd + tile.d_offset + b * tile.rows)));
-      }
-    }
-    return;
-  }
-  for (int64_t r = 0; r < NP; ++r) {
-    const int64_t n = n0 + r, v = r / 16, lane = r % 16;
-    if (n >= N) {
-      for (int64_t b = 0; b < nb; ++b) {
-        for (int64_t q = 0; q < 8; ++q) pw[((b * 8 + q) * NV + v) * 16 + lane] = 0;
-        ps[(b * NV + v) * 16 + lane] = 0.f;
-      }
-      continue;
-    }
-    const uint8_t* row = wq + n * w_stride;
+  for (int64_t v = 0; v < NV; ++v) {  // one 64-byte group of a tile → one vector (masked past the tile's rows)
+    const int64_t t = n0 / 16 + v;
+    const tiles::Tile tile = 16 * t < N ? tiles::tile_of(t, N, w_stride, nb) : tiles::Tile{0, 0, 0};
+    const __mmask16 mask = tiles::lanes(tile.rows);
+    const uint8_t* tw = wq + tile.w_offset;
     for (int64_t b = 0; b < nb; ++b) {
-      alignas(32) uint8_t bytes[QK];  // the block's int8 weights plus the offset (mod 256): unsigned
-      const __m256i offset = _mm256_set1_epi8(static_cast<char>(Q4 ? 8 : 128));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), _mm256_add_epi8(load_block<Q4>(row, b), offset));
-      for (int64_t q = 0; q < 8; ++q) std::memcpy(&pw[((b * 8 + q) * NV + v) * 16 + lane], bytes + 4 * q, 4);
-      ps[(b * NV + v) * 16 + lane] = _cvtsh_ss(wd[n * nb + b].x);
+      for (int64_t q = 0; q < 8; ++q) {
+        const __m512i g = _mm512_maskz_loadu_epi32(mask, tw + tiles::group_offset<Q4>(b, Q4 ? q / 2 : q, tile.rows, 0));
+        const __m512i u = Q4 ? _mm512_and_si512(_mm512_srli_epi16(g, 4 * (q % 2)), _mm512_set1_epi8(0x0F))
+                             : _mm512_xor_si512(g, _mm512_set1_epi8(static_cast<char>(0x80)));
+        _mm512_store_si512(pw + ((b * 8 + q) * NV + v) * 16, _mm512_maskz_mov_epi32(mask, u));
+      }
+      _mm512_store_ps(ps + (b * NV + v) * 16,
+                      _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, wd + tile.d_offset + b * tile.rows)));
     }
   }
 }
@@ -117,8 +97,8 @@ inline void block(const uint32_t* pw, const float* ps, int64_t nb, const int8_t*
     }
 }
 
-// y [M, N] = x · Wᵀ, x already quantized (xq, xd) with its starting values xc.
-template <bool Q4, bool Tiles>
+// y [M, N] = x · Wᵀ, W in the tile layout, x already quantized (xq, xd) with its starting values xc.
+template <bool Q4>
 void gemm(const int8_t* xq, const float* xd, const int32_t* xc, int64_t M, const uint8_t* wq, int64_t w_stride,
           const at::Half* wd, int64_t nb, int64_t N, float* y) {
   const int64_t panels = (N + NP - 1) / NP;
@@ -132,7 +112,7 @@ void gemm(const int8_t* xq, const float* xd, const int32_t* xc, int64_t M, const
       TORCH_CHECK(pw && ps, "out of memory for a weight panel");
       for (int64_t p = p_begin; p < p_end; ++p) {
         const int64_t n0 = p * NP, cols = std::min(NP, N - n0);
-        repack_panel<Q4, Tiles>(wq, w_stride, wd, nb, n0, N, pw.get(), ps.get());
+        repack_panel<Q4>(wq, w_stride, wd, nb, n0, N, pw.get(), ps.get());
         int64_t m = m0;
         for (; m + MR <= m1; m += MR) block<MR>(pw.get(), ps.get(), nb, xq, xd, xc, m, y, N, n0, cols);
         switch (m1 - m) {
