@@ -14,10 +14,10 @@ import torch
 
 from forwardpass.config import EngineConfig
 from forwardpass.errors import ConfigError
+from forwardpass.kernel_build import cpu_flags
 from forwardpass.quant import formats, reference
 from forwardpass.quant import weight as weight_module
 from forwardpass.quant.apply import QuantizedEmbedding, quantize_model
-from forwardpass.kernel_build import cpu_flags
 from forwardpass.quant.kernel import AMX_CPU_FLAGS, gemm_path, load_amx_kernel, load_quant_kernel
 from forwardpass.quant.weight import QuantizedWeight
 

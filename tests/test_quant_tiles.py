@@ -1,12 +1,15 @@
-"""The tile layout of quantized weights (forwardpass/quant/tiles.py, csrc/tiles.h): the same bytes reordered 16 rows
-at a time, converted both ways exactly, and multiplied by the VNNI build's kernels with the GEMM's float operations."""
+"""The tile layout of quantized weights (forwardpass/quant/tiles.py, csrc/tile_layout.h): the same bytes reordered 16
+rows at a time, converted both ways exactly, and multiplied by both builds' kernels (csrc/tiles.h, tiles_avx2.h)
+with the VNNI GEMM's float operations."""
+
+import logging
 
 import pytest
 import torch
 
 from forwardpass.kernel_build import cpu_flags
 from forwardpass.quant import formats, reference
-from forwardpass.quant.kernel import gemm_path, load_quant_kernel
+from forwardpass.quant.kernel import AVX512_CPU_FLAGS, gemm_path, kernel_for, load_quant_kernel
 from forwardpass.quant.tiles import from_tiles, tile_rows, to_tiles
 from forwardpass.quant.weight import QuantizedWeight
 
@@ -23,8 +26,19 @@ def _quantized(n, k, fmt, seed=0):
 def vnni_kernel():
     kernel = load_quant_kernel()
     if kernel is None or kernel.isa != "avx512vnni":
-        pytest.skip("the tile kernels are in the AVX-512 VNNI build; this CPU runs the AVX2 one")
+        pytest.skip("the tile GEMM is in the AVX-512 VNNI build; this CPU runs the AVX2 one")
     return kernel
+
+
+@pytest.fixture(scope="module", params=["avx2", "avx512vnni"])
+def tile_kernel(request):
+    """Each build this CPU runs (an AVX-512 VNNI CPU runs both)."""
+    if request.param == "avx512vnni" and not AVX512_CPU_FLAGS <= cpu_flags():
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    try:
+        return kernel_for(request.param).load(logging.getLogger(__name__))
+    except Exception as exc:  # noqa: BLE001 - no compiler: the reference path is what runs
+        pytest.skip(f"the {request.param} build cannot be made here: {exc}")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -71,34 +85,48 @@ def test_layout_puts_each_value_where_the_kernel_reads_it():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 16, 33, 64])
-def test_tile_kernels_are_the_gemms_float_operations(vnni_kernel, fmt, m):
-    """Small-batch kernel and GEMM on the tile layout: bitwise the GEMM's reference (blocks in sequence), so also
-    bitwise each other, whatever the batch size."""
+def test_tile_kernels_are_the_gemms_float_operations(tile_kernel, fmt, m):
+    """Small-batch kernel (both builds) and GEMM (VNNI build) on the tile layout: bitwise the GEMM's reference
+    (blocks in sequence), so also bitwise each other, whatever the batch size or the CPU."""
     g = torch.Generator().manual_seed(m)
     for n, k in SHAPES:
         qs, d = _quantized(n, k, fmt, seed=n)
         tq, td = to_tiles(qs, d, fmt)
         x = torch.randn(m, k, generator=g)
         want = reference.quant_gemm_exact(x, qs, d, fmt)
-        assert torch.equal(getattr(vnni_kernel, f"{fmt}_matmul_tiles")(x, tq, td), want)
-        assert torch.equal(getattr(vnni_kernel, f"{fmt}_gemm_tiles")(x, tq, td), want)
+        assert torch.equal(getattr(tile_kernel, f"{fmt}_matmul_tiles")(x, tq, td), want)
+        if tile_kernel.isa == "avx512vnni":
+            assert torch.equal(getattr(tile_kernel, f"{fmt}_gemm_tiles")(x, tq, td), want)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_quantized_weight_holds_tiles_where_its_gemm_is_the_vnni_one(fmt):
+def test_tile_weights_dequantize_to_the_same_floats(tile_kernel, fmt):
+    """What large batches multiply on CPUs without the VNNI GEMM: the tile layout's weights as fp32 (bitwise
+    formats.dequantize) and bf16 (torch's rounding of those)."""
+    for n, k in SHAPES:
+        qs, d = _quantized(n, k, fmt, seed=n + 1)
+        tq, td = to_tiles(qs, d, fmt)
+        want = formats.dequantize(qs, d, fmt, k)
+        assert torch.equal(getattr(tile_kernel, f"{fmt}_dequantize_tiles")(tq, td, k), want)
+        assert torch.equal(getattr(tile_kernel, f"{fmt}_dequantize_tiles_bf16")(tq, td, k), want.bfloat16())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantized_weight_holds_tiles_where_our_kernels_multiply_it(fmt):
     w = torch.randn(37, 70, generator=torch.Generator().manual_seed(1)) * 0.1
     qw = QuantizedWeight.from_float(w, fmt)
     qs, d = formats.quantize(w, fmt)
-    assert qw.tiles == (gemm_path(cpu_flags()) == "vnni" and qw._kernel is not None)
+    path = gemm_path(cpu_flags())  # the tile layout wherever our kernels do every batch size's work
+    assert qw.tiles == (qw._kernel is not None and (path == "vnni" or (qw._kernel.isa == "avx2" and path != "amx")))
     assert all(map(torch.equal, qw.gguf_layout(), (qs, d)))
     assert torch.equal(qw.dequantize(), formats.dequantize(qs, d, fmt, 70))
     ids = torch.tensor([[36, 3], [16, 16]])
     assert torch.equal(qw.rows(ids), formats.dequantize(qs, d, fmt, 70)[ids])
     exact = reference.quant_gemm_exact if qw.tiles else reference.exact_for(getattr(qw._kernel, "isa", "avx2"))
-    for m in (1, 3, 40):  # the small-batch kernel, and (GGUF layout) the GEMM from gemm_rows on
+    for m in (1, 3, 40):  # the small-batch kernel, and (the VNNI build) its GEMM from gemm_rows on
         x = torch.randn(m, 70, generator=torch.Generator().manual_seed(m))
         got = qw.matmul(x)
-        if qw._kernel is not None and (qw.tiles or m < qw.gemm_rows):  # else the reference or a float GEMM
+        if qw._kernel is not None and (qw._vnni is not None or m < qw.gemm_rows):  # else the reference or a float GEMM
             assert torch.equal(got, exact(x, qs, d, fmt))
         want = reference.quant_matmul(x, qs, d, fmt)  # (a bf16 GEMM, on CPUs that take one, rounds more)
         assert (got - want).norm() < 1e-2 * want.norm()

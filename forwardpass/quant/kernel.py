@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("csrc") / "quant_matmul.cpp"
 HEADER = SOURCE.with_name("block_weights.h")  # the weight layout and its argument checks, shared by both kernels
 GEMM_HEADER = SOURCE.with_name("vnni_gemm.h")  # the VNNI build's GEMM for many rows
-TILES_HEADER = SOURCE.with_name("tiles.h")  # the VNNI build's weight layout and its small-batch matmul
+# the tile layout of the weights, and the small-batch matmul on it of each build
+TILES_HEADERS = tuple(SOURCE.with_name(n) for n in ("tile_layout.h", "tiles.h", "tiles_avx2.h"))
 TRANSPOSE_HEADER = Path(__file__).parent.parent / "layers" / "csrc" / "transpose16.h"  # the AMX kernel's stores
 # no -ffast-math: the activation quantization must round exactly like the reference's float ops.
 AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
@@ -37,7 +38,8 @@ def kernel_for(isa: str) -> CppKernel:
     """The build of the kernel for ``isa`` ("avx2" or "avx512vnni"); each has its own build folder."""
     return CppKernel(
         f"forwardpass_quant_matmul_{isa}", SOURCE, cflags=AVX512_FLAGS if isa == "avx512vnni" else AVX2_FLAGS,
-        ldflags=("-fopenmp",), what=f"the C++ quantized-matmul kernel ({isa})", expected_s=40, headers=(HEADER, GEMM_HEADER, TILES_HEADER),
+        ldflags=("-fopenmp",), what=f"the C++ quantized-matmul kernel ({isa})", expected_s=40,
+        headers=(HEADER, GEMM_HEADER, *TILES_HEADERS),
     )  # fmt: skip
 
 
@@ -58,7 +60,8 @@ def gemm_path(flags: frozenset[str]) -> str:
     * ``"amx"``: the AMX kernel, weights dequantized to bf16 a panel at a time into L2 and multiplied on the
       tile unit (Intel since Sapphire Rapids);
     * ``"vnni"``: the AVX-512 VNNI GEMM of the quantized-matmul kernel (``csrc/vnni_gemm.h``), int8 activations
-      times the int8 weights (in the tile layout, quant/tiles.py) copied a panel at a time (AMD Zen 4, Intel Ice Lake and others without AMX);
+      times the int8 weights (in the tile layout, quant/tiles.py) copied a panel at a time (AMD Zen 4, Intel Ice
+      Lake and others without AMX);
       measured on a Zen 4 core pair at 32-512 rows: 1.4-2x oneDNN's bf16 GEMM on the dequantized weights;
     * ``"bf16"``: the weights dequantized to bf16 in memory and oneDNN's bf16 GEMM, where the CPU multiplies bf16
       in hardware but has neither of the above; measured on a Sapphire Rapids core at 128-512 rows, bf16 ~3x

@@ -1,20 +1,24 @@
-"""The tile layout of a block-quantized weight, and back (the reference for ``csrc/tiles.h``).
+"""The tile layout of a block-quantized weight, and back (the reference for ``csrc/tile_layout.h``).
 
-Where the quantized-matmul kernel is the AVX-512 VNNI build and multiplies large batches with its own GEMM, a
-:class:`~forwardpass.quant.weight.QuantizedWeight` stores its values and scales in the tile layout instead of
-GGUF's: the same bytes and the same tensor shapes, reordered inside each group of 16 rows so that one 64-byte
-load holds 4 consecutive k of 16 rows (``csrc/tiles.h`` explains why). Rows ``16t .. 16t+R`` (R = 16, or
-``N mod 16`` for the last group) stay where they were; inside them, with ``k = 32b + c``:
+Where our kernels multiply a weight at every batch size — the AVX-512 VNNI build (its small-batch kernel and its
+GEMM) or the AVX2 build (its small-batch kernel; large batches dequantize it for a float GEMM), that is everywhere
+but on AMX CPUs and the PyTorch reference — a :class:`~forwardpass.quant.weight.QuantizedWeight` stores its values
+and scales in the tile layout instead of GGUF's: the same bytes and the same tensor shapes, reordered inside each
+group of 16 rows so that one 64-byte load holds 4 consecutive k of 16 rows (``csrc/tiles.h`` and
+``csrc/tiles_avx2.h`` explain why). Rows ``16t .. 16t+R`` (R = 16, or ``N mod 16`` for the last group) stay where
+they were; inside them, with ``k = 32b + c``:
 
 * Q8_0 values: row r's ``c`` at ``((b·8 + c//4)·R + r)·4 + c%4``;
 * Q4_0 values: the byte at ``((b·4 + c//8)·R + r)·4 + c%4`` (``c%8 < 4``) holds the 4-bit codes of ``c`` (low
   nibble) and ``c + 4`` (high);
 * scales: ``d`` of (row r, block b) at ``b·R + r``.
 
-Measured (0.6B model, a Zen 4 core pair, the two layouts alternated in one process, medians of 9 runs): from cache
-the tile kernel computes 2x (Q8_0) and 2.4x (Q4_0) as fast as the GGUF-layout one; a batch-1 decode token, which
-streams the weights from memory, int8 22.0 -> 18.8 ms and int4 18.5 -> 15.9 ms; a 128-token prefill (the GEMM,
-whose per-call repacking becomes a vector copy) 324 -> 285 ms and 317 -> 296 ms.
+Measured (0.6B model, a Zen 4 core pair, the two layouts alternated in one process, medians of 7-9 runs). VNNI
+build: from cache the tile kernel computes 2x (Q8_0) and 2.4x (Q4_0) as fast as the GGUF-layout one; a batch-1
+decode token, which streams the weights from memory, int8 22.0 -> 18.8 ms and int4 18.5 -> 15.9 ms; a 128-token
+prefill (the GEMM, whose per-call repacking becomes a vector copy) 324 -> 285 ms and 317 -> 296 ms. AVX2 build
+(``FORWARDPASS_QUANT_ISA=avx2`` on the same CPU): a batch-1 decode token int8 47.4 -> 25.0 ms, int4 39.3 -> 18.5,
+batch-16 decode int8 16.2 -> 11.6 ms per token.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-TILE = 16  # rows per tile: one AVX-512 register of int32 lanes
+TILE = 16  # rows per tile: one AVX-512 register of int32 lanes (two AVX2 ones)
 
 
 def _groups(fmt: str) -> int:

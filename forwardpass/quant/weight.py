@@ -56,9 +56,11 @@ class QuantizedWeight(nn.Module):
         # the kernel's GEMM (its AVX-512 VNNI build), for weights in CPU memory
         self._vnni = self._kernel if path == "vnni" and qs.device.type == "cpu" else None
         self.bf16_gemm = path in ("amx", "bf16")
-        # where every batch size multiplies on the VNNI build (its small-batch kernel and its GEMM), the buffers hold
-        # the tile layout, which both read faster (quant/tiles.py); elsewhere GGUF's, which the other paths read
-        self.tiles = self._vnni is not None
+        # where the small-batch kernel is ours on CPU memory and large batches take the VNNI GEMM or a float GEMM on
+        # dequantized rows, the buffers hold the tile layout, which our kernels read faster (quant/tiles.py); the AMX
+        # kernel and the reference read GGUF's
+        self.tiles = (self._kernel is not None and qs.device.type == "cpu"
+                      and (self._vnni is not None or (self._kernel.isa == "avx2" and path != "amx")))  # fmt: skip
         if self.tiles:
             qs, d = to_tiles(qs, d, fmt)
         self.register_buffer("qs", qs, persistent=True)
@@ -121,11 +123,12 @@ class QuantizedWeight(nn.Module):
         return dequantize(self.qs[ids], self.d[ids], self.fmt, self.in_features)
 
     def _dequantized_rows(self, start: int, end: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        qs, d = self.gguf_layout(start, end)
-        if self._kernel is not None and qs.device.type == "cpu":
-            name = f"{self.fmt}_dequantize" + ("_bf16" if dtype == torch.bfloat16 else "")
-            return getattr(self._kernel, name)(qs, d, self.in_features)
-        return dequantize(qs, d, self.fmt, self.in_features).to(dtype)
+        """fp32 or bf16 rows ``start:end`` (``start`` a multiple of 16 where the buffers hold the tile layout)."""
+        if self._kernel is not None and self.qs.device.type == "cpu":
+            name = f"{self.fmt}_dequantize" + ("_tiles" if self.tiles else "")
+            name += "_bf16" if dtype == torch.bfloat16 else ""
+            return getattr(self._kernel, name)(self.qs[..., start:end, :], self.d[..., start:end, :], self.in_features)
+        return dequantize(*self.gguf_layout(start, end), self.fmt, self.in_features).to(dtype)
 
     def _kernel_matmul(self, x2: torch.Tensor) -> torch.Tensor:
         name = f"{self.fmt}_matmul" + ("_tiles" if self.tiles else "")

@@ -19,6 +19,8 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include "vnni_gemm.h"  // many rows
 #include "tiles.h"      // the tile layout's small-batch matmul
+#else
+#include "tiles_avx2.h"  // the tile layout's small-batch matmul
 #endif
 
 #include <algorithm>
@@ -266,8 +268,36 @@ void rows512(const uint8_t* wq, int64_t w_stride, const at::Half* wd, int64_t nb
   for (; n < n_end; ++n) micro512<Q4, MR, 1>(wq, w_stride, wd, nb, a, m0, n, N, out);
 }
 
-// x [M, K] → the GEMM's activations (vnni_gemm.h, tiles.h): int8 blocks and scales by quantize_row (the same
-// bytes as the matvec path) and each block's starting value -offset · Σ block.
+// x → the pair layout's int8 values (zero-padded to an even number of blocks), scales and lane corrections
+template <bool Q4>
+void prepare512(const float* x, int64_t M, int64_t K, int64_t nb, int64_t nbp, int8_t* xq, float* xd,
+                int32_t* corr) {
+  const int32_t offset = Q4 ? 8 : 128;
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      int8_t* q = xq + m * nbp * QK;
+      float* d = xd + m * nbp;
+      quantize_row(x + m * K, K, nb, q, d);
+      if (nbp > nb) {
+        std::memset(q + nb * QK, 0, QK);
+        d[nb] = 0.0f;
+      }
+      for (int64_t b = 0; b < nbp; b += 2) {
+        __m512i v = _mm512_loadu_si512(q + b * QK);
+        if constexpr (Q4) {  // 16-byte chunks [b lo, b hi, b1 lo, b1 hi] → [b lo, b1 lo, b hi, b1 hi]
+          v = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));
+          _mm512_storeu_si512(q + b * QK, v);
+        }
+        const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
+        _mm512_storeu_si512(corr + m * nbp * 8 + b * 8, _mm512_mullo_epi32(sums, _mm512_set1_epi32(-offset)));
+      }
+    }
+  });
+}
+#endif
+
+// x [M, K] → the activations of the tile kernels (tiles.h, tiles_avx2.h) and the GEMM (vnni_gemm.h): int8 blocks
+// and scales by quantize_row (the same bytes as the matvec path) and each block's starting value -offset · Σ block.
 struct GemmActivations {
   torch::Tensor xq, xd, xc;
 };
@@ -298,19 +328,7 @@ GemmActivations prepare_gemm(const torch::Tensor& x, int64_t M, int64_t K, int64
   return {xq, xd, xc};
 }
 
-// Many activation rows (prefill chunks, large decode batches): the GEMM of vnni_gemm.h, W in the tile layout.
-template <bool Q4>
-torch::Tensor quant_gemm_tiles(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
-  const BlockMatmulShape shape = check_block_matmul<Q4>(x, wq, wd);
-  const GemmActivations a = prepare_gemm<Q4>(x, shape.M, shape.K, shape.nb);
-  auto out = torch::empty({shape.M, shape.N}, x.options());
-  vnni_gemm::gemm<Q4>(a.xq.data_ptr<int8_t>(), a.xd.data_ptr<float>(), a.xc.data_ptr<int32_t>(), shape.M,
-                      reinterpret_cast<const uint8_t*>(wq.data_ptr()), shape.w_stride, wd.data_ptr<at::Half>(),
-                      shape.nb, shape.N, out.data_ptr<float>());
-  return out;
-}
-
-// Small batches (decode) with W in the tile layout (tiles.h).
+// Small batches (decode) with W in the tile layout (tiles.h, or tiles_avx2.h in the AVX2 build).
 template <bool Q4>
 torch::Tensor quant_matmul_tiles(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
   const BlockMatmulShape shape = check_block_matmul<Q4>(x, wq, wd);
@@ -322,31 +340,17 @@ torch::Tensor quant_matmul_tiles(torch::Tensor x, torch::Tensor wq, torch::Tenso
   return out;
 }
 
-// x → the pair layout's int8 values (zero-padded to an even number of blocks), scales and lane corrections
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// Many activation rows (prefill chunks, large decode batches): the GEMM of vnni_gemm.h, W in the tile layout.
 template <bool Q4>
-void prepare512(const float* x, int64_t M, int64_t K, int64_t nb, int64_t nbp, int8_t* xq, float* xd,
-                int32_t* corr) {
-  const int32_t offset = Q4 ? 8 : 128;
-  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) {
-      int8_t* q = xq + m * nbp * QK;
-      float* d = xd + m * nbp;
-      quantize_row(x + m * K, K, nb, q, d);
-      if (nbp > nb) {
-        std::memset(q + nb * QK, 0, QK);
-        d[nb] = 0.0f;
-      }
-      for (int64_t b = 0; b < nbp; b += 2) {
-        __m512i v = _mm512_loadu_si512(q + b * QK);
-        if constexpr (Q4) {  // 16-byte chunks [b lo, b hi, b1 lo, b1 hi] → [b lo, b1 lo, b hi, b1 hi]
-          v = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));
-          _mm512_storeu_si512(q + b * QK, v);
-        }
-        const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
-        _mm512_storeu_si512(corr + m * nbp * 8 + b * 8, _mm512_mullo_epi32(sums, _mm512_set1_epi32(-offset)));
-      }
-    }
-  });
+torch::Tensor quant_gemm_tiles(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
+  const BlockMatmulShape shape = check_block_matmul<Q4>(x, wq, wd);
+  const GemmActivations a = prepare_gemm<Q4>(x, shape.M, shape.K, shape.nb);
+  auto out = torch::empty({shape.M, shape.N}, x.options());
+  vnni_gemm::gemm<Q4>(a.xq.data_ptr<int8_t>(), a.xd.data_ptr<float>(), a.xc.data_ptr<int32_t>(), shape.M,
+                      reinterpret_cast<const uint8_t*>(wq.data_ptr()), shape.w_stride, wd.data_ptr<at::Half>(),
+                      shape.nb, shape.N, out.data_ptr<float>());
+  return out;
 }
 #endif
 
@@ -456,6 +460,55 @@ torch::Tensor dequantize(torch::Tensor wq, torch::Tensor wd, int64_t K) {
   return out;
 }
 
+// dequantize for W in the tile layout (tile_layout.h): the same values, the same float operations. Per tile and
+// row, 8 weights at a time (one Q4_0 group or two Q8_0 ones: 8 consecutive k) from their 4-byte groups, which lie
+// a tile's group stride apart; the tile (16·K bytes) stays in L1/L2 while its rows are written out.
+template <bool Q4, typename Out>
+torch::Tensor dequantize_tiles(torch::Tensor wq, torch::Tensor wd, int64_t K) {
+  wq = wq.contiguous();
+  wd = wd.contiguous();
+  const int64_t N = wq.size(0), nb = wd.size(1);
+  TORCH_CHECK(nb * QK >= K && (nb - 1) * QK < K, "scales do not match K=", K);
+  const int64_t w_stride = Q4 ? nb * QK / 2 : nb * QK;
+  auto out = torch::empty({N, K}, torch::dtype(c10::CppTypeToScalarType<Out>::value));
+  const uint8_t* wqp = reinterpret_cast<const uint8_t*>(wq.data_ptr());
+  const at::Half* wdp = wd.data_ptr<at::Half>();
+  Out* op = out.template data_ptr<Out>();
+  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t t_begin, int64_t t_end) {
+    Out buf[QK];
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      const tiles::Tile tile = tiles::tile_of(t, N, w_stride, nb);
+      const uint8_t* tw = wqp + tile.w_offset;
+      for (int64_t r = 0; r < tile.rows; ++r) {
+        const int64_t n = 16 * t + r;
+        for (int64_t b = 0; b < nb; ++b) {
+          const __m256 d = _mm256_set1_ps(_cvtsh_ss(wdp[tile.d_offset + b * tile.rows + r].x));
+          const int64_t len = std::min<int64_t>(QK, K - b * QK);
+          Out* dst = len == QK ? op + n * K + b * QK : buf;
+          for (int64_t e = 0; e < 4; ++e) {  // k = 32b + 8e .. 32b + 8e + 7
+            uint32_t v0, v1;
+            uint64_t eight;
+            if constexpr (Q4) {  // one group: the low nibbles are k .. k+3, the high ones k+4 .. k+7
+              std::memcpy(&v0, tw + tiles::group_offset<true>(b, e, tile.rows, r), 4);
+              eight = (v0 & 0x0F0F0F0Fu) | (static_cast<uint64_t>((v0 >> 4) & 0x0F0F0F0Fu) << 32);
+            } else {
+              std::memcpy(&v0, tw + tiles::group_offset<false>(b, 2 * e, tile.rows, r), 4);
+              std::memcpy(&v1, tw + tiles::group_offset<false>(b, 2 * e + 1, tile.rows, r), 4);
+              eight = v0 | (static_cast<uint64_t>(v1) << 32);
+            }
+            const __m128i bytes = _mm_cvtsi64_si128(static_cast<long long>(eight));
+            const __m256i q = Q4 ? _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_set1_epi32(8))
+                                 : _mm256_cvtepi8_epi32(bytes);
+            store8(dst + 8 * e, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+          }
+          if (len < QK) std::memcpy(op + n * K + b * QK, buf, len * sizeof(Out));
+        }
+      }
+    }
+  });
+  return out;
+}
+
 std::vector<torch::Tensor> quantize_activations(torch::Tensor x) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be a 2-D float32 tensor");
   x = x.contiguous();
@@ -475,13 +528,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
   m.def("q8_0_gemm_tiles", &quant_gemm_tiles<false>, "x[M,K] fp32 · Q8_0 W[N,K]ᵀ, W in the tile layout (tiles.h), for many rows");
   m.def("q4_0_gemm_tiles", &quant_gemm_tiles<true>, "x[M,K] fp32 · Q4_0 W[N,K]ᵀ, W in the tile layout (tiles.h), for many rows");
-  m.def("q8_0_matmul_tiles", &quant_matmul_tiles<false>, "q8_0_matmul for W in the tile layout (tiles.h)");
-  m.def("q4_0_matmul_tiles", &quant_matmul_tiles<true>, "q4_0_matmul for W in the tile layout (tiles.h)");
   m.def("gemm_capsule", [](bool q4) {  // for C++ callers, as matmul_capsule below
     return py::capsule(q4 ? reinterpret_cast<void*>(&quant_gemm_tiles<true>) : reinterpret_cast<void*>(&quant_gemm_tiles<false>),
                        "forwardpass.quant_matmul");
   }, "the q4_0 (True) or q8_0 (False) GEMM for the tile layout, as a PyCapsule", py::arg("q4"));
 #endif
+  m.def("q8_0_matmul_tiles", &quant_matmul_tiles<false>, "q8_0_matmul for W in the tile layout (tile_layout.h)");
+  m.def("q4_0_matmul_tiles", &quant_matmul_tiles<true>, "q4_0_matmul for W in the tile layout (tile_layout.h)");
+  m.def("q8_0_dequantize_tiles", &dequantize_tiles<false, float>, "q8_0_dequantize for W in the tile layout");
+  m.def("q4_0_dequantize_tiles", &dequantize_tiles<true, float>, "q4_0_dequantize for W in the tile layout");
+  m.def("q8_0_dequantize_tiles_bf16", &dequantize_tiles<false, at::BFloat16>, "q8_0_dequantize_bf16, tile layout");
+  m.def("q4_0_dequantize_tiles_bf16", &dequantize_tiles<true, at::BFloat16>, "q4_0_dequantize_bf16, tile layout");
   m.def("q8_0_dequantize", &dequantize<false, float>, "Q8_0 (values, scales, K) → fp32 [N, K]");
   m.def("q4_0_dequantize", &dequantize<true, float>, "Q4_0 (values, scales, K) → fp32 [N, K]");
   m.def("q8_0_dequantize_bf16", &dequantize<false, at::BFloat16>, "Q8_0 (values, scales, K) → bf16 [N, K]");
@@ -494,13 +551,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_activations", &quantize_activations, "x[M,K] fp32 → (int8 [M,Kp], fp32 scales [M,Kp/32])");
   // the matvec entry points for C++ callers (attention/csrc/decode_stack.h), named after their signature
   m.def("matmul_capsule", [](bool q4, bool tiles) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
     if (tiles)
       return py::capsule(q4 ? reinterpret_cast<void*>(&quant_matmul_tiles<true>) : reinterpret_cast<void*>(&quant_matmul_tiles<false>),
                          "forwardpass.quant_matmul");
-#else
-    TORCH_CHECK(!tiles, "the tile layout needs the AVX-512 VNNI build");
-#endif
     return py::capsule(reinterpret_cast<void*>(q4 ? &quant_matmul<true> : &quant_matmul<false>),
                        "forwardpass.quant_matmul");
   }, "the q4_0 (True) or q8_0 (False) matmul, for the GGUF or the tile layout, as a PyCapsule",

@@ -1,4 +1,4 @@
-// The tile layout of a block-quantized weight (AVX-512 VNNI build), and the small-batch matmul that reads it.
+// The small-batch matmul of the AVX-512 VNNI build on weights in the tile layout (tile_layout.h).
 //
 // The GGUF layout keeps each weight row's blocks together, so a vector register holds 32-64 consecutive k of
 // ONE row: every vpdpbusd (64 products) is followed by a convert, a scale permute and an FMA, and the 16 lanes
@@ -8,13 +8,10 @@
 // (vnni_gemm.h) stored ahead of time. Measured from cache on a Zen 4 core pair: 2x the GGUF-layout kernel's
 // rate for Q8_0, 2.4x for Q4_0; decode reads memory, so end to end it is less (forwardpass/quant/tiles.py).
 //
-// Rows 16t .. 16t+R of W [N, ·] (R = 16, or N mod 16 for the last tile) keep their place in the tensor (the same
-// bytes, the same shape); inside it, with k = 32b + c:
-//   Q8_0: the int8 value of row r at ((b·8 + c/4)·R + r)·4 + c%4
-//   Q4_0: the byte at ((b·4 + c/8)·R + r)·4 + c%4 holds the nibbles of c (c%8 < 4, low) and c + 4 (high)
-//   scales: d of (row r, block b) at b·R + r of the tile's R·nb scales
-// forwardpass/quant/tiles.py converts between the layouts (the reference for these offsets).
+// The layout's offsets: tile_layout.h.
 #pragma once
+
+#include "tile_layout.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -22,25 +19,8 @@
 
 namespace tiles {
 
-struct Tile {
-  int64_t rows;      // R: 16, or fewer for the last tile
-  int64_t w_offset;  // where the tile's bytes start in the values tensor
-  int64_t d_offset;  // ... and its scales in the scales tensor
-};
-
-inline Tile tile_of(int64_t t, int64_t N, int64_t w_stride, int64_t nb) {
-  return {std::min<int64_t>(16, N - 16 * t), 16 * t * w_stride, 16 * t * nb};
-}
-
 // the lanes a tile of R rows fills (R = 0: none, for a panel's vector past the last tile)
 inline __mmask16 lanes(int64_t R) { return static_cast<__mmask16>((1u << R) - 1); }
-
-// the byte offset, within a tile of R rows, of 4-byte group g of block b of row r (Q8_0: 8 groups of 4 k per
-// block; Q4_0: 4 groups of 8 k, two nibbles per byte)
-template <bool Q4>
-inline int64_t group_offset(int64_t b, int64_t g, int64_t R, int64_t r) {
-  return ((b * (Q4 ? 4 : 8) + g) * R + r) * 4;
-}
 
 // 4 activation bytes (k .. k+3) in every lane (memcpy: an int8 array read as int32 without breaking aliasing rules;
 // compiles to one broadcast load)
