@@ -300,10 +300,10 @@ def best_time(fn: Any, n: int) -> float:
 def _read_bandwidth(read_mib: int, cores: int, repeats: int) -> tuple[float, float]:
     """Bytes/s reading a ``read_mib`` MiB fp32 buffer: torch.sum (all threads), NumPy max per core slice.
 
-    The buffer sits on 2 MB pages where the engine puts its weights and KV cache there
-    (``engine/huge_pages.py``): it is the memory decode reads, and on 4 KB pages the same loop reads ~15%
-    slower here (TLB misses, prefetchers stopping at page boundaries), which made the engine's own decode
-    read faster than this "roof".
+    The buffer sits on 2 MB pages, as the engine's weights and KV cache do (``engine/huge_pages.py``; both
+    follow ``FORWARDPASS_HUGE_PAGES``): that is the memory decode reads, and on 4 KB pages the same loop read
+    ~15% slower on a Zen 4 VM (TLB misses, prefetchers stopping at page boundaries), so the engine's decode
+    read faster than its "roof".
     """
     from concurrent.futures import ThreadPoolExecutor
 
