@@ -42,6 +42,9 @@ GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary fp32
 class QuantizedWeight(nn.Module):
     """``W [..., N, K]`` stored as ``qs`` + fp16 block scales ``d``; ``matmul(x)`` = ``x · Wᵀ``."""
 
+    qs: torch.Tensor  # buffers (registered in __init__), typed for readers: nn.Module's lookup says Tensor | Module
+    d: torch.Tensor
+
     def __init__(self, qs: torch.Tensor, d: torch.Tensor, fmt: str, in_features: int, kernel: bool = True):
         """``qs``, ``d``: the GGUF layout (``formats.quantize``)."""
         super().__init__()
