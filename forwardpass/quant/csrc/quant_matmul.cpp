@@ -1,6 +1,8 @@
 // Weight-only quantized matmul for AVX2/FMA CPUs: y[M, N] = x[M, K] · W[N, K]ᵀ with W stored in blocks of
 // 32 weights along K, one fp16 scale per block (Q8_0: int8 values; Q4_0: 4-bit values q, weight = (q - 8) · d,
-// the GGUF layouts, so a llama.cpp file's tensors are used as they are).
+// the GGUF layouts, so a llama.cpp file's tensors are used as they are). The engine's weights are reordered into
+// the tile layout (tile_layout.h), whose kernels (tiles.h, tiles_avx2.h, vnni_gemm.h) are faster; the GGUF-layout
+// kernels below serve the AMX machines' small batches and the tests.
 //
 // llama.cpp's recipe: the activations are quantized to int8 per block of 32 (scale = absmax / 127), then each
 // (weight block, activation block) pair is one 32-wide int8 dot product (_mm256_maddubs_epi16 after moving the
