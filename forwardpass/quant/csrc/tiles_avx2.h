@@ -8,8 +8,9 @@
 //
 // maddubs multiplies unsigned by signed bytes and adds pairs into saturating int16, so the operands are chosen to
 // never saturate:
-//   Q8_0: |x| (unsigned) times w carrying x's sign (llama.cpp's trick): pairs ≤ 2·127·128 < 2^15; then madd by 1
-//         into int32 per group of 4 k. Per 32 products: sign, maddubs, madd, add.
+//   Q8_0: |w| (unsigned; -128 becomes 128) times x carrying w's sign (llama.cpp's trick; x is never -128):
+//         pairs ≤ 2·128·127 < 2^15; then madd by 1 into int32 per group of 4 k. Per 32 products: sign, maddubs,
+//         madd, add (|w| once per weight vector, for every activation row).
 //   Q4_0: the stored nibbles q = w + 8 (0..15, unsigned) times x: pairs ≤ 2·15·127, so a whole block's 8 maddubs
 //         add up in int16 (≤ 30480) and one madd per block widens them; xc = -8 · Σ block cancels the offset.
 // The block sums are exact integers, and the float operations are the GEMM's (vnni_gemm.h) one for one: blocks in
@@ -96,17 +97,15 @@ inline void halves(const uint8_t* tw, const at::Half* td, int64_t R, int64_t nb,
         for (int h = 0; h < H; ++h) sum[i][h] = _mm256_setzero_si256();
 #pragma GCC unroll 8
       for (int g = 0; g < 8; ++g) {
-        __m256i xs[MR], xa[MR];
-        for (int i = 0; i < MR; ++i) {
-          xs[i] = broadcast4(xq + (m0 + i) * nb * QK + b * QK + 4 * g);
-          xa[i] = _mm256_abs_epi8(xs[i]);
-        }
+        __m256i xs[MR];
+        for (int i = 0; i < MR; ++i) xs[i] = broadcast4(xq + (m0 + i) * nb * QK + b * QK + 4 * g);
         for (int h = 0; h < H; ++h) {
           const __m256i w = load_rows(p + g * group + 32 * h, rows[h], mask[h]);
+          const __m256i wa = _mm256_abs_epi8(w);
 #pragma GCC unroll 4
           for (int i = 0; i < MR; ++i)
             sum[i][h] = _mm256_add_epi32(
-                sum[i][h], _mm256_madd_epi16(_mm256_maddubs_epi16(xa[i], _mm256_sign_epi8(w, xs[i])), ones));
+                sum[i][h], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xs[i], w)), ones));
         }
       }
     }
