@@ -298,6 +298,27 @@ void prepare512(const float* x, int64_t M, int64_t K, int64_t nb, int64_t nbp, i
 }
 #endif
 
+// Each thread takes a contiguous range of output rows (weights are read once in total). Within it, a tile of
+// 16 weight rows (≤ 48 KB at K = 3072, in L2) is reused by every group of 4 activation rows, then by the 1-3
+// left: ``rows.template operator()<MR>(m, n0, n1)`` computes activation rows m..m+MR against tile rows n0..n1.
+template <typename Rows>
+void over_tiles(int64_t M, int64_t N, Rows&& rows) {
+  constexpr int64_t NT = 16;
+  at::parallel_for(0, (N + NT - 1) / NT, 1, [&](int64_t t_begin, int64_t t_end) {
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      const int64_t n0 = t * NT, n1 = std::min(N, n0 + NT);
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) rows.template operator()<4>(m, n0, n1);
+      switch (M - m) {
+        case 3: rows.template operator()<3>(m, n0, n1); break;
+        case 2: rows.template operator()<2>(m, n0, n1); break;
+        case 1: rows.template operator()<1>(m, n0, n1); break;
+        default: break;
+      }
+    }
+  });
+}
+
 // x [M, K] → the activations of the tile kernels (tiles.h, tiles_avx2.h) and the GEMM (vnni_gemm.h): int8 blocks
 // and scales by quantize_row (the same bytes as the matvec path) and each block's starting value -offset · Σ block.
 struct GemmActivations {
@@ -330,15 +351,25 @@ GemmActivations prepare_gemm(const torch::Tensor& x, int64_t M, int64_t K, int64
   return {xq, xd, xc};
 }
 
-// Small batches (decode) with W in the tile layout (tiles.h, or tiles_avx2.h in the AVX2 build).
+// Small batches (decode) with W in the tile layout: tiles::tile_rows (tiles.h, or tiles_avx2.h in the AVX2 build)
+// over the tiles as over_tiles hands them out. Each thread's range of tiles is one memory stream (the hardware
+// prefetcher follows it; software prefetching measured no better).
 template <bool Q4>
 torch::Tensor quant_matmul_tiles(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
   const BlockMatmulShape shape = check_block_matmul<Q4>(x, wq, wd);
   const GemmActivations a = prepare_gemm<Q4>(x, shape.M, shape.K, shape.nb);
   auto out = torch::empty({shape.M, shape.N}, x.options());
-  tiles::matmul<Q4>(a.xq.data_ptr<int8_t>(), a.xd.data_ptr<float>(), a.xc.data_ptr<int32_t>(), shape.M,
-                    reinterpret_cast<const uint8_t*>(wq.data_ptr()), shape.w_stride, wd.data_ptr<at::Half>(),
-                    shape.nb, shape.N, out.data_ptr<float>());
+  const int8_t* xq = a.xq.data_ptr<int8_t>();
+  const float* xd = a.xd.data_ptr<float>();
+  const int32_t* xc = a.xc.data_ptr<int32_t>();
+  const uint8_t* wqp = reinterpret_cast<const uint8_t*>(wq.data_ptr());
+  const at::Half* wdp = wd.data_ptr<at::Half>();
+  float* y = out.data_ptr<float>();
+  over_tiles(shape.M, shape.N, [&]<int MR>(int64_t m, int64_t n0, int64_t) {
+    const tiles::Tile tile = tiles::tile_of(n0 / 16, shape.N, shape.w_stride, shape.nb);
+    tiles::tile_rows<Q4, MR>(wqp + tile.w_offset, wdp + tile.d_offset, tile.rows, shape.nb, xq, xd, xc, m, y,
+                             shape.N, n0);
+  });
   return out;
 }
 
@@ -355,27 +386,6 @@ torch::Tensor quant_gemm_tiles(torch::Tensor x, torch::Tensor wq, torch::Tensor 
   return out;
 }
 #endif
-
-// Each thread takes a contiguous range of output rows (weights are read once in total). Within it, a tile of
-// 16 weight rows (≤ 48 KB at K = 3072, in L2) is reused by every group of 4 activation rows, then by the 1-3
-// left: ``rows.template operator()<MR>(m, n0, n1)`` computes activation rows m..m+MR against tile rows n0..n1.
-template <typename Rows>
-void over_tiles(int64_t M, int64_t N, Rows&& rows) {
-  constexpr int64_t NT = 16;
-  at::parallel_for(0, (N + NT - 1) / NT, 1, [&](int64_t t_begin, int64_t t_end) {
-    for (int64_t t = t_begin; t < t_end; ++t) {
-      const int64_t n0 = t * NT, n1 = std::min(N, n0 + NT);
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) rows.template operator()<4>(m, n0, n1);
-      switch (M - m) {
-        case 3: rows.template operator()<3>(m, n0, n1); break;
-        case 2: rows.template operator()<2>(m, n0, n1); break;
-        case 1: rows.template operator()<1>(m, n0, n1); break;
-        default: break;
-      }
-    }
-  });
-}
 
 template <bool Q4>
 torch::Tensor quant_matmul(torch::Tensor x, torch::Tensor wq, torch::Tensor wd) {
@@ -428,45 +438,34 @@ inline __m128i to_bf16(__m256 v) {
 inline void store8(float* dst, __m256 v) { _mm256_storeu_ps(dst, v); }
 inline void store8(at::BFloat16* dst, __m256 v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), to_bf16(v)); }
 
-// Weights back to fp32 or bf16 [N, K] (w = q · d, one float multiply per weight: bitwise formats.dequantize,
-// then for bf16 torch's rounding). For large batches (prefill chunks) a float GEMM on the dequantized rows beats
-// the int8 dot products (see weight.py); bf16 where the CPU multiplies bf16 fast (AMX, AVX512-BF16).
-template <bool Q4, typename Out>
-torch::Tensor dequantize(torch::Tensor wq, torch::Tensor wd, int64_t K) {
-  wq = wq.contiguous();
-  wd = wd.contiguous();
-  const int64_t N = wq.size(0), nb = wd.size(1);
-  TORCH_CHECK(nb * QK >= K && (nb - 1) * QK < K, "scales do not match K=", K);
-  const int64_t w_stride = Q4 ? nb * QK / 2 : nb * QK;
-  auto out = torch::empty({N, K}, torch::dtype(c10::CppTypeToScalarType<Out>::value));
-  const uint8_t* wqp = reinterpret_cast<const uint8_t*>(wq.data_ptr());
-  const at::Half* wdp = wd.data_ptr<at::Half>();
-  Out* op = out.template data_ptr<Out>();
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    Out buf[QK];
-    for (int64_t n = begin; n < end; ++n) {
-      for (int64_t b = 0; b < nb; ++b) {
-        const __m256i w = load_block<Q4>(wqp + n * w_stride, b);
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(wdp[n * nb + b].x));
-        const int64_t len = std::min<int64_t>(QK, K - b * QK);
-        Out* dst = len == QK ? op + n * K + b * QK : buf;
-        const __m128i lo = _mm256_castsi256_si128(w), hi = _mm256_extracti128_si256(w, 1);
-        store8(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
-        store8(dst + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
-        store8(dst + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
-        store8(dst + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
-        if (len < QK) std::memcpy(op + n * K + b * QK, buf, len * sizeof(Out));
-      }
+// The 32 weights of block b of row r of a tile (R rows; tile_layout.h) as int8, as load_block gives them for
+// the GGUF layout (Q4_0: minus 8). 8 consecutive k at a time — one Q4_0 group (its low nibbles are k .. k+3, the
+// high ones k+4 .. k+7) or two Q8_0 ones — from 4-byte groups a tile's group stride apart.
+template <bool Q4>
+inline __m256i load_tile_block(const uint8_t* tw, int64_t R, int64_t r, int64_t b) {
+  alignas(32) uint64_t eights[4];
+  for (int64_t e = 0; e < 4; ++e) {  // k = 32b + 8e .. 32b + 8e + 7
+    uint32_t v0, v1;
+    if constexpr (Q4) {
+      std::memcpy(&v0, tw + tiles::group_offset<true>(b, e, R, r), 4);
+      eights[e] = (v0 & 0x0F0F0F0Fu) | (static_cast<uint64_t>((v0 >> 4) & 0x0F0F0F0Fu) << 32);
+    } else {
+      std::memcpy(&v0, tw + tiles::group_offset<false>(b, 2 * e, R, r), 4);
+      std::memcpy(&v1, tw + tiles::group_offset<false>(b, 2 * e + 1, R, r), 4);
+      eights[e] = v0 | (static_cast<uint64_t>(v1) << 32);
     }
-  });
-  return out;
+  }
+  const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(eights));
+  return Q4 ? _mm256_sub_epi8(w, _mm256_set1_epi8(8)) : w;
 }
 
-// dequantize for W in the tile layout (tile_layout.h): the same values, the same float operations. Per tile and
-// row, 8 weights at a time (one Q4_0 group or two Q8_0 ones: 8 consecutive k) from their 4-byte groups, which lie
-// a tile's group stride apart; the tile (16·K bytes) stays in L1/L2 while its rows are written out.
-template <bool Q4, typename Out>
-torch::Tensor dequantize_tiles(torch::Tensor wq, torch::Tensor wd, int64_t K) {
+// Weights back to fp32 or bf16 [N, K] (w = q · d, one float multiply per weight: bitwise formats.dequantize,
+// then for bf16 torch's rounding), from the GGUF layout or (Tiles) the tile layout. For large batches (prefill
+// chunks) a float GEMM on the dequantized rows beats the int8 dot products (see weight.py); bf16 where the CPU
+// multiplies bf16 fast (AMX, AVX512-BF16). Threads take 16 rows at a time (whole tiles; a tile's 16·K bytes stay
+// in L1/L2 while its rows are written out).
+template <bool Q4, typename Out, bool Tiles = false>
+torch::Tensor dequantize(torch::Tensor wq, torch::Tensor wd, int64_t K) {
   wq = wq.contiguous();
   wd = wd.contiguous();
   const int64_t N = wq.size(0), nb = wd.size(1);
@@ -480,29 +479,20 @@ torch::Tensor dequantize_tiles(torch::Tensor wq, torch::Tensor wd, int64_t K) {
     Out buf[QK];
     for (int64_t t = t_begin; t < t_end; ++t) {
       const tiles::Tile tile = tiles::tile_of(t, N, w_stride, nb);
-      const uint8_t* tw = wqp + tile.w_offset;
       for (int64_t r = 0; r < tile.rows; ++r) {
         const int64_t n = 16 * t + r;
         for (int64_t b = 0; b < nb; ++b) {
-          const __m256 d = _mm256_set1_ps(_cvtsh_ss(wdp[tile.d_offset + b * tile.rows + r].x));
+          const __m256i w = Tiles ? load_tile_block<Q4>(wqp + tile.w_offset, tile.rows, r, b)
+                                  : load_block<Q4>(wqp + n * w_stride, b);
+          const at::Half dw = Tiles ? wdp[tile.d_offset + b * tile.rows + r] : wdp[n * nb + b];
+          const __m256 d = _mm256_set1_ps(_cvtsh_ss(dw.x));
           const int64_t len = std::min<int64_t>(QK, K - b * QK);
           Out* dst = len == QK ? op + n * K + b * QK : buf;
-          for (int64_t e = 0; e < 4; ++e) {  // k = 32b + 8e .. 32b + 8e + 7
-            uint32_t v0, v1;
-            uint64_t eight;
-            if constexpr (Q4) {  // one group: the low nibbles are k .. k+3, the high ones k+4 .. k+7
-              std::memcpy(&v0, tw + tiles::group_offset<true>(b, e, tile.rows, r), 4);
-              eight = (v0 & 0x0F0F0F0Fu) | (static_cast<uint64_t>((v0 >> 4) & 0x0F0F0F0Fu) << 32);
-            } else {
-              std::memcpy(&v0, tw + tiles::group_offset<false>(b, 2 * e, tile.rows, r), 4);
-              std::memcpy(&v1, tw + tiles::group_offset<false>(b, 2 * e + 1, tile.rows, r), 4);
-              eight = v0 | (static_cast<uint64_t>(v1) << 32);
-            }
-            const __m128i bytes = _mm_cvtsi64_si128(static_cast<long long>(eight));
-            const __m256i q = Q4 ? _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_set1_epi32(8))
-                                 : _mm256_cvtepi8_epi32(bytes);
-            store8(dst + 8 * e, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
-          }
+          const __m128i lo = _mm256_castsi256_si128(w), hi = _mm256_extracti128_si256(w, 1);
+          store8(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
+          store8(dst + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
+          store8(dst + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
+          store8(dst + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
           if (len < QK) std::memcpy(op + n * K + b * QK, buf, len * sizeof(Out));
         }
       }
@@ -537,10 +527,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #endif
   m.def("q8_0_matmul_tiles", &quant_matmul_tiles<false>, "q8_0_matmul for W in the tile layout (tile_layout.h)");
   m.def("q4_0_matmul_tiles", &quant_matmul_tiles<true>, "q4_0_matmul for W in the tile layout (tile_layout.h)");
-  m.def("q8_0_dequantize_tiles", &dequantize_tiles<false, float>, "q8_0_dequantize for W in the tile layout");
-  m.def("q4_0_dequantize_tiles", &dequantize_tiles<true, float>, "q4_0_dequantize for W in the tile layout");
-  m.def("q8_0_dequantize_tiles_bf16", &dequantize_tiles<false, at::BFloat16>, "q8_0_dequantize_bf16, tile layout");
-  m.def("q4_0_dequantize_tiles_bf16", &dequantize_tiles<true, at::BFloat16>, "q4_0_dequantize_bf16, tile layout");
+  m.def("q8_0_dequantize_tiles", &dequantize<false, float, true>, "q8_0_dequantize for W in the tile layout");
+  m.def("q4_0_dequantize_tiles", &dequantize<true, float, true>, "q4_0_dequantize for W in the tile layout");
+  m.def("q8_0_dequantize_tiles_bf16", &dequantize<false, at::BFloat16, true>, "q8_0_dequantize_bf16, tile layout");
+  m.def("q4_0_dequantize_tiles_bf16", &dequantize<true, at::BFloat16, true>, "q4_0_dequantize_bf16, tile layout");
   m.def("q8_0_dequantize", &dequantize<false, float>, "Q8_0 (values, scales, K) → fp32 [N, K]");
   m.def("q4_0_dequantize", &dequantize<true, float>, "Q4_0 (values, scales, K) → fp32 [N, K]");
   m.def("q8_0_dequantize_bf16", &dequantize<false, at::BFloat16>, "Q8_0 (values, scales, K) → bf16 [N, K]");

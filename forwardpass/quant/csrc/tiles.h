@@ -1,4 +1,5 @@
-// The small-batch matmul of the AVX-512 VNNI build on weights in the tile layout (tile_layout.h).
+// The small-batch matmul of the AVX-512 VNNI build on weights in the tile layout (tile_layout.h): one tile against
+// a group of activation rows (tile_rows); quant_matmul.cpp hands the tiles out over the threads (over_tiles).
 //
 // The GGUF layout keeps each weight row's blocks together, so a vector register holds 32-64 consecutive k of
 // ONE row: every vpdpbusd (64 products) is followed by a convert, a scale permute and an FMA, and the 16 lanes
@@ -86,29 +87,6 @@ inline void tile_rows(const uint8_t* tw, const at::Half* td, int64_t R, int64_t 
   }
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + (m0 + i) * N + n0, mask, acc[i]);
-}
-
-// y [M, N] = x · Wᵀ for W in the tile layout, x already quantized. Each thread takes a contiguous range of tiles
-// (one memory stream; the hardware prefetcher follows it, software prefetching measured no better), and every
-// group of 4 activation rows reads the tile (16·K bytes, in L1/L2 after the first group).
-template <bool Q4>
-void matmul(const int8_t* xq, const float* xd, const int32_t* xc, int64_t M, const uint8_t* wq, int64_t w_stride,
-            const at::Half* wd, int64_t nb, int64_t N, float* y) {
-  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t t_begin, int64_t t_end) {
-    for (int64_t t = t_begin; t < t_end; ++t) {
-      const Tile tile = tile_of(t, N, w_stride, nb);
-      const uint8_t* tw = wq + tile.w_offset;
-      const at::Half* td = wd + tile.d_offset;
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) tile_rows<Q4, 4>(tw, td, tile.rows, nb, xq, xd, xc, m, y, N, 16 * t);
-      switch (M - m) {
-        case 3: tile_rows<Q4, 3>(tw, td, tile.rows, nb, xq, xd, xc, m, y, N, 16 * t); break;
-        case 2: tile_rows<Q4, 2>(tw, td, tile.rows, nb, xq, xd, xc, m, y, N, 16 * t); break;
-        case 1: tile_rows<Q4, 1>(tw, td, tile.rows, nb, xq, xd, xc, m, y, N, 16 * t); break;
-        default: break;
-      }
-    }
-  });
 }
 
 }  // namespace tiles

@@ -146,26 +146,4 @@ inline void tile_rows(const uint8_t* tw, const at::Half* td, int64_t R, int64_t 
   }
 }
 
-// y [M, N] = x · Wᵀ for W in the tile layout, x already quantized: each thread a contiguous range of tiles (one
-// memory stream), every group of up to 4 activation rows against each tile while it is in L1/L2.
-template <bool Q4>
-void matmul(const int8_t* xq, const float* xd, const int32_t* xc, int64_t M, const uint8_t* wq, int64_t w_stride,
-            const at::Half* wd, int64_t nb, int64_t N, float* y) {
-  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t t_begin, int64_t t_end) {
-    for (int64_t t = t_begin; t < t_end; ++t) {
-      const Tile tile = tile_of(t, N, w_stride, nb);
-      const uint8_t* tw = wq + tile.w_offset;
-      const at::Half* td = wd + tile.d_offset;
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) tile_rows<Q4, 4>(tw, td, tile.rows, nb, xq, xd, xc, m, y, N, 16 * t);
-      switch (M - m) {
-        case 3: tile_rows<Q4, 3>(tw, td, tile.rows, nb, xq, xd, xc, m, y, N, 16 * t); break;
-        case 2: tile_rows<Q4, 2>(tw, td, tile.rows, nb, xq, xd, xc, m, y, N, 16 * t); break;
-        case 1: tile_rows<Q4, 1>(tw, td, tile.rows, nb, xq, xd, xc, m, y, N, 16 * t); break;
-        default: break;
-      }
-    }
-  });
-}
-
 }  // namespace tiles
