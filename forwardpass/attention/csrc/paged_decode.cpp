@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 namespace {
@@ -82,6 +83,23 @@ inline void weighted_sum(const float* p, const T* const* rows, int64_t head, int
   }
 }
 
+// Positions ahead of the ones being computed whose K (pass 1) or V (pass 3) rows are prefetched into L2. Each pass
+// walks 8 rows at a time head by head (a head's slice of 8 rows, then the next head's), an order the hardware
+// prefetchers did not run ahead of: with the cache in DRAM (a decode step's weights evict it between layers)
+// the loads waited on memory, ~7 GB/s of cache per core against ~30 for a plain stream. Measured at batch 64,
+// one core: 16 positions ahead into L2 1.5x faster; into L1, or 48 and more ahead, no better than none.
+constexpr int64_t kPrefetchAhead = 16;
+
+// Into L2: columns [off, off + len) of rows[i0 .. i1), each row's cache lines front to back.
+template <typename T>
+inline void prefetch_rows(const T* const* rows, int64_t i0, int64_t i1, int64_t off, int64_t len) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const uintptr_t first = reinterpret_cast<uintptr_t>(rows[i] + off) & ~uintptr_t{63};
+    const uintptr_t end = reinterpret_cast<uintptr_t>(rows[i] + off + len);
+    for (uintptr_t line = first; line < end; line += 64) _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T1);
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -128,10 +146,13 @@ torch::Tensor paged_decode_impl(torch::Tensor q, torch::Tensor kv_cache, torch::
       // Pass 1: scores q·k for every visible key, 8 positions at a time: their rows (all KV heads of a position,
       // contiguous) are read front to back once and serve every query head. Pass 2: softmax per query head
       // (a contiguous loop, so the exps vectorize). Pass 3: out = P·V, in the same order.
+      const int64_t col0 = (h0 / G) * D, cols = (h1 - h0) / G * D;  // this item's KV heads in a row
       if (vectorized) {
         for (int64_t i = 0; i < n; ++i) rows[i] = kp + row_offset[i];
         for (int64_t i = n; i < n + 8; ++i) rows[i] = rows[0];  // padding for the last group of 8
+        prefetch_rows(rows.data(), 0, std::min(n, kPrefetchAhead), col0, cols);
         for (int64_t i = 0; i < n; i += 8) {
+          prefetch_rows(rows.data(), std::min(n, i + kPrefetchAhead), std::min(n, i + kPrefetchAhead + 8), col0, cols);
           const int cnt = static_cast<int>(std::min<int64_t>(8, n - i));
           for (int64_t hq = h0; hq < h1; ++hq)
             scores8(qb + hq * D, rows.data() + i, (hq / G) * D, cnt, D, fscale, scores.data() + hq * n + i);
@@ -146,6 +167,10 @@ torch::Tensor paged_decode_impl(torch::Tensor q, torch::Tensor kv_cache, torch::
             for (int64_t d = 0; d < D; ++d) dot += qh[d] * static_cast<float>(kr[d]);
             scores[hq * n + i] = dot * fscale;
           }
+      }
+      if (vectorized) {  // pass 3's rows, the first of them on their way during the softmax
+        for (int64_t i = 0; i < n; ++i) rows[i] = vp + row_offset[i];
+        prefetch_rows(rows.data(), 0, std::min(n, kPrefetchAhead), col0, cols);
       }
       for (int64_t hq = h0; hq < h1; ++hq) {
         float* sh = scores.data() + hq * n;
@@ -162,8 +187,8 @@ torch::Tensor paged_decode_impl(torch::Tensor q, torch::Tensor kv_cache, torch::
       }
       std::fill(ob + h0 * D, ob + h1 * D, 0.f);
       if (vectorized) {
-        for (int64_t i = 0; i < n; ++i) rows[i] = vp + row_offset[i];
         for (int64_t i = 0; i < n; i += 8) {
+          prefetch_rows(rows.data(), std::min(n, i + kPrefetchAhead), std::min(n, i + kPrefetchAhead + 8), col0, cols);
           const int64_t cnt = std::min<int64_t>(8, n - i);
           for (int64_t hq = h0; hq < h1; ++hq)
             weighted_sum(scores.data() + hq * n + i, rows.data() + i, (hq / G) * D, cnt, D, ob + hq * D);
