@@ -143,9 +143,10 @@ torch::Tensor paged_decode_impl(torch::Tensor q, torch::Tensor kv_cache, torch::
         row_offset[t - start] = (bt[b * max_blocks + t / BS] * BS + t % BS) * Hkv * D;
       const float* qb = qp + b * Hq * D;
       float* ob = op + b * Hq * D;
-      // Pass 1: scores q·k for every visible key, 8 positions at a time: their rows (all KV heads of a position,
-      // contiguous) are read front to back once and serve every query head. Pass 2: softmax per query head
-      // (a contiguous loop, so the exps vectorize). Pass 3: out = P·V, in the same order.
+      // Pass 1: scores q·k for every visible key, 8 positions at a time, query head by query head (a head reads its
+      // KV head's slice of the 8 rows, so each row is fetched from memory once and serves every query head; the
+      // rows further on are prefetched meanwhile). Pass 2: softmax per query head (a contiguous loop, so the exps
+      // vectorize). Pass 3: out = P·V, in the same order.
       const int64_t col0 = (h0 / G) * D, cols = (h1 - h0) / G * D;  // this item's KV heads in a row
       if (vectorized) {
         for (int64_t i = 0; i < n; ++i) rows[i] = kp + row_offset[i];
