@@ -11,8 +11,9 @@ torch, so it runs there). Every engine lives in a worker process of its own (one
 process, nothing else running while it measures); the workers are loaded once and then asked for one
 measurement each in turn, A B C A B C ..., and the table shows medians over ``--rounds`` rounds. The read
 bandwidth is measured in every round too (on 2 MB pages, like the engine's weights), giving each engine's
-decode roofline: its weight bytes per token / the median bandwidth. Batch-16 decode (aggregate tokens/s)
-is measured for forwardpass.
+decode roofline: its weight bytes per token / the bandwidth. A shared host drifts within minutes, so the
+share of the roof and the ratios between engines are paired: each round's (measured seconds apart), then
+the median, with the range over the rounds. Batch-16 decode (aggregate tokens/s) is measured for forwardpass.
 
 The checkpoint is a random Qwen3-0.6B-shaped one (``--layers`` fewer for a quick run), with a synthetic
 byte-level tokenizer of the full vocabulary so GGUF files can be written; prompts are token ids, the
@@ -331,6 +332,9 @@ def main() -> None:
             "weight_bytes": wb,
             # a decode step reads the weights once for the whole batch
             "decode_roof_tok_s": w.batch * bw / wb if wb else None,
+            # each round's decode against that round's roof, then the median: the bandwidth drifts between rounds
+            "decode_share_of_roof": median([s["decode_tok_s"] * wb / (w.batch * b) for s, b in zip(samples[w.name], bws)])
+            if wb else None,
             "samples": samples[w.name],
         }
     ratios = {}
@@ -341,15 +345,18 @@ def main() -> None:
         ("fp32", "hf"),
         ("fp32", "vllm"),
     ]:
-        if ours in rows and peer in rows:
-            ratios[f"{ours}/{peer}"] = {
-                k: rows[ours][k] / rows[peer][k] for k in ("prefill_tok_s", "decode_tok_s")
+        if ours in rows and peer in rows:  # paired: each round's ratio (the two ran seconds apart), then the median
+            per_round = {
+                k: [a[k] / b[k] for a, b in zip(samples[ours], samples[peer])] for k in ("prefill_tok_s", "decode_tok_s")
             }
+            ratios[f"{ours}/{peer}"] = {k: median(v) for k, v in per_round.items()}
+            ratios[f"{ours}/{peer}"]["range"] = {k: [min(v), max(v)] for k, v in per_round.items()}
 
     print(
         f"\nQwen3-0.6B-shaped ({args.layers} layers), prompt {args.prompt_len}, {args.new_tokens} new tokens, medians of "
         f"{args.rounds} alternating rounds; forwardpass KV cache {args.kv_cache_dtype}; read bandwidth {bw / 1e9:.1f} GB/s "
-        f"(median; {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} over the rounds)"
+        f"(median; {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} over the rounds); % of roof and ratios: each round's, "
+        "then the median"
     )
     print(
         f"{'engine':<16}{'prefill tok/s':>14}{'decode tok/s':>14}{'weights GB':>12}{'roof tok/s':>12}{'% of roof':>10}"
@@ -358,10 +365,11 @@ def main() -> None:
         roof = r["decode_roof_tok_s"]
         print(
             f"{name:<16}{r['prefill_tok_s']:>14.1f}{r['decode_tok_s']:>14.2f}"
-            f"{(r['weight_bytes'] or 0) / 1e9:>12.2f}{roof or 0:>12.1f}{(r['decode_tok_s'] / roof if roof else 0):>10.0%}"
+            f"{(r['weight_bytes'] or 0) / 1e9:>12.2f}{roof or 0:>12.1f}{r['decode_share_of_roof'] or 0:>10.0%}"
         )
     for k, v in ratios.items():
-        print(f"{k:<24} prefill {v['prefill_tok_s']:.2f}x  decode {v['decode_tok_s']:.2f}x")
+        (p0, p1), (d0, d1) = v["range"]["prefill_tok_s"], v["range"]["decode_tok_s"]
+        print(f"{k:<24} prefill {v['prefill_tok_s']:.2f}x ({p0:.2f}-{p1:.2f})  decode {v['decode_tok_s']:.2f}x ({d0:.2f}-{d1:.2f})")
     out = save(
         "peers",
         {
