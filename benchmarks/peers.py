@@ -332,9 +332,10 @@ def main() -> None:
             "weight_bytes": wb,
             # a decode step reads the weights once for the whole batch
             "decode_roof_tok_s": w.batch * bw / wb if wb else None,
-            # each round's decode against that round's roof, then the median: the bandwidth drifts between rounds
-            "decode_share_of_roof": median([s["decode_tok_s"] * wb / (w.batch * b) for s, b in zip(samples[w.name], bws)])
-            if wb else None,
+            # each round's decode against that round's roof, then the median: the bandwidth drifts
+            "decode_share_of_roof": median(
+                [s["decode_tok_s"] * wb / (w.batch * b) for s, b in zip(samples[w.name], bws)]
+            ) if wb else None,
             "samples": samples[w.name],
         }
     ratios = {}
@@ -345,9 +346,10 @@ def main() -> None:
         ("fp32", "hf"),
         ("fp32", "vllm"),
     ]:
-        if ours in rows and peer in rows:  # paired: each round's ratio (the two ran seconds apart), then the median
+        if ours in rows and peer in rows:  # paired: each round's ratio (seconds apart), then the median
             per_round = {
-                k: [a[k] / b[k] for a, b in zip(samples[ours], samples[peer])] for k in ("prefill_tok_s", "decode_tok_s")
+                k: [a[k] / b[k] for a, b in zip(samples[ours], samples[peer])]
+                for k in ("prefill_tok_s", "decode_tok_s")
             }
             ratios[f"{ours}/{peer}"] = {k: median(v) for k, v in per_round.items()}
             ratios[f"{ours}/{peer}"]["range"] = {k: [min(v), max(v)] for k, v in per_round.items()}
@@ -369,7 +371,10 @@ def main() -> None:
         )
     for k, v in ratios.items():
         (p0, p1), (d0, d1) = v["range"]["prefill_tok_s"], v["range"]["decode_tok_s"]
-        print(f"{k:<24} prefill {v['prefill_tok_s']:.2f}x ({p0:.2f}-{p1:.2f})  decode {v['decode_tok_s']:.2f}x ({d0:.2f}-{d1:.2f})")
+        print(
+            f"{k:<24} prefill {v['prefill_tok_s']:.2f}x ({p0:.2f}-{p1:.2f})"
+            f"  decode {v['decode_tok_s']:.2f}x ({d0:.2f}-{d1:.2f})"
+        )
     out = save(
         "peers",
         {

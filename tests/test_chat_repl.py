@@ -91,8 +91,8 @@ def test_ctrl_c_stops_the_reply_not_the_session(chat, tmp_path):
     c = chat("--max-tokens", "900", "--ignore-eos")
     c.sendline("Tell me a long story about Elizabeth and Darcy.")
     c.expect("Darcy")  # the echo of the line
-    # Ctrl-C only once the reply streams: before the prompt has taken the line it would just clear the line (as
-    # it did on a loaded CI machine a second after the echo). Leaving the prompt switches bracketed paste off;
+    # Ctrl-C only once the reply streams: before the prompt has taken the line it just clears the line (as it
+    # did on a loaded CI machine a second after the echo). Leaving the prompt switches bracketed paste off;
     # then two letters in a row are reply text (the terminal's escape sequences end in one letter each).
     c.expect(re.escape("\x1b[?2004l"))
     c.expect("[a-z]{2}")
