@@ -11,9 +11,11 @@ torch, so it runs there). Every engine lives in a worker process of its own (one
 process, nothing else running while it measures); the workers are loaded once and then asked for one
 measurement each in turn, A B C A B C ..., and the table shows medians over ``--rounds`` rounds. The read
 bandwidth is measured in every round too (on 2 MB pages, like the engine's weights), giving each engine's
-decode roofline: its weight bytes per token / the bandwidth. A shared host drifts within minutes, so the
-share of the roof and the ratios between engines are paired: each round's (measured seconds apart), then
-the median, with the range over the rounds. Batch-16 decode (aggregate tokens/s) is measured for forwardpass.
+decode roofline: its weight bytes per token / the bandwidth; and so is the rate of an fp32 GEMM (1024 x
+1024 x 1024, the faster of oneDNN and MKL), the prefill's compute roof for the fp32 engines: 98% of a
+128-token prefill's FLOPs are matmuls on the weights. A shared host drifts within minutes, in bandwidth and in compute, so the shares of the roofs
+and the ratios between engines are paired: each round's (measured seconds apart), then the median, with
+the range over the rounds. Batch-16 decode (aggregate tokens/s) is measured for forwardpass.
 
 The checkpoint is a random Qwen3-0.6B-shaped one (``--layers`` fewer for a quick run), with a synthetic
 byte-level tokenizer of the full vocabulary so GGUF files can be written; prompts are token ids, the
@@ -217,10 +219,26 @@ class Worker:
 
 
 # ----- the run --------------------------------------------------------------------------------------
-def bandwidth() -> float:
+def roofs() -> tuple[float, float]:
+    """This moment's read bandwidth (bytes/s) and fp32 GEMM rate (FLOP/s)."""
     from forwardpass.analysis.hardware import measure_this_machine
 
-    return measure_this_machine(read_mib=512, matmul_n=512, repeats=6)["read_bandwidth"]
+    m = measure_this_machine(read_mib=512, matmul_n=1024, repeats=6)
+    return m["read_bandwidth"], m["fp32_matmul_flops"]
+
+
+def prefill_flops_per_token(ckpt: Path, prompt_len: int) -> float:
+    """FLOPs per prompt token of one prefill of ``prompt_len`` tokens, from the engine's roofline model
+    (``forwardpass/analysis``): the decoder layers' matmuls, causal attention, and the LM head for the last
+    token only. Hardware does not enter the count."""
+    from forwardpass.analysis.roofline import analyze
+
+    report = analyze(ckpt, "h100", prefill_tokens=prompt_len, batches=(1,), weight_dtype="fp32")
+    return report.prefill.total.flops / prompt_len
+
+
+# engines whose prefill multiplies in fp32, whose compute roof the fp32 GEMM rate is
+FP32_ENGINES = ("fp32", "hf", "llama-f32", "vllm")
 
 
 def main() -> None:
@@ -309,10 +327,12 @@ def main() -> None:
         workers.append(Worker("vllm", cmd, venv))
 
     samples: dict[str, list[dict]] = {w.name: [] for w in workers}
-    bws = []  # the read bandwidth is one more entry of each round: the roof drifts with the machine too
+    bws, gemms = [], []  # the roofs are one more entry of each round: they drift with the machine too
     for r in range(args.rounds):  # A B C ... A B C ...: drifts of a shared machine hit every engine alike
         time.sleep(args.pause)
-        bws.append(bandwidth())
+        bw, gemm = roofs()
+        bws.append(bw)
+        gemms.append(gemm)
         for w in workers:
             time.sleep(args.pause)  # the previous engine's threads stop spinning (OpenMP, ggml) before this one runs
             samples[w.name].append(w.measure())
@@ -321,6 +341,7 @@ def main() -> None:
         w.close()
 
     bw = median(bws)
+    flops_per_token = prefill_flops_per_token(ckpt, args.prompt_len)
     rows = {}
     for w in workers:
         pre = median([s["prefill_tok_s"] for s in samples[w.name]])
@@ -336,6 +357,10 @@ def main() -> None:
             "decode_share_of_roof": median(
                 [s["decode_tok_s"] * wb / (w.batch * b) for s, b in zip(samples[w.name], bws)]
             ) if wb else None,
+            # each round's prefill FLOP/s against that round's fp32 GEMM rate (fp32 engines, batch 1)
+            "prefill_share_of_gemm": median(
+                [s["prefill_tok_s"] * flops_per_token / g for s, g in zip(samples[w.name], gemms)]
+            ) if w.name in FP32_ENGINES else None,
             "samples": samples[w.name],
         }
     ratios = {}
@@ -357,17 +382,20 @@ def main() -> None:
     print(
         f"\nQwen3-0.6B-shaped ({args.layers} layers), prompt {args.prompt_len}, {args.new_tokens} new tokens, medians of "
         f"{args.rounds} alternating rounds; forwardpass KV cache {args.kv_cache_dtype}; read bandwidth {bw / 1e9:.1f} GB/s "
-        f"(median; {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} over the rounds); % of roof and ratios: each round's, "
-        "then the median"
+        f"(median; {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} over the rounds); fp32 GEMM {median(gemms) / 1e9:.0f} GFLOP/s "
+        f"(median; {min(gemms) / 1e9:.0f}-{max(gemms) / 1e9:.0f}); prefill {flops_per_token / 1e9:.2f} GFLOP per token; "
+        "% of the roofs and ratios: each round's, then the median"
     )
     print(
-        f"{'engine':<16}{'prefill tok/s':>14}{'decode tok/s':>14}{'weights GB':>12}{'roof tok/s':>12}{'% of roof':>10}"
+        f"{'engine':<16}{'prefill tok/s':>14}{'% of GEMM':>10}{'decode tok/s':>14}{'weights GB':>12}"
+        f"{'roof tok/s':>12}{'% of roof':>10}"
     )
     for name, r in rows.items():
-        roof = r["decode_roof_tok_s"]
+        roof, gemm_share = r["decode_roof_tok_s"], r["prefill_share_of_gemm"]
         print(
-            f"{name:<16}{r['prefill_tok_s']:>14.1f}{r['decode_tok_s']:>14.2f}"
-            f"{(r['weight_bytes'] or 0) / 1e9:>12.2f}{roof or 0:>12.1f}{r['decode_share_of_roof'] or 0:>10.0%}"
+            f"{name:<16}{r['prefill_tok_s']:>14.1f}{f'{gemm_share:.0%}' if gemm_share else '':>10}"
+            f"{r['decode_tok_s']:>14.2f}{(r['weight_bytes'] or 0) / 1e9:>12.2f}{roof or 0:>12.1f}"
+            f"{r['decode_share_of_roof'] or 0:>10.0%}"
         )
     for k, v in ratios.items():
         (p0, p1), (d0, d1) = v["range"]["prefill_tok_s"], v["range"]["decode_tok_s"]
@@ -385,6 +413,8 @@ def main() -> None:
             "rounds": args.rounds,
             "kv_cache_dtype": args.kv_cache_dtype,
             "read_bandwidth": bws,
+            "fp32_gemm_flops": gemms,
+            "prefill_flops_per_token": flops_per_token,
             "engines": rows,
             "ratios": ratios,
             "load_average": os.getloadavg(),
