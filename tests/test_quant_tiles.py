@@ -160,3 +160,31 @@ def test_a_request_reads_the_same_alone_or_among_forty(vnni_kernel, checkpoint_f
     alone = read(llm.generate([prompts[7]], params, use_tqdm=False)[0])
     among = read(llm.generate(prompts, params, use_tqdm=False)[7])  # steps of 40+ rows: the GEMM
     assert alone == among
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_avx2_build_multiplies_every_batch_with_its_tile_kernel(fmt, monkeypatch):
+    """Where a CPU has AVX2 and no bf16 hardware, the tile kernel outruns dequantizing for oneDNN's fp32 GEMM at
+    every batch size, so prefill chunks take it too, a piece of AVX2_TILES_PIECE rows at a time: the same float
+    operations for every row count, so a row's result does not depend on the batch it is in."""
+    from forwardpass.quant import weight as weight_module
+
+    try:
+        avx2 = kernel_for("avx2").load(logging.getLogger(__name__))
+    except Exception as exc:  # noqa: BLE001 - no compiler: nothing to test
+        pytest.skip(f"the avx2 build cannot be made here: {exc}")
+    monkeypatch.setattr(weight_module, "load_quant_kernel", lambda: avx2)
+    monkeypatch.setenv("FORWARDPASS_QUANT_ISA", "avx2")  # as on a CPU without AVX-512 VNNI ...
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "fp32")  # ... nor bf16 hardware
+    monkeypatch.setattr(weight_module, "AVX2_TILES_PIECE", 32)  # so that 100 rows are four pieces
+    w = torch.randn(37, 70, generator=torch.Generator().manual_seed(2)) * 0.1
+    qw = QuantizedWeight.from_float(w, fmt)
+    assert qw.tiles and qw._kernel_takes_all and qw.gemm_rows == 33
+    qs, d = formats.quantize(w, fmt)
+    x = torch.randn(100, 70, generator=torch.Generator().manual_seed(3))
+    got = qw.matmul(x)
+    assert torch.equal(got, reference.quant_gemm_exact(x, qs, d, fmt))
+    assert torch.equal(got[40:43], qw.matmul(x[40:43]))  # the same rows alone
+    assert torch.equal(qw.matmul(x.view(4, 25, 70)).view(100, -1), got)  # 3-D input: the same path
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "bf16")  # bf16 hardware: its GEMM keeps large batches
+    assert not QuantizedWeight.from_float(w, fmt)._kernel_takes_all

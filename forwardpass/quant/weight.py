@@ -36,6 +36,12 @@ AMX_ROWS = 16
 #: for activations beyond L2; measured at 128-4096 rows: the kernel 1.4-2x faster to 512 rows, even at 1024-2048
 #: on 0.6B shapes, 0.85x at 2048 and 0.65x at 4096 on the 41M model's)
 AMX_MAX_ROWS = 1024
+#: the AVX2 build on the tile layout, where the CPU has no bf16 hardware (AMD Zen 2/3, Intel before Ice Lake): its
+#: int8 kernel beats dequantizing for oneDNN's fp32 GEMM at every batch measured, so it takes every row count, in
+#: pieces of this many rows. Measured with the AVX2 builds on a Zen 4 core pair (oneDNN held to AVX2), 0.6B
+#: shapes, 48-2048 rows: Q8_0 150-165 GOP/s against 46-142, Q4_0 220-244 against 47-147; a 128-token prefill
+#: 2x faster. (The 48-row crossover above dates from the GGUF-layout kernel.)
+AVX2_TILES_PIECE = 2048
 GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary fp32 copy, e.g. of an LM head)
 
 
@@ -64,6 +70,9 @@ class QuantizedWeight(nn.Module):
         # kernel and the reference read GGUF's
         self.tiles = (self._kernel is not None and qs.device.type == "cpu"
                       and (self._vnni is not None or (self._kernel.isa == "avx2" and path != "amx")))  # fmt: skip
+        # the AVX2 tile kernel for every batch (AVX2_TILES_PIECE)
+        self._kernel_takes_all = (self.tiles and self._kernel is not None and self._kernel.isa == "avx2"
+                                  and path == "fp32")  # fmt: skip
         if self.tiles:
             qs, d = to_tiles(qs, d, fmt)
         self.register_buffer("qs", qs, persistent=True)
@@ -76,6 +85,8 @@ class QuantizedWeight(nn.Module):
             return AMX_ROWS
         if self._vnni is not None:
             return TILES_GEMM_ROWS
+        if self._kernel_takes_all:
+            return AVX2_TILES_PIECE + 1
         return BF16_GEMM_ROWS if self.bf16_gemm else GEMM_ROWS
 
     @classmethod
@@ -103,7 +114,7 @@ class QuantizedWeight(nn.Module):
         out.register_buffer("qs", self.qs[i])
         out.register_buffer("d", self.d[i])
         out.fmt, out.in_features, out._kernel, out._amx = self.fmt, self.in_features, self._kernel, self._amx
-        out._vnni, out.tiles = self._vnni, self.tiles
+        out._vnni, out.tiles, out._kernel_takes_all = self._vnni, self.tiles, self._kernel_takes_all
         out.bf16_gemm = self.bf16_gemm
         return out
 
@@ -150,6 +161,11 @@ class QuantizedWeight(nn.Module):
         elif self._vnni is not None and x2.shape[0] >= self.gemm_rows and x2.is_cpu:
             # int8 activations · the int8 weights, copied a panel at a time for vpdpbusd (quant/csrc/vnni_gemm.h)
             out = getattr(self._vnni, f"{self.fmt}_gemm_tiles")(x2, self.qs, self.d)
+        elif self._kernel_takes_all and x2.is_cpu:
+            # the AVX2 tile kernel, a piece of rows at a time (AVX2_TILES_PIECE)
+            xf = x2.contiguous()
+            out = torch.cat([self._kernel_matmul(xf[i : i + AVX2_TILES_PIECE])
+                             for i in range(0, xf.shape[0], AVX2_TILES_PIECE)])  # fmt: skip
         elif x2.shape[0] >= self.gemm_rows:
             # prefill-sized batches are compute bound: a float GEMM (oneDNN) on the weights dequantized a slab
             # at a time beats the int8 dot products (measured: ~55 GFLOP/s per core for the kernel, 80-130 for
