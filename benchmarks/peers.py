@@ -13,9 +13,10 @@ measurement each in turn, A B C A B C ..., and the table shows medians over ``--
 bandwidth is measured in every round too (on 2 MB pages, like the engine's weights), giving each engine's
 decode roofline: its weight bytes per token / the bandwidth; and so is the rate of an fp32 GEMM (1024 x
 1024 x 1024, the faster of oneDNN and MKL), the prefill's compute roof for the fp32 engines: 98% of a
-128-token prefill's FLOPs are matmuls on the weights. A shared host drifts within minutes, in bandwidth and in compute, so the shares of the roofs
-and the ratios between engines are paired: each round's (measured seconds apart), then the median, with
-the range over the rounds. Batch-16 decode (aggregate tokens/s) is measured for forwardpass.
+128-token prefill's FLOPs are matmuls on the weights. A shared host drifts within minutes, in bandwidth and
+in compute, so the shares of the roofs and the ratios between engines are paired: each round's (measured
+seconds apart), then the median, with the range over the rounds. Batch-16 decode (aggregate tokens/s) is
+measured for forwardpass.
 
 The checkpoint is a random Qwen3-0.6B-shaped one (``--layers`` fewer for a quick run), with a synthetic
 byte-level tokenizer of the full vocabulary so GGUF files can be written; prompts are token ids, the
@@ -382,9 +383,9 @@ def main() -> None:
     print(
         f"\nQwen3-0.6B-shaped ({args.layers} layers), prompt {args.prompt_len}, {args.new_tokens} new tokens, medians of "
         f"{args.rounds} alternating rounds; forwardpass KV cache {args.kv_cache_dtype}; read bandwidth {bw / 1e9:.1f} GB/s "
-        f"(median; {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} over the rounds); fp32 GEMM {median(gemms) / 1e9:.0f} GFLOP/s "
-        f"(median; {min(gemms) / 1e9:.0f}-{max(gemms) / 1e9:.0f}); prefill {flops_per_token / 1e9:.2f} GFLOP per token; "
-        "% of the roofs and ratios: each round's, then the median"
+        f"(median; {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} over the rounds); "
+        f"fp32 GEMM {median(gemms) / 1e9:.0f} GFLOP/s (median; {min(gemms) / 1e9:.0f}-{max(gemms) / 1e9:.0f}); "
+        f"prefill {flops_per_token / 1e9:.2f} GFLOP per token; % of the roofs and ratios: each round's, then the median"
     )
     print(
         f"{'engine':<16}{'prefill tok/s':>14}{'% of GEMM':>10}{'decode tok/s':>14}{'weights GB':>12}"

@@ -163,9 +163,9 @@ class QuantizedWeight(nn.Module):
             out = getattr(self._vnni, f"{self.fmt}_gemm_tiles")(x2, self.qs, self.d)
         elif self._kernel_takes_all and x2.is_cpu:
             # the AVX2 tile kernel, a piece of rows at a time (AVX2_TILES_PIECE)
-            xf = x2.contiguous()
-            out = torch.cat([self._kernel_matmul(xf[i : i + AVX2_TILES_PIECE])
-                             for i in range(0, xf.shape[0], AVX2_TILES_PIECE)])  # fmt: skip
+            step = AVX2_TILES_PIECE
+            pieces = [self._kernel_matmul(x2[i : i + step]) for i in range(0, x2.shape[0], step)]
+            out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         elif x2.shape[0] >= self.gemm_rows:
             # prefill-sized batches are compute bound: a float GEMM (oneDNN) on the weights dequantized a slab
             # at a time beats the int8 dot products (measured: ~55 GFLOP/s per core for the kernel, 80-130 for
