@@ -23,8 +23,8 @@ from forwardpass.distributed.executor import ParallelGroup
 from forwardpass.distributed.worker import WorkerSetup
 from forwardpass.engine.core import EngineCore
 from forwardpass.engine.cost import StepCostModel
-from forwardpass.engine.kv_cache import KVCacheManager
 from forwardpass.engine.huge_pages import move_model_to_huge_pages
+from forwardpass.engine.kv_cache import KVCacheManager
 from forwardpass.engine.kv_cache_spec import (
     FullAttentionSpec,
     KVCacheSpec,
@@ -39,6 +39,7 @@ from forwardpass.engine.scheduler import Scheduler
 from forwardpass.errors import ConfigError
 from forwardpass.layers.fused import use_decode_stack, use_fused_ops, use_small_matmul
 from forwardpass.layers.moe import ModelRoutingCounter, RoutingStats, moe_layers
+from forwardpass.layers.packed import pack_linear_weights
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
 from forwardpass.loader.gguf import is_gguf_dir, load_gguf_model
 from forwardpass.loader.spec import ModelSpec
@@ -161,6 +162,7 @@ def build_engine_core(
     kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
     use_fused_ops(net, fused_ops_for(kernel))  # the per-layer ops compiled with it, for the same lifetime
     use_small_matmul(net, small_matmul_for(kernel))
+    pack_linear_weights(net, small_matmul_for(kernel))  # once: oneDNN's GEMM and our kernel share the buffer
     # a decode step's layers in one C++ call, where the model's layers are exactly what it computes
     use_decode_stack(net, fused_ops_for(kernel), config.torch_kv_dtype)
     runner = (ModelRunner if parallel is None else parallel.make_runner)(

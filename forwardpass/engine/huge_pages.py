@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 HUGE = 1 << 21  # bytes per page asked for
 MADV_HUGEPAGE = 14  # <sys/mman.h>
+MADV_DONTNEED = 4
 MIN_BYTES = HUGE  # smaller tensors cannot hold a whole huge page
 
 
@@ -49,6 +50,27 @@ def empty_on_huge_pages(shape: torch.Size | tuple[int, ...], dtype: torch.dtype)
     offset = -raw.data_ptr() % HUGE
     _madvise_huge(raw.data_ptr() + offset, nbytes // HUGE * HUGE)
     return raw[offset : offset + nbytes].view(dtype).view(shape)  # the view keeps `raw` alive
+
+
+def rebacked_on_huge_pages(t: torch.Tensor) -> bool:
+    """Put the memory of ``t`` (contiguous, already written, owned by someone who cannot allocate it for us, such as
+    oneDNN's packed weights) on huge pages in place: the 2 MB pages inside its span are released and asked for again
+    as huge pages, then its bytes are written back from a copy. Returns whether any were."""
+    nbytes = t.numel() * t.element_size()
+    lo = -(-t.data_ptr() // HUGE) * HUGE
+    hi = (t.data_ptr() + nbytes) // HUGE * HUGE
+    if not enabled() or not t.is_contiguous() or t.device.type != "cpu" or hi <= lo:
+        return False
+    saved = t.clone()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        ok = (libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_HUGEPAGE) == 0
+              and libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED) == 0)  # fmt: skip
+    except (OSError, AttributeError):
+        ok = False
+    with torch.no_grad():
+        t.copy_(saved)  # released pages read back as zeros until this
+    return ok
 
 
 def zeros_on_huge_pages(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

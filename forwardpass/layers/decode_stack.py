@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from forwardpass.attention.context import AttentionContext, GroupMetadata
+from forwardpass.layers.packed import PackedWeight
 from forwardpass.quant.weight import QuantizedWeight
 
 
@@ -76,7 +77,11 @@ def build_decode_stack(
                 return ops.Projection(matvec, w.qs, w.d, linear.bias, w._vnni.gemm_capsule(q4), w.gemm_rows)
             max_rows.append(w.gemm_rows - 1)  # more rows take a path outside this kernel (AMX, oneDNN)
             return ops.Projection(matvec, w.qs, w.d, linear.bias)
-        if dense_capsule is None or linear.small_matmul is None or w.dtype != torch.float32 or w.device.type != "cpu":
+        if isinstance(w, PackedWeight):  # the same kernel reads its panels (PackedWeight.matmul)
+            w = w.panels
+        elif not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or w.device.type != "cpu":
+            return None
+        if dense_capsule is None or linear.small_matmul is None:
             return None
         return ops.Projection(dense_capsule, w, None, linear.bias)
 

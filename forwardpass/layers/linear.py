@@ -5,7 +5,8 @@ weights at ~18–29 GB/s; oneDNN's ``_linear_pointwise`` reads the same fp32 wei
 ``benchmarks/decode.py``). We use oneDNN for fp32 CPU tensors
 and fall back to ``F.linear`` everywhere else (CUDA, other dtypes, autograd). A weight the quantize pass
 replaced by a :class:`~forwardpass.quant.weight.QuantizedWeight` (``forwardpass/quant/apply.py``) computes
-through its own kernel, so every caller of :func:`linear` (layers, MoE experts, LM heads) takes it as is.
+through its own kernel, so every caller of :func:`linear` (layers, MoE experts, LM heads) takes it as is; so
+does an fp32 weight the engine packed for oneDNN (:class:`~forwardpass.layers.packed.PackedWeight`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from forwardpass.layers.packed import PackedWeight
 from forwardpass.layers.small_matmul import MAX_ROWS
 from forwardpass.quant.weight import QuantizedWeight
 
@@ -35,7 +37,7 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_l
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
+    x: torch.Tensor, weight: torch.Tensor | QuantizedWeight | PackedWeight, bias: torch.Tensor | None = None,
     small_matmul: SmallMatmul | None = None,
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` through the fastest path available for these tensors.
@@ -44,6 +46,8 @@ def linear(
     fp32 batches of at most ``MAX_ROWS`` rows take it, larger ones oneDNN.
     """
     if isinstance(weight, QuantizedWeight):
+        return weight.matmul(x, bias)
+    if isinstance(weight, PackedWeight):
         return weight.matmul(x, bias)
     if (
         _ONEDNN

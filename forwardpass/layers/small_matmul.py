@@ -66,3 +66,9 @@ if __name__ == "__main__":  # build ahead of time: python -m forwardpass.layers.
 def small_matmul_capsule():
     """The loaded kernel's entry point as a PyCapsule, for C++ callers (``attention/csrc/decode_stack.h``)."""
     return None if _module is None else _module.matmul_capsule()
+
+
+
+def loaded_kernel():
+    """The loaded kernel module (``small_matmul`` and ``panels_view``, for ``layers/packed.py``), or None."""
+    return _module

@@ -1,0 +1,163 @@
+"""fp32 weights packed once for oneDNN's GEMM, read in place by our small-batch kernel.
+
+``torch.ops.mkldnn._linear_pointwise`` on a plain ``[N, K]`` weight reorders it into oneDNN's blocked layout on
+every call: a read and a write of the whole matrix before the GEMM starts. For a 128-token prefill of a 0.6B
+model that is ~5-10% of the time (measured on a Zen 4 core pair: 4-11% more GFLOP/s per projection at 128 rows
+with the weight reordered once, ahead), and for 16-64 rows, batched decode, 10-25%. ``_reorder_linear_weight``
+does the reordering once; the catch is that the result is an opaque MKLDNN tensor, and batch-1 decode wants our
+own kernel, which reads weights at the memory roof where oneDNN's set-up per call and its GEMM blocking do not.
+
+Keeping both layouts would double the weights' memory. Instead the packed buffer is the only copy, and our
+kernel reads it too: oneDNN's layout for fp32 weights here is panels ``[N/64][Kp][64]`` (for each block of 64
+outputs, the 64 weights of each k side by side, K padded to Kp), which is just what a matrix-vector kernel
+wants (``layers/csrc/small_matmul.cpp``, ``panel::``). The layout is not a public contract of oneDNN, so it is
+checked, not assumed: a weight is packed only if the panels view of oneDNN's buffer holds exactly the weight's
+values in those places; otherwise it stays a plain tensor on the paths it used before.
+
+:func:`pack_linear_weights` swaps the weights of a model's linear layers when the engine builds its compiled
+CPU path (``engine/builder.py``); ``forwardpass.layers.linear.linear`` sends the matmul here. Up to
+``MAX_ROWS`` rows take our kernel (decode steps), more take oneDNN's GEMM on the same buffer (prefill chunks).
+``FORWARDPASS_PACKED_WEIGHTS=0`` keeps every weight plain (for comparisons).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from forwardpass.engine.huge_pages import rebacked_on_huge_pages
+from forwardpass.layers.small_matmul import MAX_ROWS
+
+logger = logging.getLogger(__name__)
+
+PANEL = 64  # outputs per panel
+#: the batch size oneDNN is told to pack for: a prefill chunk's rows (the format is the same from 16 rows on)
+PACK_FOR_ROWS = 128
+_KEEP_PLAIN = {"gate", "kv_b_proj"}  # module names whose weight is read as a tensor (MoE routers, MLA)
+
+_ONEDNN = (
+    torch.backends.mkldnn.is_available()
+    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    and hasattr(torch.ops.mkldnn, "data_ptr")
+)
+
+
+class PackedWeight(nn.Module):
+    """``W [N, K]`` in oneDNN's packed layout; ``matmul(x)`` = ``x · Wᵀ``.
+
+    ``panels`` (a buffer, so ``state_dict`` counts its bytes) is a view of the packed tensor's memory, which it
+    keeps alive. The module cannot move to another device: it is built for the CPU engine that holds it.
+    """
+
+    panels: torch.Tensor
+
+    def __init__(self, onednn: torch.Tensor, panels: torch.Tensor, out_features: int, in_features: int, kernel: Any):
+        super().__init__()
+        self._onednn = onednn
+        self._kernel = kernel  # the compiled small_matmul (``layers/small_matmul.py``) that reads the panels
+        self.out_features, self.in_features = out_features, in_features
+        self.register_buffer("panels", panels, persistent=True)
+
+    def _apply(self, fn, recurse=True):
+        raise RuntimeError("a PackedWeight lives where it was packed (CPU memory shared with oneDNN)")
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if x2.shape[0] <= MAX_ROWS:
+            out = self._kernel.small_matmul(x2, self.panels, bias)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(x2, self._onednn, bias, "none", [], "")
+        return out.view(*shape[:-1], self.out_features)
+
+    def unpacked(self) -> torch.Tensor:
+        """The plain ``[N, K]`` weight (a copy), e.g. for tests and references."""
+        return self.panels[:, : self.in_features].transpose(1, 2).reshape(self.out_features, self.in_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """``W[ids]`` (an embedding lookup on a tied LM head's matrix): each row gathered across its panel."""
+        flat = ids.reshape(-1)
+        out = self.panels[flat // PANEL, : self.in_features, flat % PANEL]
+        return out.view(*ids.shape, self.in_features)
+
+    @classmethod
+    def pack(cls, weight: torch.Tensor, kernel: Any) -> PackedWeight | None:
+        """``weight`` packed for the compiled ``kernel`` module (its ``small_matmul`` and ``panels_view``), or None
+        where oneDNN's buffer is not the panels layout (or cannot be)."""
+        n, k = weight.shape
+        if not _ONEDNN or n % PANEL or k == 0 or weight.dtype != torch.float32 or weight.device.type != "cpu":
+            return None
+        onednn = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_FOR_ROWS)
+        floats = torch.ops.mkldnn._nbytes(onednn) // 4  # panels: N/64 × Kp × 64 = N × Kp
+        kp = floats // n
+        if floats % n or kp < k:
+            return None
+        panels = kernel.panels_view(onednn, torch.ops.mkldnn.data_ptr(onednn), n // PANEL, kp)
+        expected = weight.detach().view(n // PANEL, PANEL, k).transpose(1, 2)
+        if not torch.equal(panels[:, :k], expected):  # the layout assumed above, value by value
+            return None
+        rebacked_on_huge_pages(panels)
+        return cls(onednn, panels, n, k, kernel)
+
+
+class PackedEmbedding(nn.Module):
+    """The embedding of a model whose LM head is tied to it, after both were packed: the LM head multiplies by the
+    packed matrix, and a lookup gathers its rows from the panels (a few rows per step)."""
+
+    def __init__(self, weight: PackedWeight):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight.rows(ids)
+
+
+def _pack_tied_embedding(model: nn.Module, kernel: Any) -> bool:
+    """A Llama-family model whose logits multiply by its embedding matrix (``lm_head`` None): pack that matrix and
+    give the embedding the lookup above."""
+    from forwardpass.models.llama import LlamaForCausalLM
+
+    inner = getattr(model, "model", None)
+    emb = getattr(inner, "embed_tokens", None)
+    if not isinstance(model, LlamaForCausalLM) or model.lm_head is not None or type(emb) is not nn.Embedding:
+        return False
+    pw = PackedWeight.pack(emb.weight.data, kernel)
+    if pw is None:
+        return False
+    inner.embed_tokens = PackedEmbedding(pw)  # type: ignore[union-attr]  # a DecoderModel (checked above)
+    return True
+
+
+def pack_linear_weights(model: nn.Module, small_matmul: Any) -> int:
+    """Pack the fp32 weight of every plain linear layer of ``model`` (see the module docstring), and a tied LM
+    head's (the embedding matrix), whose layout checks out, where the engine has the compiled ``small_matmul``
+    (None: leave every weight plain). Returns how many were packed."""
+    from forwardpass.layers.linear import Linear, MergedLinear
+    from forwardpass.layers.small_matmul import loaded_kernel
+
+    kernel = loaded_kernel()
+    switched_off = os.environ.get("FORWARDPASS_PACKED_WEIGHTS") == "0"
+    if small_matmul is None or kernel is None or not _ONEDNN or switched_off:
+        return 0
+    packed = skipped = 0
+    with torch.no_grad():
+        for name, module in list(model.named_modules()):
+            w = getattr(module, "weight", None)
+            if (type(module) not in (Linear, MergedLinear) or name.rsplit(".", 1)[-1] in _KEEP_PLAIN
+                    or not isinstance(w, nn.Parameter) or w.dim() != 2):  # fmt: skip
+                continue
+            pw = PackedWeight.pack(w.data, kernel)
+            if pw is None:
+                skipped += 1
+                continue
+            del module.weight  # the fp32 parameter goes; its memory returns once nothing else holds it
+            module.weight = pw
+            packed += 1
+        packed += _pack_tied_embedding(model, kernel)
+    logger.info("packed %d linear weights for oneDNN (%d left plain)", packed, skipped)
+    return packed
+
