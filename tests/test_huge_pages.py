@@ -45,3 +45,12 @@ def test_switched_off_by_the_environment(monkeypatch):
     m = Tied()
     ptr = m.embed.weight.data_ptr()
     assert huge_pages.move_model_to_huge_pages(m) == 0 and m.embed.weight.data_ptr() == ptr
+
+
+def test_memory_already_written_is_rebacked_in_place_with_its_values():
+    t = torch.randn(3 << 20, generator=torch.Generator().manual_seed(1))  # 12 MB, not 2 MB-aligned in general
+    before, ptr = t.clone(), t.data_ptr()
+    huge_pages.rebacked_on_huge_pages(t, chunk=2 * huge_pages.HUGE)  # several chunks (False where no THP)
+    assert t.data_ptr() == ptr and torch.equal(t, before)
+    small = torch.randn(100)  # no whole huge page inside it: left as it is
+    assert not huge_pages.rebacked_on_huge_pages(small)

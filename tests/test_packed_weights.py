@@ -49,6 +49,9 @@ def test_the_panels_hold_exactly_the_weight(build, n, k):
     assert torch.equal(pw.unpacked(), w)
     ids = torch.tensor([[0, 63, n - 64, n - 1], [5, 5, n // 2, 1]])
     assert torch.equal(pw.rows(ids), w[ids])
+    for bad in (-1, n):
+        with pytest.raises(IndexError, match="out of range"):
+            pw.rows(torch.tensor([0, bad]))
 
 
 # rows: every register-block tail of both builds (1..6 of the AVX-512 build's 6-row blocks, the chunked K from 7 on)

@@ -52,25 +52,32 @@ def empty_on_huge_pages(shape: torch.Size | tuple[int, ...], dtype: torch.dtype)
     return raw[offset : offset + nbytes].view(dtype).view(shape)  # the view keeps `raw` alive
 
 
-def rebacked_on_huge_pages(t: torch.Tensor) -> bool:
-    """Put the memory of ``t`` (contiguous, already written, owned by someone who cannot allocate it for us, such as
-    oneDNN's packed weights) on huge pages in place: the 2 MB pages inside its span are released and asked for again
-    as huge pages, then its bytes are written back from a copy. Returns whether any were."""
+def rebacked_on_huge_pages(t: torch.Tensor, chunk: int = 32 * HUGE) -> bool:
+    """Put the memory of ``t`` (contiguous, already written, allocated by someone we cannot ask for huge pages, such
+    as oneDNN's packed weights) on huge pages in place: ``chunk`` bytes at a time, the 2 MB pages inside its span are
+    released and asked for again as huge pages, then their bytes are written back from a copy (so the extra memory
+    is one chunk, not a second tensor). Returns whether any were."""
     nbytes = t.numel() * t.element_size()
-    lo = -(-t.data_ptr() // HUGE) * HUGE
-    hi = (t.data_ptr() + nbytes) // HUGE * HUGE
+    start = t.data_ptr()
+    lo = -(-start // HUGE) * HUGE
+    hi = (start + nbytes) // HUGE * HUGE
     if not enabled() or not t.is_contiguous() or t.device.type != "cpu" or hi <= lo:
         return False
-    saved = t.clone()
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        ok = (libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_HUGEPAGE) == 0
-              and libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED) == 0)  # fmt: skip
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):
-        ok = False
+        return False
+    raw = t.reshape(-1).view(torch.uint8)
     with torch.no_grad():
-        t.copy_(saved)  # released pages read back as zeros until this
-    return ok
+        for at in range(lo, hi, chunk):
+            size = min(chunk, hi - at)
+            part = raw[at - start : at - start + size]
+            saved = part.clone()
+            if (madvise(ctypes.c_void_p(at), ctypes.c_size_t(size), MADV_HUGEPAGE) != 0
+                    or madvise(ctypes.c_void_p(at), ctypes.c_size_t(size), MADV_DONTNEED) != 0):  # fmt: skip
+                return False  # nothing released (or the bytes are still there): leave it as it is
+            part.copy_(saved)  # released pages read back as zeros until this
+    return True
 
 
 def zeros_on_huge_pages(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

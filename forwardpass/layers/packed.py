@@ -3,7 +3,7 @@
 ``torch.ops.mkldnn._linear_pointwise`` on a plain ``[N, K]`` weight reorders it into oneDNN's blocked layout on
 every call: a read and a write of the whole matrix before the GEMM starts. For a 128-token prefill of a 0.6B
 model that is ~5-10% of the time (measured on a Zen 4 core pair: 4-11% more GFLOP/s per projection at 128 rows
-with the weight reordered once, ahead), and for 16-64 rows, batched decode, 10-25%. ``_reorder_linear_weight``
+with the weight reordered once, ahead), and for 16-64 rows, batched decode, 7-50%. ``_reorder_linear_weight``
 does the reordering once; the catch is that the result is an opaque MKLDNN tensor, and batch-1 decode wants our
 own kernel, which reads weights at the memory roof where oneDNN's set-up per call and its GEMM blocking do not.
 
@@ -81,6 +81,8 @@ class PackedWeight(nn.Module):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """``W[ids]`` (an embedding lookup on a tied LM head's matrix): each row gathered across its panel."""
         flat = ids.reshape(-1)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
+            raise IndexError(f"index out of range: ids must be in [0, {self.out_features})")  # as nn.Embedding
         out = self.panels[flat // PANEL, : self.in_features, flat % PANEL]
         return out.view(*ids.shape, self.in_features)
 
@@ -91,13 +93,14 @@ class PackedWeight(nn.Module):
         n, k = weight.shape
         if not _ONEDNN or n % PANEL or k == 0 or weight.dtype != torch.float32 or weight.device.type != "cpu":
             return None
-        onednn = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_FOR_ROWS)
+        w = weight.detach().contiguous()
+        onednn = torch.ops.mkldnn._reorder_linear_weight(w, PACK_FOR_ROWS)
         floats = torch.ops.mkldnn._nbytes(onednn) // 4  # panels: N/64 × Kp × 64 = N × Kp
         kp = floats // n
         if floats % n or kp < k:
             return None
         panels = kernel.panels_view(onednn, torch.ops.mkldnn.data_ptr(onednn), n // PANEL, kp)
-        expected = weight.detach().view(n // PANEL, PANEL, k).transpose(1, 2)
+        expected = w.view(n // PANEL, PANEL, k).transpose(1, 2)
         if not torch.equal(panels[:, :k], expected):  # the layout assumed above, value by value
             return None
         rebacked_on_huge_pages(panels)
