@@ -91,6 +91,8 @@ def test_large_batches_take_onednn_on_the_same_buffer(build):
     torch.testing.assert_close(out.reshape(-1, 128), x @ w.T, rtol=1e-5, atol=1e-5)
     linear(x[:3], pw)
     assert pw._kernel.rows == [3]
+    with pytest.raises(ValueError, match="features"):
+        linear(x[:3, :95], pw)
 
 
 class CountingKernel:

@@ -67,6 +67,8 @@ class PackedWeight(nn.Module):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
+        if shape[-1] != self.in_features:  # the kernel knows only the padded Kp
+            raise ValueError(f"x has {shape[-1]} features, the weight {self.in_features}")
         x2 = x.reshape(-1, shape[-1])
         if x2.shape[0] <= MAX_ROWS:
             out = self._kernel.small_matmul(x2, self.panels, bias)
