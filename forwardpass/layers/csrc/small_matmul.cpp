@@ -137,7 +137,6 @@ inline void rows(const float* x, int64_t K, const float* w, int64_t m, int64_t n
   }
 }
 
-
 // ---- weights in panels (oneDNN's blocked layout, layers/packed.py) ---------------------------------
 //
 // A packed weight is [N/64][Kp][64]: for each block of 64 output rows a panel holding, for k = 0..K-1 (Kp ≥ K
@@ -162,7 +161,7 @@ constexpr int NV = P / Vec::L;  // vectors per panel row
 constexpr int MR = 6;       // rows per register block: 24 accumulators + 4 weight vectors + a broadcast
 constexpr int64_t KC = 256; // k per chunk: 64 KB of panel, in L2 while the row blocks pass
 #else
-constexpr int MR = 1;       // 8 accumulators + 8 weight vectors: the 16 registers
+constexpr int MR = 1;       // 8 accumulators over all 64 outputs, within the 16 registers
 constexpr int64_t KC = 64;  // 16 KB of panel, in L1
 #endif
 
