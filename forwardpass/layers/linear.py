@@ -45,9 +45,7 @@ def linear(
     ``small_matmul`` is the engine's compiled kernel for decode-sized batches (``layers/small_matmul.py``):
     fp32 batches of at most ``MAX_ROWS`` rows take it, larger ones oneDNN.
     """
-    if isinstance(weight, QuantizedWeight):
-        return weight.matmul(x, bias)
-    if isinstance(weight, PackedWeight):
+    if isinstance(weight, (QuantizedWeight, PackedWeight)):  # computes through its own kernels
         return weight.matmul(x, bias)
     if (
         _ONEDNN

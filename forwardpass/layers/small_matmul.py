@@ -68,7 +68,6 @@ def small_matmul_capsule():
     return None if _module is None else _module.matmul_capsule()
 
 
-
 def loaded_kernel():
     """The loaded kernel module (``small_matmul`` and ``panels_view``, for ``layers/packed.py``), or None."""
     return _module
