@@ -157,12 +157,12 @@ def build_engine_core(
         admission=lora,
         fair_share_tokens=config.fair_share_tokens,
     )
-    if config.device == "cpu":  # decode streams every weight once per step: 2 MB pages (engine/huge_pages.py)
-        move_model_to_huge_pages(net)
     kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
     use_fused_ops(net, fused_ops_for(kernel))  # the per-layer ops compiled with it, for the same lifetime
     use_small_matmul(net, small_matmul_for(kernel))
     pack_linear_weights(net, small_matmul_for(kernel))  # once: oneDNN's GEMM and our kernel share the buffer
+    if config.device == "cpu":  # decode streams every weight once per step: 2 MB pages (engine/huge_pages.py);
+        move_model_to_huge_pages(net)  # after packing, which drops the plain weights it packs
     # a decode step's layers in one C++ call, where the model's layers are exactly what it computes
     use_decode_stack(net, fused_ops_for(kernel), config.torch_kv_dtype)
     runner = (ModelRunner if parallel is None else parallel.make_runner)(

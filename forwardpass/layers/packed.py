@@ -54,6 +54,7 @@ class PackedWeight(nn.Module):
     """
 
     panels: torch.Tensor
+    keeps_own_memory = True  # panels views oneDNN's buffer: a copy elsewhere (engine/huge_pages.py) would be a second one
 
     def __init__(self, onednn: torch.Tensor, panels: torch.Tensor, out_features: int, in_features: int, kernel: Any):
         super().__init__()
