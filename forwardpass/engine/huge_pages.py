@@ -46,19 +46,23 @@ def _madvise(addr: int, nbytes: int, advice: int = MADV_HUGEPAGE) -> bool:
         return False
 
 
+def _released_as_huge(addr: int, nbytes: int) -> bool:
+    """Ask for huge pages on ``[addr, addr + nbytes)`` (2 MB-aligned) and drop the pages it has now, so that the next
+    touch faults in huge ones (madvise alone does not replace pages that exist); its bytes read as zeros until
+    written. Whether both calls succeeded."""
+    return _madvise(addr, nbytes) and _madvise(addr, nbytes, MADV_DONTNEED)
+
+
 def empty_on_huge_pages(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor whose data starts on a 2 MB boundary, huge pages asked for (not yet touched,
     so the kernel can back it with them)."""
     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
     raw = torch.empty(nbytes + HUGE, dtype=torch.uint8)  # slack for the alignment
     offset = -raw.data_ptr() % HUGE
-    span = nbytes // HUGE * HUGE
-    # Then drop whatever pages the span already has: malloc hands out recycled memory too (glibc's mmap threshold
-    # rises to the size of the last large block freed, up to 32 MB, so after a model load most weight-sized
-    # blocks come from its heap, already backed by 4 KB pages that madvise alone does not replace). The tensor is
-    # uninitialised, so nothing is lost; the next touch faults in huge pages.
-    if _madvise(raw.data_ptr() + offset, span):
-        _madvise(raw.data_ptr() + offset, span, MADV_DONTNEED)
+    # Released too, not only advised: malloc hands out recycled memory (glibc's mmap threshold rises to the size of
+    # the last large block freed, up to 32 MB, so after a model load most weight-sized blocks come from its heap,
+    # already backed by 4 KB pages). The tensor is uninitialised, so nothing is lost.
+    _released_as_huge(raw.data_ptr() + offset, nbytes // HUGE * HUGE)
     return raw[offset : offset + nbytes].view(dtype).view(shape)  # the view keeps `raw` alive
 
 
@@ -79,7 +83,7 @@ def rebacked_on_huge_pages(t: torch.Tensor, chunk: int = 32 * HUGE) -> bool:
             size = min(chunk, hi - at)
             part = raw[at - start : at - start + size]
             saved = part.clone()
-            if not (_madvise(at, size) and _madvise(at, size, MADV_DONTNEED)):
+            if not _released_as_huge(at, size):
                 return False  # nothing released (or the bytes are still there): leave it as it is
             part.copy_(saved)  # released pages read back as zeros until this
     return True
@@ -119,28 +123,26 @@ def move_model_to_huge_pages(model: nn.Module) -> int:
             for name, t in table.items():
                 if t is not None and t.device.type == "cpu":
                     slots.setdefault(t.untyped_storage().data_ptr(), []).append((module, name, kind))
-    chosen: list[tuple[list[tuple[nn.Module, str, bool]], torch.Tensor, int]] = []  # users, tensor, offset
-    end = 0
+    chosen: list[tuple[list[tuple[nn.Module, str, bool]], torch.Tensor, int, int]] = []  # users, tensor, offset, size
+    end = moved = 0
     for users in slots.values():
         views = [getattr(m, n) for m, n, _ in users]
         first = views[0]
         if not all(_whole(v) and v.shape == first.shape and v.dtype == first.dtype for v in views):
             continue
-        offset = -(-end // ALIGN) * ALIGN
-        chosen.append((users, first, offset))
-        end = offset + first.numel() * first.element_size()
+        offset, nbytes = -(-end // ALIGN) * ALIGN, first.numel() * first.element_size()
+        chosen.append((users, first, offset, nbytes))
+        end, moved = offset + nbytes, moved + nbytes
     if end < MIN_BYTES:
         return 0
     arena = empty_on_huge_pages((-(-end // HUGE) * HUGE,), torch.uint8)  # whole pages: the end is advised too
     with torch.no_grad():
-        for users, first, offset in chosen:
-            nbytes = first.numel() * first.element_size()
+        for users, first, offset, nbytes in chosen:
             new = arena[offset : offset + nbytes].view(first.dtype).view(first.shape).copy_(first)
             for module, name, is_param in users:
                 if is_param:
                     getattr(module, name).data = new  # the same Parameter object, new memory
                 else:
                     module._buffers[name] = new
-    moved = sum(first.numel() * first.element_size() for _, first, _ in chosen)
     logger.info("%.0f MB of weights on huge pages", moved / 1e6)
     return moved
