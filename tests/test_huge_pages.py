@@ -1,7 +1,7 @@
 """Weights and KV caches moved onto 2 MB pages (forwardpass/engine/huge_pages.py): same values, same sharing."""
 
-import os
-import subprocess
+import ctypes
+import mmap
 import sys
 
 import pytest
@@ -70,32 +70,6 @@ def test_modules_that_keep_their_own_memory_and_tiny_models_stay():
     assert huge_pages.move_model_to_huge_pages(tiny) == 0 and tiny.weight.data_ptr() == ptr
 
 
-_RECYCLED = """
-import ctypes, sys, torch
-from forwardpass.engine import huge_pages
-libc = ctypes.CDLL(None)
-libc.mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD: blocks under 64 MB from malloc's heap, as after a model load
-libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD: and freed ones kept there
-size = 16 << 20
-used = torch.ones((size + huge_pages.HUGE) // 4)  # its pages touched, then freed into the heap
-del used
-e = huge_pages.empty_on_huge_pages((size // 4,), torch.float32)  # gets that block back
-e.fill_(2.0)
-assert e.data_ptr() % huge_pages.HUGE == 0 and float(e[-1]) == 2.0
-with open("/proc/self/smaps") as f:  # AnonHugePages of the mapping that holds e
-    inside = False
-    for line in f:
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(v, 16) for v in head.split("-"))
-            inside = lo <= e.data_ptr() < hi
-        elif inside and head == "AnonHugePages:":
-            print(int(line.split()[1]) * 1024 / size)
-            sys.exit(0)
-print("unknown")
-"""
-
-
 def _thp_mode() -> str:
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
@@ -104,18 +78,36 @@ def _thp_mode() -> str:
         return "never"
 
 
-@pytest.mark.skipif(sys.platform != "linux" or _thp_mode() not in ("always", "madvise"), reason="no huge pages here")
-def test_fresh_buffers_are_backed_by_huge_pages_even_where_malloc_recycles_memory():
-    # malloc hands out blocks freed earlier with their 4 KB pages still backed, and madvise alone leaves those
-    # (about half of this buffer stayed on 4 KB pages before empty_on_huge_pages dropped them first). In a
-    # process of its own: the check changes malloc's settings.
-    env = {**os.environ, "FORWARDPASS_HUGE_PAGES": "1"}
-    out = subprocess.run([sys.executable, "-c", _RECYCLED], check=False, capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    if out.stdout.strip() == "unknown":
+def _huge_fraction(addr: int, nbytes: int) -> float | None:
+    """AnonHugePages of the mapping that holds ``addr``, as a fraction of ``nbytes``; None where smaps does not say."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):  # a mapping's first line: "start-end perms ..."
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "AnonHugePages:":
+                return int(line.split()[1]) * 1024 / nbytes
+    return None
+
+
+@pytest.mark.skipif(sys.platform != "linux" or _thp_mode() != "madvise", reason="no huge pages asked for here")
+def test_memory_already_on_4k_pages_gets_huge_pages_once_released():
+    # What empty_on_huge_pages does to the blocks malloc hands out: recycled ones already have their 4 KB pages,
+    # which madvise alone leaves in place (0% of this span became huge that way, 100% once released).
+    size = 16 << 20
+    block = mmap.mmap(-1, size + huge_pages.HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # ours alone
+    block.write(b"x" * len(block))  # every page touched: 4 KB pages, as in a block malloc recycles
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(block))
+    start = addr + (-addr % huge_pages.HUGE)
+    assert huge_pages._released_as_huge(start, size)
+    ctypes.memset(start, 1, size)  # touched again: faults in huge pages
+    assert block[start - addr] == 1 and block[start - addr - 1] == ord("x")  # the span alone was released
+    fraction = _huge_fraction(start, size)
+    if fraction is None:
         pytest.skip("/proc/self/smaps reports no AnonHugePages")
-    assert float(out.stdout) >= 0.75  # most of it; the system may lack a free huge page for the rest
+    assert fraction >= 0.75  # most of it; the system may lack a free huge page for the rest
 
 
 def test_switched_off_by_the_environment(monkeypatch):
