@@ -25,18 +25,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+#: flags an AVX2-only CPU (AMD Zen 2/3, Intel before Skylake-SP) lacks: what ``FORWARDPASS_CPU_ISA=avx2`` hides
+WIDER_THAN_AVX2 = ("avx512", "amx")
+
 
 @functools.cache
 def cpu_flags() -> frozenset[str]:
-    """The host CPU's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere, which selects the AVX2 build)."""
+    """The host CPU's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere, which selects the AVX2 build).
+
+    ``FORWARDPASS_CPU_ISA=avx2`` reports an AVX2-only CPU (every ``avx512*`` and ``amx*`` flag dropped), so that
+    every kernel choice made from the flags (builds, GEMM paths, row thresholds) is the one an AMD Zen 3 would
+    make: how the suite is run on an AVX-512 or AMX host for the machines CI may land on."""
+    flags: frozenset[str] = frozenset()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                    flags = frozenset(line.split(":", 1)[1].split())
+                    break
     except OSError:
         pass
-    return frozenset()
+    if os.environ.get("FORWARDPASS_CPU_ISA") == "avx2":
+        flags = frozenset(f for f in flags if not f.startswith(WIDER_THAN_AVX2))
+    return flags
 
 
 def pick_isa(forced_by: str, wide: str, wide_needs: set[str], flags: frozenset[str]) -> str:

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from forwardpass import LLM, SamplingParams
-from forwardpass.kernel_build import cpu_flags
 from forwardpass.layers import small_matmul as sm
 from forwardpass.layers.linear import Linear, linear
 from forwardpass.layers.packed import PackedEmbedding, PackedWeight, pack_linear_weights
 from tests.helpers.checkpoints import random_prompts
+from tests.helpers.isa import builds
 
-ISAS = ["avx2", "avx512"] if "avx512f" in cpu_flags() else ["avx2"]
+ISAS = builds("avx512", {"avx512f"})
 MAX_ROWS = {"avx2": 32, "avx512": 64}  # small_matmul.MAX_ROWS of each build
 
 

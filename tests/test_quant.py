@@ -135,14 +135,41 @@ def test_gemm_path_follows_the_cpu(monkeypatch):
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "vnni")
     assert gemm_path(sapphire_rapids - {"avx512_vnni"}) == "amx"  # not without the instructions
     monkeypatch.delenv("FORWARDPASS_QUANT_GEMM")
-    assert gemm_path(frozenset({"avx2", "fma", "avx512f"})) == "fp32"
-    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "fp32")
-    assert gemm_path(sapphire_rapids) == "fp32"
+    zen3 = frozenset({"avx2", "fma", "f16c"})
+    assert gemm_path(zen3) == "avx2"  # no bf16 hardware, no VNNI: the AVX2 tile kernel takes every batch
+    assert gemm_path(frozenset({"avx2", "fma", "avx512f"})) == "avx2"
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "fp32")  # dequantize + fp32 GEMM: asked for, on every CPU
+    assert gemm_path(sapphire_rapids) == "fp32" and gemm_path(zen3) == "fp32"
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "avx2")
+    assert gemm_path(zen4) == "vnni"  # the VNNI build is the one this CPU runs: its GEMM, not the AVX2 kernel's
+    monkeypatch.setenv("FORWARDPASS_QUANT_ISA", "avx2")
+    assert gemm_path(zen4) == "avx2"
+    monkeypatch.delenv("FORWARDPASS_QUANT_ISA")
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "bf16")
     assert gemm_path(sapphire_rapids) == "bf16" and gemm_path(frozenset()) == "bf16"
     assert QuantizedWeight.from_float(torch.randn(4, 32), "q8_0").gemm_rows == weight_module.BF16_GEMM_ROWS
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "amx")
-    assert gemm_path(frozenset({"avx2", "fma", "avx512f"})) == "fp32"
+    assert gemm_path(frozenset({"avx2", "fma", "avx512f"})) == "avx2"
+
+
+def test_cpu_isa_avx2_reports_an_avx2_only_cpu(monkeypatch):
+    """``FORWARDPASS_CPU_ISA=avx2`` (how the suite runs on an AVX-512 host for the AVX2-only machines CI may land
+    on): the detected flags lose every AVX-512 and AMX flag, so every choice made from them is an AVX2 CPU's."""
+    from forwardpass.quant.kernel import host_isa
+
+    monkeypatch.delenv("FORWARDPASS_QUANT_GEMM", raising=False)
+    monkeypatch.delenv("FORWARDPASS_QUANT_ISA", raising=False)
+    real = cpu_flags()  # (already AVX2-only where the whole suite runs so)
+    try:
+        with monkeypatch.context() as m:
+            m.setenv("FORWARDPASS_CPU_ISA", "avx2")
+            cpu_flags.cache_clear()
+            emulated = cpu_flags()
+            assert {f for f in real if not f.startswith(("avx512", "amx"))} == emulated
+            assert host_isa() == "avx2" and gemm_path(emulated) == "avx2"  # no VNNI, no bf16 hardware left
+    finally:
+        cpu_flags.cache_clear()  # the flags as the process's environment says, for the tests after this one
+    assert cpu_flags() == real
 
 
 HAS_AMX = gemm_path(cpu_flags()) == "amx"
@@ -227,8 +254,11 @@ def _embedded(quantization: str | None, kernel_path: bool = True):
 
 
 # bf16 only on bf16 hardware, the AMX kernel only with AMX
-GEMM_KINDS = (["fp32"] + (["bf16"] if gemm_path(cpu_flags()) != "fp32" else []) + (["amx"] if HAS_AMX else [])
-              + (["vnni"] if gemm_path(cpu_flags()) == "vnni" else []))
+HAS_BF16_HARDWARE = bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+#: the large-batch paths this CPU can take (fp32 everywhere; bf16 only on bf16 hardware, which others emulate)
+GEMM_KINDS = (["fp32"] + (["bf16"] if HAS_BF16_HARDWARE else []) + (["amx"] if HAS_AMX else [])
+              + (["vnni"] if gemm_path(cpu_flags()) == "vnni" else [])
+              + (["avx2"] if gemm_path(cpu_flags()) == "avx2" else []))
 
 
 @pytest.mark.parametrize("gemm", GEMM_KINDS)

@@ -12,6 +12,7 @@ from forwardpass.quant import formats, reference
 from forwardpass.quant.kernel import AVX512_CPU_FLAGS, gemm_path, kernel_for, load_quant_kernel
 from forwardpass.quant.tiles import from_tiles, tile_rows, to_tiles
 from forwardpass.quant.weight import QuantizedWeight
+from tests.helpers.isa import builds
 
 FORMATS = ["q8_0", "q4_0"]
 # rows: under one tile, one tile, a tile and a short one, several; K: padded blocks (33, 70, 1000) and whole ones
@@ -30,11 +31,9 @@ def vnni_kernel():
     return kernel
 
 
-@pytest.fixture(scope="module", params=["avx2", "avx512vnni"])
+@pytest.fixture(scope="module", params=builds("avx512vnni", AVX512_CPU_FLAGS))
 def tile_kernel(request):
     """Each build this CPU runs (an AVX-512 VNNI CPU runs both)."""
-    if request.param == "avx512vnni" and not AVX512_CPU_FLAGS <= cpu_flags():
-        pytest.skip("this CPU has no AVX-512 VNNI")
     try:
         return kernel_for(request.param).load(logging.getLogger(__name__))
     except Exception as exc:  # noqa: BLE001 - no compiler: the reference path is what runs
@@ -175,7 +174,7 @@ def test_the_avx2_build_multiplies_every_batch_with_its_tile_kernel(fmt, monkeyp
         pytest.skip(f"the avx2 build cannot be made here: {exc}")
     monkeypatch.setattr(weight_module, "load_quant_kernel", lambda: avx2)
     monkeypatch.setenv("FORWARDPASS_QUANT_ISA", "avx2")  # as on a CPU without AVX-512 VNNI ...
-    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "fp32")  # ... nor bf16 hardware
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "avx2")  # ... nor bf16 hardware
     monkeypatch.setattr(weight_module, "AVX2_TILES_PIECE", 32)  # so that 100 rows are four pieces
     w = torch.randn(37, 70, generator=torch.Generator().manual_seed(2)) * 0.1
     qw = QuantizedWeight.from_float(w, fmt)
@@ -187,4 +186,6 @@ def test_the_avx2_build_multiplies_every_batch_with_its_tile_kernel(fmt, monkeyp
     assert torch.equal(got[40:43], qw.matmul(x[40:43]))  # the same rows alone
     assert torch.equal(qw.matmul(x.view(4, 25, 70)).view(100, -1), got)  # 3-D input: the same path
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "bf16")  # bf16 hardware: its GEMM keeps large batches
+    assert not QuantizedWeight.from_float(w, fmt)._kernel_takes_all
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "fp32")  # asked for: dequantize + fp32 GEMM, transformers' math
     assert not QuantizedWeight.from_float(w, fmt)._kernel_takes_all

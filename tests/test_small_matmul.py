@@ -9,10 +9,10 @@ import logging
 import pytest
 import torch
 
-from forwardpass.kernel_build import cpu_flags
 from forwardpass.layers import small_matmul as sm
+from tests.helpers.isa import builds
 
-ISAS = ["avx2", "avx512"] if "avx512f" in cpu_flags() else ["avx2"]
+ISAS = builds("avx512", {"avx512f"})
 
 
 @pytest.fixture(scope="module", params=ISAS)

@@ -66,18 +66,26 @@ def gemm_path(flags: frozenset[str]) -> str:
     * ``"bf16"``: the weights dequantized to bf16 in memory and oneDNN's bf16 GEMM, where the CPU multiplies bf16
       in hardware but has neither of the above; measured on a Sapphire Rapids core at 128-512 rows, bf16 ~3x
       fp32 GFLOP/s;
-    * ``"fp32"``: dequantized to fp32 and oneDNN's fp32 GEMM, elsewhere (an AVX2 CPU emulates bf16, ~300x slower).
+    * ``"avx2"``: the AVX2 build's small-batch kernel on the tile layout takes every batch size, int8 activations
+      as in decode (quant/weight.py, AVX2_TILES_PIECE), where the CPU has none of the above (AMD Zen 2/3);
+    * ``"fp32"``: the weights dequantized to fp32 and oneDNN's fp32 GEMM: transformers' math on the same weights.
+      Only when asked for (or where the kernel cannot be built): an AVX2 CPU emulates bf16, ~300x slower, and
+      its tile kernel beats this GEMM at every batch size measured.
 
-    ``FORWARDPASS_QUANT_GEMM=amx|vnni|bf16|fp32`` overrides (``amx`` and ``vnni`` only where the CPU has them)."""
+    ``FORWARDPASS_QUANT_GEMM=amx|vnni|avx2|bf16|fp32`` overrides (``amx``, ``vnni`` and ``avx2`` only where the
+    kernel build they name is the one this CPU runs)."""
     forced = os.environ.get("FORWARDPASS_QUANT_GEMM")
     vnni = pick_isa("FORWARDPASS_QUANT_ISA", "avx512vnni", AVX512_CPU_FLAGS, flags) == "avx512vnni"
-    if forced in ("bf16", "fp32") or (forced == "amx" and AMX_CPU_FLAGS <= flags) or (forced == "vnni" and vnni):
+    amx = AMX_CPU_FLAGS <= flags
+    if forced in ("bf16", "fp32") or (forced == "amx" and amx) or (forced == "vnni" and vnni):
         return forced
-    if AMX_CPU_FLAGS <= flags:
+    if forced == "avx2" and not vnni:
+        return forced
+    if amx:
         return "amx"
     if vnni:
         return "vnni"
-    return "bf16" if {"amx_bf16", "avx512_bf16"} & flags else "fp32"
+    return "bf16" if {"amx_bf16", "avx512_bf16"} & flags else "avx2"
 
 
 AMX_KERNEL = CppKernel(

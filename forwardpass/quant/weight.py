@@ -72,7 +72,7 @@ class QuantizedWeight(nn.Module):
                       and (self._vnni is not None or (self._kernel.isa == "avx2" and path != "amx")))  # fmt: skip
         # the AVX2 tile kernel for every batch (AVX2_TILES_PIECE)
         self._kernel_takes_all = (self.tiles and self._kernel is not None and self._kernel.isa == "avx2"
-                                  and path == "fp32")  # fmt: skip
+                                  and path == "avx2")  # fmt: skip
         if self.tiles:
             qs, d = to_tiles(qs, d, fmt)
         self.register_buffer("qs", qs, persistent=True)
