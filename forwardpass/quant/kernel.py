@@ -77,9 +77,8 @@ def gemm_path(flags: frozenset[str]) -> str:
     forced = os.environ.get("FORWARDPASS_QUANT_GEMM")
     vnni = pick_isa("FORWARDPASS_QUANT_ISA", "avx512vnni", AVX512_CPU_FLAGS, flags) == "avx512vnni"
     amx = AMX_CPU_FLAGS <= flags
-    if forced in ("bf16", "fp32") or (forced == "amx" and amx) or (forced == "vnni" and vnni):
-        return forced
-    if forced == "avx2" and not vnni:
+    if (forced in ("bf16", "fp32") or (forced == "amx" and amx) or (forced == "vnni" and vnni)
+            or (forced == "avx2" and not vnni)):  # fmt: skip
         return forced
     if amx:
         return "amx"
