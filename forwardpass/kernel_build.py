@@ -9,6 +9,8 @@
 * **A stale lock is cleared**: torch waits for ever on the ``lock`` file of a build that was killed;
   a lock older than any real build is removed, with a log line.
 * **A visible wait**: a spinner, a pulsing bar and the elapsed time on a terminal; one log line elsewhere.
+* **Loaded once** (:class:`KernelLoader`): built and imported on first use, kept for the process; a kernel that
+  cannot be built is said once in the log and its caller's fallback path is used from then on.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from forwardpass import envs
 
 #: flags an AVX2-only CPU (AMD Zen 2/3, Intel before Skylake-SP) lacks: what ``FORWARDPASS_CPU_ISA=avx2`` hides
 WIDER_THAN_AVX2 = ("avx512", "amx")
@@ -45,15 +48,16 @@ def cpu_flags() -> frozenset[str]:
                     break
     except OSError:
         pass
-    if os.environ.get("FORWARDPASS_CPU_ISA") == "avx2":
+    if envs.get("FORWARDPASS_CPU_ISA") == "avx2":
         flags = frozenset(f for f in flags if not f.startswith(WIDER_THAN_AVX2))
     return flags
 
 
 def pick_isa(forced_by: str, wide: str, wide_needs: set[str], flags: frozenset[str]) -> str:
     """Which build of a kernel to use: ``wide`` (an AVX-512 build) where ``flags`` (the CPU's) include every
-    flag it is compiled for, else ``"avx2"``; the environment variable ``forced_by`` set to either wins."""
-    forced = os.environ.get(forced_by)
+    flag it is compiled for, else ``"avx2"``; the environment variable ``forced_by`` (registered in
+    ``forwardpass/envs.py``) set to either wins."""
+    forced = envs.get(forced_by)
     if forced in ("avx2", wide):
         return forced
     return wide if wide_needs <= flags else "avx2"
@@ -106,6 +110,50 @@ class CppKernel:
             return build()
         with compile_progress(self.what, self.expected_s, logger):
             return build()
+
+
+class KernelLoader:
+    """One compiled kernel of a process, loaded on first use: what every ``load_*_kernel`` function is.
+
+    * ``load()`` builds (if needed) and imports ``kernel`` the first time, and returns that module from then on;
+    * a failure (no compiler, a missing header, ``check`` refusing the module) is remembered and said once in
+      the log, with ``fallback`` (what its caller does instead); ``load()`` returns None from then on, so a
+      process never retries a failed build at every layer it quantizes or every engine it starts;
+    * ``switch``: a bool knob of ``forwardpass/envs.py`` that turns the kernel off while it reads false; read
+      at each call, so a process that has not loaded the kernel yet follows the environment of the moment;
+    * ``check``: called with the freshly imported module before it is kept (the AMX kernel asks Linux for the
+      tile state; the paged-decode kernel loads its companion matmul): raising counts as a failure to load.
+    """
+
+    def __init__(self, kernel: CppKernel, fallback: str, logger: logging.Logger, *, switch: str | None = None,
+                 check: Callable[[Any], object] | None = None) -> None:  # fmt: skip
+        self.kernel, self.fallback, self.logger = kernel, fallback, logger
+        self.switch, self.check = switch, check
+        self.module: Any = None
+        self.failed = False
+
+    @property
+    def pending(self) -> bool:
+        """Whether ``load()`` would try to load: not loaded yet, not failed, not switched off."""
+        return self.module is None and not self.failed and (self.switch is None or envs.get(self.switch))
+
+    def load(self, ready: Callable[[], bool] | None = None) -> Any:
+        """The module, or None (failed, switched off). ``ready`` is asked first, when a load would be tried:
+        False returns None for now, without loading (how a caller waits on a build run elsewhere)."""
+        if not self.pending:
+            return self.module
+        try:
+            if ready is not None and not ready():
+                return None
+            module = self.kernel.load(self.logger)
+            if self.check is not None:
+                self.check(module)
+        except Exception as exc:  # noqa: BLE001 - compiler or headers missing, no AVX2, ...: fall back, loudly
+            self.failed = True
+            self.logger.warning("%s unavailable (%s); %s", self.kernel.what, exc, self.fallback)
+            return None
+        self.module = module
+        return module
 
 
 def _clear_stale_lock(lock: Path, logger: logging.Logger) -> None:

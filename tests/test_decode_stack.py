@@ -1,4 +1,4 @@
-"""The decode step's layers in one C++ call (``forwardpass/layers/decode_stack.py``): the same kernels as the
+"""The decode step's layers in one C++ call (``forwardpass/models/llama_decode_stack.py``): the same kernels as the
 modules in the same order, so the tokens *and* their log-probabilities are bitwise those of the module path,
 for every weight format and the Llama family's switches (q/k norms, qkv bias, sliding windows, rope scaling,
 batches of sequences at different lengths); and the engine builds it only where every layer is exactly what

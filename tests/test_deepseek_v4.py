@@ -288,3 +288,23 @@ def test_unsupported_configs_are_refused(extra, param):
     with pytest.raises(ForwardpassError) as err:
         ModelSpec.from_config({**BASE, **extra})
     assert err.value.param == param
+
+
+def test_packed_weights_match_transformers(tmp_path):
+    """A model wide enough for packed fp32 weights (whole 64-row panels) on the compiled CPU path: the plan packs its
+    projections and keeps the grouped ``wo_a`` plain (read as a matrix), and greedy decoding equals transformers'.
+    (Packing used to replace ``wo_a``'s weight after the model was built: its first step failed on ``.view``.)"""
+    from forwardpass.attention import cpu_kernel
+    from forwardpass.layers.packed import PackedWeight
+
+    if cpu_kernel.load_paged_decode() is None:
+        pytest.skip("no C++ toolchain: no packed weights")
+    path = make_deepseek_v4_checkpoint(tmp_path / "wide", hidden_size=128, q_lora_rank=64, o_lora_rank=32)
+    llm = _llm(path, cpu_kernels=True)
+    attn = llm.engine.model.model.layers[0].attn
+    assert isinstance(attn.wq_b.weight, PackedWeight) and isinstance(attn.wo_b.weight, PackedWeight)
+    assert isinstance(attn.wo_a.weight, torch.nn.Parameter) and attn.wo_a.role == "dense"
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    hf = hf_model(path)
+    assert got == [hf_greedy(hf, p, 16) for p in PROMPTS]
+    llm.engine.check_invariants()

@@ -1,4 +1,4 @@
-"""The compiled per-layer ops of a decode step (``forwardpass/layers/fused.py``) against the PyTorch modules
+"""The compiled per-layer ops of a decode step (``forwardpass/layers/norm.py``, ``mlp.py``; taken from the execution plan) against the PyTorch modules
 they replace: RMSNorm, and q/k RMSNorm + rotary in place on the qkv projection; and the engine switching
 them on exactly when it uses the compiled decode kernel."""
 

@@ -1,4 +1,4 @@
-"""Weights and KV caches moved onto 2 MB pages (forwardpass/engine/huge_pages.py): same values, same sharing."""
+"""Weights and KV caches moved onto 2 MB pages (forwardpass/huge_pages.py): same values, same sharing."""
 
 import ctypes
 import mmap
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from forwardpass.engine import huge_pages
+from forwardpass import huge_pages
 
 
 def test_buffers_start_on_a_huge_page_boundary():

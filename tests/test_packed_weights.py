@@ -13,7 +13,9 @@ import torch
 from forwardpass import LLM, SamplingParams
 from forwardpass.layers import small_matmul as sm
 from forwardpass.layers.linear import Linear, linear
-from forwardpass.layers.packed import PackedEmbedding, PackedWeight, pack_linear_weights
+from forwardpass.layers.packed import PackedWeight
+from forwardpass.layers.weight_methods import PackedFp32Method
+from forwardpass.models.prepare import resolve_plan
 from tests.helpers.checkpoints import random_prompts
 from tests.helpers.isa import builds
 
@@ -123,15 +125,29 @@ def test_a_weight_stays_plain_where_the_layout_does_not_check_out(build):
     assert PackedWeight.pack(_rand(128, 48, seed=2), ShiftedView(module)) is None
 
 
-def test_packing_is_switched_off_by_the_environment(build, monkeypatch):
-    module = build[1]
-    layer = Linear(32, 128)
-    layer.weight.data = _rand(128, 32, seed=6)
-    monkeypatch.setattr(sm, "_module", module)
+def test_packing_is_switched_off_by_the_environment(build, monkeypatch, checkpoint_factory):
+    """``FORWARDPASS_PACKED_WEIGHTS=0`` is read when the plan is resolved: its projections' method is then plain fp32.
+    A layer built with the packing method packs its own weight once, after loading."""
+    from forwardpass.attention import cpu_kernel
+    from forwardpass.config import EngineConfig
+    from forwardpass.plan import CompiledKernels, ExecutionPlan, building_with_plan
+
+    if cpu_kernel.load_paged_decode() is None:
+        pytest.skip("no C++ toolchain: the engine uses the PyTorch path")
+    path, config = checkpoint_factory("qwen3"), EngineConfig(cpu_kernels=True)
     monkeypatch.setenv("FORWARDPASS_PACKED_WEIGHTS", "0")
-    assert pack_linear_weights(layer, module.small_matmul) == 0 and isinstance(layer.weight, torch.nn.Parameter)
+    assert resolve_plan(config, path).weight_method_name("projection") == "fp32+small-matmul"
     monkeypatch.delenv("FORWARDPASS_PACKED_WEIGHTS")
-    assert pack_linear_weights(layer, module.small_matmul) == 1 and isinstance(layer.weight, PackedWeight)
+    assert resolve_plan(config, path).weight_method_name("projection") == "fp32-packed"
+    module = build[1]
+    plan = ExecutionPlan(packed_weights=True, kernels=CompiledKernels(small_matmul=module.small_matmul,
+                                                                      small_matmul_module=module))
+    with building_with_plan(plan):
+        layer = Linear(32, 128)
+    assert isinstance(layer.method, PackedFp32Method)
+    layer.weight.data = _rand(128, 32, seed=6)
+    layer.process_weights_after_loading()
+    assert isinstance(layer.weight, PackedWeight) and torch.equal(layer.weight.unpacked(), _rand(128, 32, seed=6))
     with pytest.raises(RuntimeError, match="where it was packed"):
         layer.to(torch.float64)
 
@@ -152,7 +168,7 @@ def test_an_engine_packs_its_weights_and_generates_what_plain_weights_do(checkpo
         model = llm.engine.model
         linears = [m for m in model.modules() if type(m).__name__ in ("Linear", "MergedLinear")]
         assert all(isinstance(m.weight, PackedWeight) == packed for m in linears)
-        assert isinstance(model.model.embed_tokens, PackedEmbedding) == packed
+        assert isinstance(model.model.embed_tokens.weight, PackedWeight) == packed
         assert model.model.decode_stack is not None  # decode steps read the panels from C++ too
         runs[packed] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in
                         llm.generate(prompts, params, use_tqdm=False)]  # fmt: skip

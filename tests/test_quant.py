@@ -17,9 +17,9 @@ from forwardpass.errors import ConfigError
 from forwardpass.kernel_build import cpu_flags
 from forwardpass.quant import formats, reference
 from forwardpass.quant import weight as weight_module
-from forwardpass.quant.apply import QuantizedEmbedding, quantize_model
 from forwardpass.quant.kernel import AMX_CPU_FLAGS, gemm_path, load_amx_kernel, load_quant_kernel
 from forwardpass.quant.weight import QuantizedWeight
+from tests.helpers.plans import quantized_model
 
 FORMATS = ["q8_0", "q4_0"]
 
@@ -249,8 +249,9 @@ def _embedded(quantization: str | None, kernel_path: bool = True):
     from forwardpass.assets import default_llm_path
     from forwardpass.models.loading import load_model
 
-    model, _ = load_model(default_llm_path())
-    return model if quantization is None else quantize_model(model, quantization, kernel=kernel_path)
+    if quantization is None:
+        return load_model(default_llm_path())[0]
+    return quantized_model(default_llm_path(), quantization, kernel=kernel_path)
 
 
 # bf16 only on bf16 hardware, the AMX kernel only with AMX
@@ -277,7 +278,7 @@ def test_quantized_model_equals_reference_model(kernel, quantization, gemm, monk
     monkeypatch.setattr(weight_module, "AVX2_TILES_PIECE", 32)
     fast = _embedded(quantization)
     emb = fast.model.embed_tokens
-    assert isinstance(emb, QuantizedEmbedding) and emb.weight.fmt == "q8_0"  # tied head: 8 bits in both modes
+    assert isinstance(emb.weight, QuantizedWeight) and emb.weight.fmt == "q8_0"  # tied head: 8 bits in both modes
     down = fast.model.layers[0].mlp.down_proj.weight
     assert down.fmt == ("q8_0" if quantization == "int8" else "q4_0") and down.bf16_gemm == (gemm in ("bf16", "amx"))
     assert (down._amx is not None) == (gemm == "amx") and (down._vnni is not None) == (gemm == "vnni")
@@ -376,7 +377,7 @@ def test_moe_experts_quantize(tmp_path, monkeypatch, one_thread):
     from tests.helpers.moe_checkpoints import make_moe_checkpoint
 
     ckpt = make_moe_checkpoint(tmp_path / "moe", "qwen3_moe_k2_norm")
-    model = quantize_model(load_model(ckpt)[0], "int8")
+    model = quantized_model(ckpt, "int8")
     experts = [m for m in model.modules() if isinstance(m, ExpertWeights)]
     assert experts and all(isinstance(m.gate_up_proj, QuantizedWeight) for m in experts)
     ids = list(range(3, 15))  # fewer rows than any GEMM threshold: the int8 kernel
@@ -387,7 +388,7 @@ def test_moe_experts_quantize(tmp_path, monkeypatch, one_thread):
     assert (got - want).norm() < 0.2 * want.norm()
     tiles = experts[0].gate_up_proj.tiles
     monkeypatch.setattr(reference, "quant_matmul", reference.exact_for(load_quant_kernel().isa, tiles))
-    assert torch.equal(got, _logits(quantize_model(load_model(ckpt)[0], "int8", kernel=False), ids))
+    assert torch.equal(got, _logits(quantized_model(ckpt, "int8", kernel=False), ids))
 
 
 def test_build_follows_the_cpu(monkeypatch):

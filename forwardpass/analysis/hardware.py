@@ -300,7 +300,7 @@ def best_time(fn: Any, n: int) -> float:
 def _read_bandwidth(read_mib: int, cores: int, repeats: int) -> tuple[float, float]:
     """Bytes/s reading a ``read_mib`` MiB fp32 buffer: torch.sum (all threads), NumPy max per core slice.
 
-    The buffer sits on 2 MB pages, as the engine's weights and KV cache do (``engine/huge_pages.py``; both
+    The buffer sits on 2 MB pages, as the engine's weights and KV cache do (``huge_pages.py``; both
     follow ``FORWARDPASS_HUGE_PAGES``): that is the memory decode reads, and on 4 KB pages the same loop read
     ~15% slower on a Zen 4 VM (TLB misses, prefetchers stopping at page boundaries), so the engine's decode
     read faster than its "roof".
@@ -310,7 +310,7 @@ def _read_bandwidth(read_mib: int, cores: int, repeats: int) -> tuple[float, flo
     import numpy as np
     import torch
 
-    from forwardpass.engine import huge_pages
+    from forwardpass import huge_pages
 
     shape = (read_mib * 1024 * 1024 // 4,)
     x = huge_pages.empty_on_huge_pages(shape, torch.float32) if huge_pages.enabled() else torch.empty(shape)

@@ -89,6 +89,8 @@ def _tiny_step_time(layers: int, device: str, steps: int) -> float:
     from forwardpass.engine.llm_engine import LLMEngine
     from forwardpass.loader.spec import load_model_spec
     from forwardpass.models.llama import LlamaForCausalLM
+    from forwardpass.models.prepare import process_weights_after_loading
+    from forwardpass.plan import building_with_plan
     from forwardpass.sampling.params import SamplingParams
 
     # The probe is the embedded model's spec shrunk to nothing but its layers (no config keys are read
@@ -98,15 +100,21 @@ def _tiny_step_time(layers: int, device: str, steps: int) -> float:
     spec = dataclasses.replace(base, name=f"overhead-probe-{layers}", hidden=64, intermediate=128, heads=2,
                                kv_heads=1, head_dim=32, layers=layers, vocab=256, tied=True,
                                layer_windows=(None,) * layers)
-    torch.manual_seed(0)
-    net = LlamaForCausalLM(spec).to(device)
-    with torch.no_grad():
-        for p in net.parameters():
-            p.normal_(0.0, 0.02)
+
+    def build(plan):
+        torch.manual_seed(0)
+        with building_with_plan(plan):
+            net = LlamaForCausalLM(spec).to(device)
+        with torch.no_grad():
+            for p in net.parameters():
+                p.normal_(0.0, 0.02)
+        process_weights_after_loading(net)
+        return net, spec
+
     # the engine's compiled CPU path, as the engines it is compared with (analysis/measure.py) run: with it a
-    # decode step's layers are one C++ call (layers/decode_stack.py), so its per-layer cost is the kernels' own
+    # decode step's layers are one C++ call (models/llama_decode_stack.py), so its per-layer cost is the kernels' own
     config = EngineConfig(device=device, num_kv_blocks=64, enable_prefix_caching=False, cpu_kernels=True)
-    core = build_engine_core(home, config, model_and_spec=(net, spec))
+    core = build_engine_core(home, config, model_builder=build)
     engine = LLMEngine(home, core=core)
     params = SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True)
     for rid in ("warm", "run"):

@@ -23,8 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from forwardpass.kernel_build import CppKernel
-from forwardpass.layers.small_matmul import host_isa, kernel_for, load_small_matmul
+from forwardpass.kernel_build import CppKernel, KernelLoader
+from forwardpass.layers import small_matmul
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +34,11 @@ KERNEL = CppKernel(
     what="the C++ paged-decode kernel", expected_s=30,
     headers=(Path(__file__).with_name("csrc") / "decode_stack.h",),
 )
-SMALL_MATMUL = kernel_for(host_isa())
-_kernel = None
-_module = None  # the whole extension: paged_decode and the fused per-layer ops (rms_norm, qk_norm_rope_)
-_failed = False
+SMALL_MATMUL = small_matmul.KERNEL  # built with it, in the background build too
+# the whole extension: paged_decode and the fused per-layer ops (rms_norm, qk_norm_rope_); the small-batch
+# matmul is loaded with it (None and a log line if it alone cannot be built)
+LOADER = KernelLoader(KERNEL, "using the PyTorch path", logger, switch="FORWARDPASS_CPU_KERNEL",
+                      check=lambda module: small_matmul.load_small_matmul())  # fmt: skip
 _background: subprocess.Popen | None = None
 
 
@@ -47,37 +48,41 @@ def load_paged_decode(wait: bool = True):
     ``wait=False`` returns None at once if the kernel still has to be compiled (and starts that in
     the background); call again later to pick it up.
     """
-    global _kernel, _module, _failed, _background
-    if _kernel is not None or _failed or os.environ.get("FORWARDPASS_CPU_KERNEL", "1") == "0":
-        return _kernel
-    try:
-        if not wait and not (KERNEL.is_built() and SMALL_MATMUL.is_built()):
-            if _background is None:
-                _background = subprocess.Popen(
-                    [sys.executable, "-m", "forwardpass.attention.cpu_kernel"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                )
-            if _background.poll() is None:
-                return None
-        _module = KERNEL.load(logger)
-        load_small_matmul()  # built and loaded with it (None and a log line if it alone cannot be built)
-        _kernel = _module.paged_decode
-    except Exception as exc:  # noqa: BLE001 - compiler or headers missing, ...: fall back, loudly once
-        _failed = True
-        logger.warning("C++ paged-decode kernel unavailable (%s); using the PyTorch path", exc)
-    return _kernel
+    return _paged_decode(LOADER.load(ready=None if wait else _built_in_background))
+
+
+def _built_in_background() -> bool:
+    """Whether the kernels are built; if not, whether the background build (started on the first call, in a
+    process of its own, so that this one serves on the PyTorch path meanwhile) has finished."""
+    global _background
+    if KERNEL.is_built() and SMALL_MATMUL.is_built():
+        return True
+    if _background is None:
+        _background = subprocess.Popen(
+            [sys.executable, "-m", "forwardpass.attention.cpu_kernel"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+    return _background.poll() is not None
+
+
+def _paged_decode(module):
+    return None if module is None else module.paged_decode
 
 
 def small_matmul_for(decode_kernel):
     """The small-batch fp32 matmul (``forwardpass/layers/small_matmul.py``) that ships with ``decode_kernel``:
     part of the same compiled CPU path, decided together, kept for the engine's lifetime."""
-    return load_small_matmul() if decode_kernel is not None and decode_kernel is _kernel else None
+    return small_matmul.load_small_matmul() if _is_ours(decode_kernel) else None
 
 
 def fused_ops_for(decode_kernel):
     """The fused per-layer ops that ship with ``decode_kernel`` (None for the PyTorch path): an engine
     that decided on the kernel uses both, for its whole lifetime."""
-    return _module if decode_kernel is not None and decode_kernel is _kernel else None
+    return LOADER.module if _is_ours(decode_kernel) else None
+
+
+def _is_ours(decode_kernel) -> bool:
+    return decode_kernel is not None and decode_kernel is _paged_decode(LOADER.module)
 
 
 _auto_decision: list = []  # the first "auto" decision of this process, remembered

@@ -20,7 +20,7 @@ from torch import nn
 from forwardpass.attention import attention
 from forwardpass.attention.context import AttentionContext, GroupMetadata
 from forwardpass.attention.paged import paged_decode_attention, paged_prefill_attention, write_kv
-
+from forwardpass.plan import current_plan
 
 #: the caches the compiled K/V store and decode kernel read and write (attention/csrc/paged_decode.cpp); others
 #: (a bfloat16 kv_cache_dtype) take the PyTorch path
@@ -36,7 +36,8 @@ class CachedAttention(nn.Module):
         self.scale = scale
         self.sliding_window = sliding_window
         self.softcap = softcap
-        self.fused: Any = None  # compiled K/V store (forwardpass/layers/fused.py), set by the engine
+        # the plan's compiled K/V store, for exactly this class (a subclass may change the math)
+        self.fused: Any = current_plan().fused_ops if type(self) is CachedAttention else None
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext | None

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValidationError(f"--lora name {name!r} is the base model's served name", param="lora")
         models.update(loras)
         config_kwargs.update(lora_engine_kwargs(loras, args.max_lora_rank))
-    import os
+    from forwardpass import envs
 
     for flag, value in (("--request-timeout", args.request_timeout), ("--watchdog-timeout", args.watchdog_timeout),
                         ("--read-timeout", args.read_timeout), ("--chat-template-timeout", args.chat_template_timeout),
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
 
     resolve_folder(args.image_model, "image"), resolve_folder(args.video_model, "video")  # before loading
     spec_info = check_model(model, engine_config)  # unsupported architectures and bad configs, before loading
-    api_key = args.api_key or os.environ.get("FORWARDPASS_API_KEY") or None
+    api_key = args.api_key or envs.get("FORWARDPASS_API_KEY")
     server_config = ServerConfig(models=models, api_key=api_key, max_request_bytes=args.max_request_bytes,
                                  max_request_tokens=args.max_request_tokens,
                                  enable_debug_endpoints=args.enable_debug_endpoints,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import socket
 from pathlib import Path
+
+from forwardpass import envs
 
 
 def run_embed(args: argparse.Namespace, model: str, sock: socket.socket, device: str) -> int:
@@ -27,7 +28,7 @@ def run_embed(args: argparse.Namespace, model: str, sock: socket.socket, device:
     name = args.served_model_name or (Path(model).resolve().name if args.model else "forwardpass-default")
     if args.model and not Path(args.model).expanduser().exists() and not args.served_model_name:
         name = args.model  # a Hugging Face id is served under that id, as vLLM does
-    api_key = args.api_key or os.environ.get("FORWARDPASS_API_KEY") or None
+    api_key = args.api_key or envs.get("FORWARDPASS_API_KEY")
     config = ServerConfig(
         models={name: None},
         api_key=api_key,

@@ -15,7 +15,7 @@ from typing import Any
 
 from forwardpass.config import EngineConfig
 from forwardpass.distributed.executor import ParallelGroup, StepMessage, WorkerFailedError
-from forwardpass.distributed.parallel_state import TensorParallel, building_with
+from forwardpass.distributed.parallel_state import TensorParallel
 from forwardpass.engine.batch import RunnerOutput, SchedulerOutput
 from forwardpass.engine.core import EngineCore
 from forwardpass.engine.model_runner import ModelRunner
@@ -23,7 +23,6 @@ from forwardpass.errors import ConfigError, ForwardpassError
 from forwardpass.layers.parallel_linear import even_split
 from forwardpass.loader.config import load_model_config
 from forwardpass.loader.spec import ModelSpec, model_name
-from forwardpass.models.loading import load_model
 
 #: architectures whose layers are built for tensor parallelism (the Llama family and its MoE variants)
 SUPPORTED = (
@@ -99,13 +98,15 @@ def build_parallel_core(model_dir: Path, config: EngineConfig, core_cls: type[En
 
     cfg = load_model_config(model_dir)
     check_supported(config, ModelSpec.from_config(cfg, name=model_name(model_dir)))
+    # every rank builds with the same plan: the decode-kernel decision ("auto": whether it is built yet) is taken
+    # once, here, and handed to the workers as a plain yes or no
+    from forwardpass.attention.cpu_kernel import resolve_decode_kernel
+
+    kernel = resolve_decode_kernel(config.cpu_kernels, config.device, config.torch_dtype, config.attention_backend)
+    config = dataclasses.replace(config, cpu_kernels=kernel is not None)
     group = ParallelGroup.start(str(model_dir), config)
     try:
-        with building_with(group.tp):
-            net, spec = load_model(model_dir, config.torch_dtype, config.device)
-        return build_engine_core(
-            model_dir, config, model_and_spec=(net, spec), core_cls=core_cls, parallel=group
-        )
+        return build_engine_core(model_dir, config, core_cls=core_cls, parallel=group)
     except WorkerFailedError:
         group.close()
         raise

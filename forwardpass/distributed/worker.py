@@ -23,14 +23,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from forwardpass.attention.cpu_kernel import fused_ops_for, resolve_decode_kernel, small_matmul_for
+from forwardpass import envs
 from forwardpass.config import EngineConfig
 from forwardpass.distributed.executor import PREFIX, STARTUP_TIMEOUT_S, StepMessage, WorkerLaunch, rank_device
 from forwardpass.distributed.parallel_state import building_with, create_group
 from forwardpass.engine.kv_cache_spec import KVCacheGroup
 from forwardpass.engine.model_runner import ModelRunner
-from forwardpass.layers.fused import use_fused_ops, use_small_matmul
-from forwardpass.models.loading import load_model
+from forwardpass.models.prepare import prepare_model, resolve_plan
 
 logger = logging.getLogger(__name__)
 #: module:Class of a ``WorkerRunner`` subclass to run instead (the fault-injection tests set it)
@@ -67,7 +66,7 @@ class WorkerRunner(ModelRunner):
 
 
 def _runner_class() -> type[WorkerRunner]:
-    target = os.environ.get(RUNNER_ENV)
+    target = envs.get(RUNNER_ENV)
     if not target:
         return WorkerRunner
     module, _, name = target.partition(":")
@@ -90,15 +89,15 @@ def run_worker(
             timeout_s=config.distributed_timeout_s,
             expert_parallel=config.enable_expert_parallel,
         )
+        # the same plan as rank 0 (its decode-kernel decision arrives in config.cpu_kernels), the same preparation
+        plan = resolve_plan(config, model)
         with building_with(tp):
-            net, _ = load_model(model, config.torch_dtype, device)
+            net, _ = prepare_model(model, plan)
         store.set(f"loaded/{rank}", str(sum(t.numel() * t.element_size() for t in net.parameters())))
         setup: WorkerSetup = tp.broadcast_object()
-        kernel = resolve_decode_kernel(
-            setup.decode_kernel, device, config.torch_dtype, config.attention_backend
-        )
-        use_fused_ops(net, fused_ops_for(kernel))
-        use_small_matmul(net, small_matmul_for(kernel))
+        kernel = plan.kernels.decode
+        if setup.decode_kernel != (kernel is not None):
+            raise RuntimeError(f"rank {rank} decided decode_kernel={kernel is not None}, the driver {setup.decode_kernel}")
         runner = _runner_class()(
             net,
             setup.groups,

@@ -1,8 +1,10 @@
-"""``build_engine_core(model_dir, EngineConfig)``: load the model and wire the engine core together.
+"""``build_engine_core(model_dir, EngineConfig)``: resolve the execution plan, prepare the model with it, and wire
+the engine core together.
 
-Every plug-in is decided here and handed to a constructor: the KV cache layout (from the model spec
-and the memory budget), the decode kernel (fixed for the engine's lifetime), LoRA (the model's linear
-layers get an adapter slot; the manager is the scheduler's admission policy and the runner's per-step
+Every plug-in is decided here and handed to a constructor: the execution plan (weight methods, compiled kernels,
+decode stack, huge pages: ``models/prepare.py``, resolved before the model is built and fixed for the engine's
+lifetime), the KV cache layout (from the model spec and the memory budget), LoRA (the plan gives the model's linear
+layers an adapter slot as they are built; the manager is the scheduler's admission policy and the runner's per-step
 adapter mapping), MoE routing counts, and the per-step cost model.
 """
 
@@ -10,20 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
 import torch
 
-from forwardpass.attention.cpu_kernel import fused_ops_for, resolve_decode_kernel, small_matmul_for
 from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from forwardpass.distributed.driver import local_attention_spec
 from forwardpass.distributed.executor import ParallelGroup
+from forwardpass.distributed.parallel_state import building_with
 from forwardpass.distributed.worker import WorkerSetup
 from forwardpass.engine.core import EngineCore
 from forwardpass.engine.cost import StepCostModel
-from forwardpass.engine.huge_pages import move_model_to_huge_pages
 from forwardpass.engine.kv_cache import KVCacheManager
 from forwardpass.engine.kv_cache_spec import (
     FullAttentionSpec,
@@ -37,15 +38,14 @@ from forwardpass.engine.kv_cache_spec import (
 from forwardpass.engine.model_runner import CausalLM, ModelRunner
 from forwardpass.engine.scheduler import Scheduler
 from forwardpass.errors import ConfigError
-from forwardpass.layers.fused import use_decode_stack, use_fused_ops, use_small_matmul
 from forwardpass.layers.moe import ModelRoutingCounter, RoutingStats, moe_layers
-from forwardpass.layers.packed import pack_linear_weights
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
-from forwardpass.loader.gguf import is_gguf_dir, load_gguf_model
+from forwardpass.loader.gguf import check_gguf_dir
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.tokenizer import Tokenizer
-from forwardpass.lora.manager import LoRAManager
-from forwardpass.models.loading import load_model
+from forwardpass.lora.manager import LoRABatch, LoRAManager
+from forwardpass.models.prepare import prepare_model, resolve_plan
+from forwardpass.plan import ExecutionPlan
 from forwardpass.structured.backend import GrammarBackend
 
 logger = logging.getLogger(__name__)
@@ -67,26 +67,31 @@ def build_engine_core(
     model: str | Path,
     config: EngineConfig | None = None,
     *,
-    model_and_spec: tuple[torch.nn.Module, ModelSpec] | None = None,
     core_cls: type[EngineCore] = EngineCore,
     parallel: ParallelGroup | None = None,
+    model_builder: Callable[[ExecutionPlan], tuple[torch.nn.Module, ModelSpec]] | None = None,
 ) -> EngineCore:
+    """The engine core for ``model`` (a model directory). ``model_builder`` builds and prepares the model with the
+    resolved plan instead of loading it from the directory (a probe model of a made-up shape)."""
     model_dir = Path(model)
     config = config or EngineConfig()
-    if config.tensor_parallel_size > 1 and parallel is None:  # rank 0: start the workers, load this shard
+    if config.tensor_parallel_size > 1 and parallel is None:  # rank 0: start the workers, then come back here
         from forwardpass.distributed.driver import build_parallel_core
 
         return build_parallel_core(model_dir, config, core_cls)
+    check_gguf_dir(model_dir)  # a GGUF file we cannot load: refused from its header, before compiling kernels
     dtype = config.torch_dtype
-    t0 = time.perf_counter()
-    if model_and_spec is None and is_gguf_dir(model_dir):  # weights read from a llama.cpp file
-        model_and_spec = load_gguf_model(model_dir, dtype, config.device)
-    net, spec = model_and_spec or load_model(model_dir, dtype, config.device)
-    logger.info("loaded %s in %.2fs", model_dir, time.perf_counter() - t0)
-    if config.quantization is not None:  # before LoRA slots and the runner: they see the final weights
-        from forwardpass.quant.apply import quantize_model
-
-        quantize_model(net, config.quantization)
+    # ----- the plan, then the model built with it ----------------------------------------------------------
+    lora_batch = LoRABatch() if config.enable_lora else None
+    plan = resolve_plan(config, model_dir, lora_slot=LoRAManager.slot_factory(lora_batch) if lora_batch else None)
+    logger.info("execution plan: %s", plan.describe())
+    if model_builder is not None:
+        net, spec = model_builder(plan)
+    elif parallel is None:
+        net, spec = prepare_model(model_dir, plan)
+    else:
+        with building_with(parallel.tp):  # this rank's shard
+            net, spec = prepare_model(model_dir, plan)
     eos, defaults = resolve_eos_token_ids(model_dir, spec)
 
     # ----- KV budget -------------------------------------------------------------------------------
@@ -128,10 +133,11 @@ def build_engine_core(
 
     # ----- plug-ins --------------------------------------------------------------------------------
     lora = None
-    if config.enable_lora:
+    if lora_batch is not None:
         lora = LoRAManager(
             net,
             spec,
+            lora_batch,
             max_loras=config.max_loras,
             max_lora_rank=config.max_lora_rank,
             max_cpu_loras=config.max_cpu_loras,
@@ -157,14 +163,7 @@ def build_engine_core(
         admission=lora,
         fair_share_tokens=config.fair_share_tokens,
     )
-    kernel = resolve_decode_kernel(config.cpu_kernels, config.device, dtype, config.attention_backend)
-    use_fused_ops(net, fused_ops_for(kernel))  # the per-layer ops compiled with it, for the same lifetime
-    use_small_matmul(net, small_matmul_for(kernel))
-    pack_linear_weights(net, small_matmul_for(kernel))  # once: oneDNN's GEMM and our kernel share the buffer
-    if config.device == "cpu":  # decode streams every weight once per step: 2 MB pages (engine/huge_pages.py);
-        move_model_to_huge_pages(net)  # after packing, which drops the plain weights it packs
-    # a decode step's layers in one C++ call, where the model's layers are exactly what it computes
-    use_decode_stack(net, fused_ops_for(kernel), config.torch_kv_dtype)
+    kernel = plan.kernels.decode
     runner = (ModelRunner if parallel is None else parallel.make_runner)(
         cast(CausalLM, net),  # every registered model class has forward + compute_logits
         groups,
@@ -195,6 +194,7 @@ def build_engine_core(
         lora=lora,
         routing_stats=routing_stats,
         cost=cost,
+        plan=plan,
     )
 
 

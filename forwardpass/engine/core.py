@@ -31,6 +31,7 @@ from forwardpass.loader.generation_config import GenerationDefaults
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.lora.manager import LoRAManager
 from forwardpass.lora.request import LoRARequest
+from forwardpass.plan import PLAIN, ExecutionPlan
 from forwardpass.sampling.params import SamplingParams
 
 
@@ -58,8 +59,10 @@ class EngineCore:
         lora: LoRAManager | None = None,
         routing_stats: RoutingStats | None = None,
         cost: StepCost | None = None,
+        plan: ExecutionPlan = PLAIN,
     ):
         self.model_dir, self.config, self.model, self.spec = model_dir, config, model, spec
+        self.plan = plan  # how the model computes (forwardpass/plan.py): reported by /v1/models and explain --json
         self.kv, self.scheduler, self.runner = kv, scheduler, runner
         self.max_model_len = max_model_len
         self.generation_defaults, self.eos_token_ids = generation_defaults, eos_token_ids

@@ -18,13 +18,13 @@ from typing import Protocol
 
 import torch
 
+from forwardpass import huge_pages
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.metadata import (
     CompressedMetadataBuilder,
     GroupMetadataBuilder,
     StateMetadataBuilder,
 )
-from forwardpass.engine import huge_pages
 from forwardpass.engine.batch import EMPTY_RUNNER_OUTPUT, NewSequence, RunnerOutput, SchedulerOutput
 from forwardpass.engine.compressed_spec import CompressedSpec
 from forwardpass.engine.encoder_step import run_encoders

@@ -65,24 +65,43 @@ def linear(
 
 
 class Linear(nn.Module):
-    """A plain linear layer whose weights are filled by the loader (no init work at construction).
+    """A linear layer whose weight is held and multiplied by its weight method (``layers/weight_methods.py``),
+    taken from the execution plan at construction by the layer's ``role``; the loader fills the weight, then
+    :meth:`process_weights_after_loading` lets the method pack or quantize it once.
 
-    ``delta`` is None unless the engine enables LoRA, which gives every adapter-capable projection a
-    slot (``forwardpass/lora/manager.py``) when it builds the engine; the slot adds the low-rank
-    updates of the adapters in the current batch to the base output.
+    ``delta`` is the layer's LoRA slot where the plan has LoRA (``forwardpass/lora/manager.py``): it adds the
+    low-rank updates of the adapters in the current batch to the base output. The LM head is no adapter target.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, role: str = "projection"):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        from forwardpass.layers.weight_methods import method_for
+        from forwardpass.plan import current_plan
+
+        plan = current_plan()
+        self.in_features, self.out_features, self.role = in_features, out_features, role
+        self.method = method_for(plan, role)
+        self.method.create_weights(self, out_features, in_features)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        self.delta: LinearDelta | None = None
-        self.small_matmul: SmallMatmul | None = None  # set by the engine (layers/fused.py::use_small_matmul)
+        self.delta: LinearDelta | None = plan.lora_slot() if plan.lora_slot is not None and role != "lm_head" else None
+
+    def process_weights_after_loading(self) -> None:
+        self.method.process_weights_after_loading(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear(x, self.weight, self.bias, self.small_matmul)
+        out = self.method.apply(self, x, self.bias)
         return out if self.delta is None else self.delta(x, out)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The weight's plain ``[N, K]`` values, whatever holds them (for code that reads it as a matrix)."""
+        from forwardpass.layers.weight_methods import dense_weight
+
+        return dense_weight(self.weight)
+
+    @property
+    def small_matmul(self) -> SmallMatmul | None:
+        """The compiled small-batch fp32 matmul this layer's method uses (None: oneDNN for every batch)."""
+        return getattr(self.method, "small_matmul", None)
 
 
 class MergedLinear(Linear):

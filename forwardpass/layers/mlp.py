@@ -10,6 +10,7 @@ from torch import nn
 
 from forwardpass.layers.activation import get_activation, silu_and_mul
 from forwardpass.layers.linear import Linear, MergedLinear
+from forwardpass.plan import current_plan
 
 
 class GatedMLP(nn.Module):
@@ -21,7 +22,8 @@ class GatedMLP(nn.Module):
         )
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
         self.act = get_activation(hidden_act)
-        self.fused: Any = None  # compiled SwiGLU (forwardpass/layers/fused.py), set by the engine
+        # the plan's compiled SwiGLU, for exactly this class (a subclass may change the math)
+        self.fused: Any = current_plan().fused_ops if type(self) is GatedMLP else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)

@@ -38,6 +38,8 @@ from torch import nn
 from forwardpass.errors import WeightShapeError
 from forwardpass.layers.activation import get_activation, silu_and_mul
 from forwardpass.layers.linear import Linear, linear
+from forwardpass.plan import current_plan
+from forwardpass.quant.weight import QuantizedWeight
 
 
 # ----- routing ------------------------------------------------------------------------------------
@@ -112,6 +114,18 @@ class ExpertWeights(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size),
                                          requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
+        plan = current_plan()  # the experts take the projections' block format when the plan quantizes
+        self.quantized_format, self.quant_kernel = plan.quantized_format, plan.quant_kernel
+
+    def process_weights_after_loading(self) -> None:
+        if self.quantized_format is None:
+            return
+        for name in ("gate_up_proj", "down_proj"):  # one stack at a time: peak memory one stack's blocks
+            w = getattr(self, name)
+            if isinstance(w, nn.Parameter):
+                qw = QuantizedWeight.from_float(w.data, self.quantized_format, self.quant_kernel)
+                delattr(self, name)  # drop the fp32 parameter before registering its replacement
+                setattr(self, name, qw)
 
 
 class FusedMoE(nn.Module):
@@ -124,7 +138,8 @@ class FusedMoE(nn.Module):
             raise ValueError(f"num_experts_per_tok={top_k} must be between 1 and num_experts={num_experts}")
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.intermediate_size = intermediate_size
-        self.gate = Linear(hidden_size, num_experts)  # the router, named as in HF checkpoints
+        # the router, named as in HF checkpoints; fp32 always: a flipped expert choice changes more than rounding
+        self.gate = Linear(hidden_size, num_experts, role="dense")
         self.experts = ExpertWeights(num_experts, hidden_size, intermediate_size)
         self.act = get_activation(hidden_act)
         self.impl = impl

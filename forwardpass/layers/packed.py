@@ -14,22 +14,21 @@ wants (``layers/csrc/small_matmul.cpp``, ``panel::``). The layout is not a publi
 checked, not assumed: a weight is packed only if the panels view of oneDNN's buffer holds exactly the weight's
 values in those places; otherwise it stays a plain tensor on the paths it used before.
 
-:func:`pack_linear_weights` swaps the weights of a model's linear layers when the engine builds its compiled
-CPU path (``engine/builder.py``); ``forwardpass.layers.linear.linear`` sends the matmul here. Up to
-``MAX_ROWS`` rows take our kernel (decode steps), more take oneDNN's GEMM on the same buffer (prefill chunks).
-``FORWARDPASS_PACKED_WEIGHTS=0`` keeps every weight plain (for comparisons).
+A linear layer whose plan packs its weights (``layers/weight_methods.py::PackedFp32Method``) packs it once after
+loading; ``forwardpass.layers.linear.linear`` sends the matmul here. Up to ``MAX_ROWS`` rows take our kernel
+(decode steps), more take oneDNN's GEMM on the same buffer (prefill chunks). ``FORWARDPASS_PACKED_WEIGHTS=0``
+keeps every weight plain (for comparisons).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import torch
 from torch import nn
 
-from forwardpass.engine.huge_pages import rebacked_on_huge_pages
+from forwardpass.huge_pages import rebacked_on_huge_pages
 from forwardpass.layers.small_matmul import MAX_ROWS
 
 logger = logging.getLogger(__name__)
@@ -37,7 +36,6 @@ logger = logging.getLogger(__name__)
 PANEL = 64  # outputs per panel
 #: the batch size oneDNN is told to pack for: a prefill chunk's rows (the format is the same from 16 rows on)
 PACK_FOR_ROWS = 128
-_KEEP_PLAIN = {"gate", "kv_b_proj"}  # module names whose weight is read as a tensor (MoE routers, MLA)
 
 _ONEDNN = (
     torch.backends.mkldnn.is_available()
@@ -108,62 +106,3 @@ class PackedWeight(nn.Module):
             return None
         rebacked_on_huge_pages(panels)
         return cls(onednn, panels, n, k, kernel)
-
-
-class PackedEmbedding(nn.Module):
-    """The embedding of a model whose LM head is tied to it, after both were packed: the LM head multiplies by the
-    packed matrix, and a lookup gathers its rows from the panels (a few rows per step)."""
-
-    def __init__(self, weight: PackedWeight):
-        super().__init__()
-        self.weight = weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.weight.rows(ids)
-
-
-def _pack_tied_embedding(model: nn.Module, kernel: Any) -> bool:
-    """A Llama-family model whose logits multiply by its embedding matrix (``lm_head`` None): pack that matrix and
-    give the embedding the lookup above."""
-    from forwardpass.models.llama import LlamaForCausalLM
-
-    inner = getattr(model, "model", None)
-    emb = getattr(inner, "embed_tokens", None)
-    if not isinstance(model, LlamaForCausalLM) or model.lm_head is not None or type(emb) is not nn.Embedding:
-        return False
-    pw = PackedWeight.pack(emb.weight.data, kernel)
-    if pw is None:
-        return False
-    inner.embed_tokens = PackedEmbedding(pw)  # type: ignore[union-attr]  # a DecoderModel (checked above)
-    return True
-
-
-def pack_linear_weights(model: nn.Module, small_matmul: Any) -> int:
-    """Pack the fp32 weight of every plain linear layer of ``model`` (see the module docstring), and a tied LM
-    head's (the embedding matrix), whose layout checks out, where the engine has the compiled ``small_matmul``
-    (None: leave every weight plain). Returns how many were packed."""
-    from forwardpass.layers.linear import Linear, MergedLinear
-    from forwardpass.layers.small_matmul import loaded_kernel
-
-    kernel = loaded_kernel()
-    switched_off = os.environ.get("FORWARDPASS_PACKED_WEIGHTS") == "0"
-    if small_matmul is None or kernel is None or not _ONEDNN or switched_off:
-        return 0
-    packed = skipped = 0
-    with torch.no_grad():
-        for name, module in list(model.named_modules()):
-            w = getattr(module, "weight", None)
-            if (type(module) not in (Linear, MergedLinear) or name.rsplit(".", 1)[-1] in _KEEP_PLAIN
-                    or not isinstance(w, nn.Parameter) or w.dim() != 2):  # fmt: skip
-                continue
-            pw = PackedWeight.pack(w.data, kernel)
-            if pw is None:
-                skipped += 1
-                continue
-            del module.weight  # the fp32 parameter goes; its memory returns once nothing else holds it
-            module.weight = pw
-            packed += 1
-        packed += _pack_tied_embedding(model, kernel)
-    logger.info("packed %d linear weights for oneDNN (%d left plain)", packed, skipped)
-    return packed
-

@@ -10,17 +10,15 @@ larger batches (prefill chunks) stay on oneDNN, which is at the compute roof the
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
-from forwardpass.kernel_build import CppKernel, cpu_flags, pick_isa
+from forwardpass.kernel_build import CppKernel, KernelLoader, cpu_flags, pick_isa
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "small_matmul.cpp"
 AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 AVX512_FLAGS = (*AVX2_FLAGS, "-mavx512f")
-
 
 
 def kernel_for(isa: str) -> CppKernel:
@@ -41,22 +39,19 @@ def host_isa() -> str:
 #: broadcast kernel for 17-64 rows holds on to 64, the AVX2 build to 32.
 MAX_ROWS = 64 if host_isa() == "avx512" else 32
 
+KERNEL = kernel_for(host_isa())  # the build MAX_ROWS is measured for
+LOADER = KernelLoader(KERNEL, "using oneDNN/MKL", logger, switch="FORWARDPASS_CPU_KERNEL")
+# the loaded module, what LOADER.load() returned: a name of its own because tests hand loaded_kernel() a build
+# of their choosing by setting it
 _module = None
-_failed = False
 
 
 def load_small_matmul():
     """The compiled ``small_matmul(x, w, bias=None)``, or None (no compiler: the library GEMMs are used)."""
-    global _module, _failed
-    if _module is not None or _failed or os.environ.get("FORWARDPASS_CPU_KERNEL", "1") == "0":
-        return None if _module is None else _module.small_matmul
-    try:
-        _module = kernel_for(host_isa()).load(logger)
-    except Exception as exc:  # noqa: BLE001 - compiler or headers missing: fall back, loudly once
-        _failed = True
-        logger.warning("C++ small-batch matmul kernel unavailable (%s); using oneDNN/MKL", exc)
-        return None
-    return _module.small_matmul
+    global _module
+    if _module is None:
+        _module = LOADER.load()
+    return None if _module is None else _module.small_matmul
 
 
 if __name__ == "__main__":  # build ahead of time: python -m forwardpass.layers.small_matmul

@@ -53,6 +53,24 @@ def _field(reader, key: str, default=None):
     return value
 
 
+#: the tensor types we read (F16 as fp32; Q8_0 and Q4_0 go to the quantized kernels as they are)
+SUPPORTED_TYPES = ("F32", "F16", "Q8_0", "Q4_0")
+
+
+def check_tensor_types(reader) -> None:
+    """Refuse a file with a tensor of a type we cannot read, from its tensor infos alone (no data is read):
+    before a model is built or a kernel compiled for it, not when loading reaches that tensor, minutes later."""
+    bad = [t for t in reader.tensors if t.tensor_type.name not in SUPPORTED_TYPES]
+    if bad:
+        types = sorted({t.tensor_type.name for t in bad})
+        raise ConfigError(
+            f"GGUF tensor {bad[0].name} has type {bad[0].tensor_type.name}; supported: "
+            f"{', '.join(SUPPORTED_TYPES)} ({len(bad)} of the file's {len(reader.tensors)} tensors are "
+            f"{' or '.join(types)})",
+            param="model",
+        )
+
+
 def _config(reader, arch: str) -> dict:
     def need(key: str):
         value = _field(reader, f"{arch}.{key}")
@@ -172,6 +190,7 @@ def gguf_model_dir(path: str | os.PathLike[str]) -> Path:
         raise ConfigError(
             f"GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHS)}", param="model"
         )
+    check_tensor_types(reader)  # no model directory for a file we cannot load
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = _config(reader, arch)
@@ -186,6 +205,13 @@ def gguf_model_dir(path: str | os.PathLike[str]) -> Path:
 
 def is_gguf_dir(model_dir: str | os.PathLike[str]) -> bool:
     return (Path(model_dir) / MARKER).is_file()
+
+
+def check_gguf_dir(model_dir: str | os.PathLike[str]) -> None:
+    """Refuse a GGUF model directory whose file we cannot load (its tensor types, from the header: nothing is read
+    or built), nothing for any other directory: what an engine does first, before it compiles a kernel for it."""
+    if is_gguf_dir(model_dir):
+        check_tensor_types(_reader(Path(json.loads((Path(model_dir) / MARKER).read_text())["file"])))
 
 
 # ----- weights ------------------------------------------------------------------------------------
@@ -224,7 +250,7 @@ class _Tensor:
             self.qs = vals if q4 else vals.view(torch.int8)
         else:
             raise ConfigError(
-                f"GGUF tensor {t.name} has type {t.tensor_type.name}; supported: F32, F16, Q8_0, Q4_0",
+                f"GGUF tensor {t.name} has type {t.tensor_type.name}; supported: {', '.join(SUPPORTED_TYPES)}",
                 param="model",
             )
 
@@ -265,7 +291,6 @@ def load_gguf_model(
     from forwardpass.loader.config import load_model_config
     from forwardpass.loader.spec import ModelSpec
     from forwardpass.models.loading import build_model
-    from forwardpass.quant.apply import QuantizedEmbedding
     from forwardpass.quant.weight import QuantizedWeight
 
     if dtype != torch.float32 or not str(device).startswith("cpu"):
@@ -275,6 +300,7 @@ def load_gguf_model(
     model_dir = Path(model_dir)
     marker = json.loads((model_dir / MARKER).read_text())
     reader = _reader(Path(marker["file"]))
+    check_tensor_types(reader)  # again: a directory made before this check, or a file replaced since
     spec = ModelSpec.from_config(load_model_config(model_dir), name=Path(marker["file"]).name)
     tensors = {t.name: t for t in reader.tensors}
 
@@ -288,8 +314,9 @@ def load_gguf_model(
     with torch.no_grad():
         inner = model.model
         emb = get("token_embd.weight")
-        if spec.tied and emb.fmt != "f32":
-            inner.embed_tokens = QuantizedEmbedding(QuantizedWeight(emb.qs, emb.d, emb.fmt, emb.k))
+        if spec.tied and emb.fmt != "f32":  # the LM head's blocks as stored; lookups dequantize their rows
+            del inner.embed_tokens.weight
+            inner.embed_tokens.weight = QuantizedWeight(emb.qs, emb.d, emb.fmt, emb.k)
         else:
             inner.embed_tokens.weight.data.copy_(emb.float())
         if not spec.tied:

@@ -144,7 +144,7 @@ def adapter_targets(model: nn.Module) -> dict[str, tuple[str, str | None]]:
     packed = getattr(model, "packed_modules", {})
     out: dict[str, tuple[str, str | None]] = {}
     for name, module in model.named_modules():
-        if not isinstance(module, Linear) or name.rpartition(".")[2] == "lm_head":
+        if not isinstance(module, Linear) or module.role == "lm_head":
             continue
         parent, _, leaf = name.rpartition(".")
         if isinstance(module, MergedLinear) and leaf in packed:

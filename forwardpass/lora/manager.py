@@ -1,8 +1,8 @@
 """Adapters in memory and the per-batch row mapping the adapter layers read.
 
-**How a mixed batch is computed.** When the engine is built with LoRA enabled, the manager gives
+**How a mixed batch is computed.** When the engine is built with LoRA enabled, its execution plan gives
 every adapter-capable projection (``layers.linear.Linear``) a :class:`LoRALayer` as its ``delta``
-slot: after the untouched base matmul, ``Linear.forward`` calls it, and it adds for each adapter
+slot when the layer is constructed (:meth:`LoRAManager.slot_factory`), and the manager finds them: after the untouched base matmul, ``Linear.forward`` calls it, and it adds for each adapter
 present in the batch ``B(A·x[rows])`` to ``y[rows]``. Before each forward pass the model runner calls
 :meth:`LoRAManager.begin_step` with the adapter of each chunk; it groups the flattened rows by adapter
 (``[(adapter id, rows)]``, rows as a slice when contiguous, else an index tensor), shared by every
@@ -22,16 +22,20 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from forwardpass.engine.sequence import Sequence
 from forwardpass.layers.linear import Linear, linear
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.lora.adapter import LoRAAdapter, LoRAAdapterError, adapter_targets, load_adapter
 from forwardpass.lora.request import LoRARequest
+
+if TYPE_CHECKING:  # the scheduler's request record, only named in a signature: lora/ does not import engine/
+    from forwardpass.engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +74,14 @@ class LoRAManager:
     """Loads adapters on first use (validated against the model), keeps up to ``max_cpu_loras`` of them
     (least recently used evicted; reloaded from disk if needed again), and maps batch rows to adapters."""
 
-    def __init__(self, model: nn.Module, spec: ModelSpec, max_loras: int = 1, max_lora_rank: int = 16,
-                 max_cpu_loras: int | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    @staticmethod
+    def slot_factory(batch: LoRABatch) -> Callable[[], LoRALayer]:
+        """What the execution plan gives each adapter-capable projection at construction: a slot reading ``batch``."""
+        return lambda: LoRALayer(batch)
+
+    def __init__(self, model: nn.Module, spec: ModelSpec, batch: LoRABatch, max_loras: int = 1,
+                 max_lora_rank: int = 16, max_cpu_loras: int | None = None, dtype: torch.dtype = torch.float32,
+                 device: str = "cpu"):
         if not isinstance(max_loras, int) or max_loras < 1:
             raise LoRAAdapterError(f"max_loras must be a positive integer, got {max_loras!r}", param="max_loras")
         if not isinstance(max_lora_rank, int) or max_lora_rank < 1:
@@ -81,16 +91,16 @@ class LoRAManager:
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
         self.max_cpu_loras = max(max_cpu_loras or 0, max_loras, 8)
         self.dtype, self.device = dtype, device
-        self.batch = LoRABatch()
+        self.batch = batch
         self.adapters: OrderedDict[int, LoRAAdapter] = OrderedDict()  # LRU order
         self.requests: dict[int, LoRARequest] = {}  # adapter id -> the LoRARequest that named it
-        # our module name -> its slot: every projection an adapter may target gets one now, so the
-        # model's structure is fixed when the engine is built
+        # our module name -> its slot: every projection an adapter may target got one at construction, so the
+        # model's structure is fixed when it is built
         self.layers: dict[str, LoRALayer] = {}
         for name in adapter_targets(model).values():
             module = model.get_submodule(name[0])
-            if isinstance(module, Linear) and name[0] not in self.layers:
-                module.delta = self.layers[name[0]] = LoRALayer(self.batch)
+            if isinstance(module, Linear) and isinstance(module.delta, LoRALayer) and module.delta.batch is batch:
+                self.layers[name[0]] = module.delta
 
     # ----- adapters ------------------------------------------------------------------------------
     def add_adapter(self, request: LoRARequest) -> LoRAAdapter:

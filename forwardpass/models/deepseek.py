@@ -34,6 +34,7 @@ from torch import nn
 
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.mla import latent_attention
+from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear, linear
 from forwardpass.layers.mlp import GatedMLP
 from forwardpass.layers.moe import FusedMoE, grouped_experts, load_expert_stack
@@ -57,7 +58,7 @@ class MLAttention(nn.Module):
             self.q_proj = Linear(spec.hidden, self.heads * qk)
         self.kv_a_proj_with_mqa = Linear(spec.hidden, self.rank + self.rope, bias=spec.qkv_bias)
         self.kv_a_layernorm = RMSNorm(self.rank, spec.rms_norm_eps)
-        self.kv_b_proj = Linear(self.rank, self.heads * (self.nope + self.v_dim))
+        self.kv_b_proj = Linear(self.rank, self.heads * (self.nope + self.v_dim), role="dense")  # absorbed: a matrix
         self.o_proj = Linear(self.heads * self.v_dim, spec.hidden, bias=spec.o_bias)
         self.rotate = apply_rotary_interleaved if spec.rope_interleave else apply_rotary
         self.scale = qk**-0.5
@@ -141,7 +142,7 @@ class DeepseekDecoderLayer(nn.Module):
 class DeepseekModel(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, _freeze=True)
+        self.embed_tokens = TokenEmbedding(spec.vocab, spec.hidden, tied=spec.tied)
         self.layers = nn.ModuleList(DeepseekDecoderLayer(spec, i) for i in range(spec.layers))
         self.norm = RMSNorm(spec.hidden, spec.rms_norm_eps)
         self.rotary = RotaryEmbedding(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling)
@@ -165,7 +166,7 @@ class DeepseekV2ForCausalLM(nn.Module):
         self.spec = spec
         self.model = DeepseekModel(spec)
         self.tie_word_embeddings = spec.tied
-        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab)
+        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab, role="lm_head")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
         return self.model(input_ids, positions, ctx)

@@ -218,7 +218,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.model = DeepseekV4Model(spec)
-        self.head = Linear(spec.hidden, spec.vocab)
+        self.head = Linear(spec.hidden, spec.vocab, role="lm_head")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
         return self.model(input_ids, positions, ctx)

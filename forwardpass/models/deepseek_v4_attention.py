@@ -109,7 +109,8 @@ class DeepseekV4Attention(nn.Module):
         self.wq_b = Linear(spec.q_lora_rank, self.heads * self.dim)
         self.wkv = Linear(spec.hidden, self.dim)
         self.norm = Norm(self.dim)
-        self.wo_a = Linear(self.heads * self.dim // self.groups, self.groups * v4.o_lora_rank)
+        # multiplied group by group (below): read as a matrix, so kept plain fp32 by every plan
+        self.wo_a = Linear(self.heads * self.dim // self.groups, self.groups * v4.o_lora_rank, role="dense")
         self.wo_b = Linear(self.groups * v4.o_lora_rank, spec.hidden)
         self.attn_sink = nn.Parameter(torch.zeros(self.heads, dtype=torch.float32), requires_grad=False)
         if self.rate:
@@ -134,7 +135,7 @@ class DeepseekV4Attention(nn.Module):
             out[chunk.rows] = self._attend(chunk, x, q_res, q, kv, proj, positions, rotary, ctx)
         out = rotate_interleaved(out, cos[:, None], -sin[:, None])
         grouped = out.reshape(t, self.groups, -1).transpose(0, 1)  # [g, T, H·D/g]
-        w = self.wo_a.weight.view(self.groups, -1, grouped.shape[-1])  # [g, o_lora_rank, H·D/g]
+        w = self.wo_a.dense_weight().view(self.groups, -1, grouped.shape[-1])  # [g, o_lora_rank, H·D/g]
         return self.wo_b(torch.bmm(grouped, w.transpose(1, 2)).transpose(0, 1).reshape(t, -1))
 
     def _projections(self, x: torch.Tensor) -> torch.Tensor:

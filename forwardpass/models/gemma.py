@@ -22,10 +22,12 @@ from torch import nn
 
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
+from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear, linear
 from forwardpass.layers.rotary import RotaryEmbedding
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.models.llama import DecoderAttention, DecoderLayer, LlamaForCausalLM
+from forwardpass.plan import current_plan
 
 
 class GemmaRMSNorm(nn.Module):
@@ -73,7 +75,7 @@ class GemmaDecoderLayer(DecoderLayer):
 class GemmaModel(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, _freeze=True)
+        self.embed_tokens = TokenEmbedding(spec.vocab, spec.hidden, tied=spec.tied)
         self.layers = nn.ModuleList(GemmaDecoderLayer(spec, i) for i in range(spec.layers))
         self.norm = GemmaRMSNorm(spec.hidden, spec.rms_norm_eps)
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling)
@@ -99,7 +101,8 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         self.spec = spec
         self.model = GemmaModel(spec)  # type: ignore[assignment]
         self.tie_word_embeddings = spec.tied
-        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab)
+        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab, role="lm_head")
+        self.small_matmul = current_plan().small_matmul
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

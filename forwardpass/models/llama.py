@@ -20,6 +20,7 @@ from torch import nn
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
 from forwardpass.distributed.parallel_state import tensor_parallel
+from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear, MergedLinear, linear
 from forwardpass.layers.mlp import GatedMLP
 from forwardpass.layers.norm import RMSNorm
@@ -31,6 +32,7 @@ from forwardpass.layers.parallel_linear import (
 )
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary
 from forwardpass.loader.spec import ModelSpec
+from forwardpass.plan import current_plan
 
 
 class DecoderAttention(nn.Module):
@@ -52,7 +54,8 @@ class DecoderAttention(nn.Module):
         self.q_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.attn = CachedAttention(layer_idx, scale=d**-0.5, sliding_window=spec.layer_windows[layer_idx])
-        self.fused: Any = None  # compiled q/k norm + rotary (forwardpass/layers/fused.py), set by the engine
+        # the plan's compiled q/k norm + rotary, for exactly this class (Gemma's attention changes the math)
+        self.fused: Any = current_plan().fused_ops if type(self) is DecoderAttention else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext | None):
         t = x.shape[0]
@@ -94,15 +97,15 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    #: every layer of a pure decode step in one C++ call (layers/decode_stack.py), set by the engine where the
-    #: layers are exactly what it computes; None: the modules below
+    #: every layer of a pure decode step in one C++ call (models/llama_decode_stack.py), built after loading where
+    #: the plan has it and the layers are exactly what it computes; None: the modules below
     decode_stack: Any = None
 
     def __init__(self, spec: ModelSpec, layer_cls: type[DecoderLayer] = DecoderLayer):
         super().__init__()
         tp = tensor_parallel()
         self.embed_tokens = (VocabParallelEmbedding(spec.vocab, spec.hidden, tp) if tp.enabled
-                             else nn.Embedding(spec.vocab, spec.hidden, _freeze=True))
+                             else TokenEmbedding(spec.vocab, spec.hidden, tied=spec.tied))
         self.layers = nn.ModuleList(layer_cls(spec, i) for i in range(spec.layers))
         self.norm = RMSNorm(spec.hidden, spec.rms_norm_eps)
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling)
@@ -122,14 +125,17 @@ class LlamaForCausalLM(nn.Module):
     class of the MoE ones."""
 
     layer_cls: type[DecoderLayer] = DecoderLayer
-    #: the LM head's small-batch fp32 kernel, set by the engine (layers/fused.py::use_small_matmul); a class
-    #: default so subclasses with their own __init__ (Gemma 2) have it too
+    #: the LM head's small-batch fp32 kernel and the decode stack's ops, from the plan at construction; class
+    #: defaults so subclasses with their own __init__ (Gemma 2) have them too
     small_matmul: Any = None
+    decode_stack_ops: Any = None
+    kv_cache_dtype: torch.dtype = torch.float32
     #: merged module → the checkpoint modules stored side by side in it (see MergedLinear)
     packed_modules: ClassVar[dict[str, list[str]]] = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
+        plan = current_plan()
         self.spec = spec
         self.model = DecoderModel(spec, self.layer_cls)
         self.tie_word_embeddings = spec.tied
@@ -139,7 +145,20 @@ class LlamaForCausalLM(nn.Module):
         elif self.vocab_parallel:
             self.lm_head = VocabParallelEmbedding(spec.vocab, spec.hidden, tensor_parallel())
         else:
-            self.lm_head = Linear(spec.hidden, spec.vocab)
+            self.lm_head = Linear(spec.hidden, spec.vocab, role="lm_head")
+        self.small_matmul = plan.small_matmul
+        if plan.decode_stack:
+            self.decode_stack_ops, self.kv_cache_dtype = plan.fused_ops, plan.kv_cache_dtype
+
+    def process_weights_after_loading(self) -> None:
+        """Once every layer holds its final weights (packed, quantized): the decode stack over them, where the plan
+        has it and every layer is exactly what the stack computes (models/llama_decode_stack.py)."""
+        if self.decode_stack_ops is not None:
+            from forwardpass.layers.small_matmul import small_matmul_capsule
+            from forwardpass.models.llama_decode_stack import build_decode_stack
+
+            stack = build_decode_stack(self, self.decode_stack_ops, small_matmul_capsule(), self.kv_cache_dtype)
+            self.model.decode_stack = stack
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
         """Hidden states ``[T, hidden]`` of every input row (logits are computed only where needed)."""

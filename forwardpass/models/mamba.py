@@ -31,6 +31,7 @@ from torch import nn
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
 from forwardpass.layers.activation import get_activation
+from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear, MergedLinear, linear
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.ssd import causal_conv, causal_conv_step, gated_rms_norm, ssd_scan, ssm_step
@@ -193,7 +194,7 @@ class MambaBlock(nn.Module):
 class MambaBackbone(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.embeddings = nn.Embedding(spec.vocab, spec.hidden, _freeze=True)
+        self.embeddings = TokenEmbedding(spec.vocab, spec.hidden, tied=spec.tied)
         self.layers = nn.ModuleList(MambaBlock(spec, i) for i in range(spec.layers))
         self.norm_f = RMSNorm(spec.hidden, spec.rms_norm_eps)
 
@@ -213,7 +214,7 @@ class Mamba2ForCausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.backbone = MambaBackbone(spec)
-        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab)
+        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab, role="lm_head")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
         """Hidden states ``[T, hidden]`` (positions are not used: the state carries the order)."""

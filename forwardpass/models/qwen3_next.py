@@ -30,6 +30,7 @@ from torch import nn
 
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
+from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.gdn import gated_delta_chunked, gated_delta_step
 from forwardpass.layers.linear import Linear, MergedLinear, linear
 from forwardpass.layers.mlp import GatedMLP
@@ -170,7 +171,7 @@ class Qwen3NextDecoderLayer(nn.Module):
 class Qwen3NextModel(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, _freeze=True)
+        self.embed_tokens = TokenEmbedding(spec.vocab, spec.hidden, tied=spec.tied)
         self.layers = nn.ModuleList(Qwen3NextDecoderLayer(spec, i) for i in range(spec.layers))
         self.norm = GemmaRMSNorm(spec.hidden, spec.rms_norm_eps)
         self.rotary = RotaryEmbedding(int(spec.head_dim * spec.partial_rotary), spec.rope_theta, spec.rope_scaling)
@@ -194,7 +195,7 @@ class Qwen3NextForCausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.model = Qwen3NextModel(spec)
-        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab)
+        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab, role="lm_head")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
         return self.model(input_ids, positions, ctx)

@@ -14,10 +14,10 @@ compiler, not x86-64 with AVX2) or ``FORWARDPASS_QUANT_KERNEL=0``, with the PyTo
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
-from forwardpass.kernel_build import CppKernel, cpu_flags, pick_isa
+from forwardpass import envs
+from forwardpass.kernel_build import CppKernel, KernelLoader, cpu_flags, pick_isa
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def gemm_path(flags: frozenset[str]) -> str:
 
     ``FORWARDPASS_QUANT_GEMM=amx|vnni|avx2|bf16|fp32`` overrides (``amx``, ``vnni`` and ``avx2`` only where the
     kernel build they name is the one this CPU runs)."""
-    forced = os.environ.get("FORWARDPASS_QUANT_GEMM")
+    forced = envs.get("FORWARDPASS_QUANT_GEMM")
     vnni = pick_isa("FORWARDPASS_QUANT_ISA", "avx512vnni", AVX512_CPU_FLAGS, flags) == "avx512vnni"
     amx = AMX_CPU_FLAGS <= flags
     if (forced in ("bf16", "fp32") or (forced == "amx" and amx) or (forced == "vnni" and vnni)
@@ -91,45 +91,31 @@ AMX_KERNEL = CppKernel(
     "forwardpass_quant_amx", SOURCE.with_name("amx_matmul.cpp"), cflags=AMX_FLAGS, ldflags=("-fopenmp",),
     what="the C++ AMX quantized-matmul kernel", expected_s=30, headers=(HEADER, TRANSPOSE_HEADER),
 )  # fmt: skip
-_amx_module = None
-_amx_failed = False
+
+
+def _check_amx(module) -> None:
+    if not module.available():
+        raise RuntimeError("Linux refused this process the AMX tile state (arch_prctl)")
+
+
+# a compiler without AMX support, an old Linux, ...: large batches take the dequantize + oneDNN bf16 GEMM
+AMX_LOADER = KernelLoader(AMX_KERNEL, "large batches use oneDNN's bf16 GEMM", logger, check=_check_amx)
 
 
 def load_amx_kernel():
     """The AMX kernel (``q8_0_matmul``, ``q4_0_matmul``: fp32 in and out), or None (not built: the caller falls
     back to the dequantize + oneDNN bf16 GEMM, said once in the log). Only call it where ``gemm_path`` is amx."""
-    global _amx_module, _amx_failed
-    if _amx_module is not None or _amx_failed:
-        return _amx_module
-    try:
-        module = AMX_KERNEL.load(logger)
-        if not module.available():
-            raise RuntimeError("Linux refused this process the AMX tile state (arch_prctl)")
-        _amx_module = module
-    except Exception as exc:  # noqa: BLE001 - compiler without AMX support, old kernel, ...: bf16 oneDNN instead
-        _amx_failed = True
-        logger.warning("AMX quantized-matmul kernel unavailable (%s); large batches use oneDNN's bf16 GEMM", exc)
-    return _amx_module
+    return AMX_LOADER.load()
 
 
 KERNEL = kernel_for(host_isa())
-_module = None
-_failed = False
+# no compiler, no AVX2, ...: the PyTorch reference, said once in the log
+LOADER = KernelLoader(KERNEL, "using the PyTorch reference (slow)", logger, switch="FORWARDPASS_QUANT_KERNEL")
 
 
 def load_quant_kernel():
     """The compiled module (``q8_0_matmul``, ``q4_0_matmul``, ``quantize_activations``), or None."""
-    global _module, _failed
-    if _module is not None or _failed or os.environ.get("FORWARDPASS_QUANT_KERNEL", "1") == "0":
-        return _module
-    try:
-        _module = KERNEL.load(logger)
-    except Exception as exc:  # noqa: BLE001 - compiler or headers missing, no AVX2, ...: fall back, loudly once
-        _failed = True
-        logger.warning(
-            "C++ quantized-matmul kernel unavailable (%s); using the PyTorch reference (slow)", exc
-        )
-    return _module
+    return LOADER.load()
 
 
 if __name__ == "__main__":  # build ahead of time: python -m forwardpass.quant.kernel

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import sys
 
 import torch
 from torch import nn
+
+from forwardpass import envs
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ ALIGN = 64  # bytes: where each tensor starts in the shared buffer (a cache line
 
 
 def enabled() -> bool:
-    return sys.platform == "linux" and os.environ.get("FORWARDPASS_HUGE_PAGES", "1") != "0"
+    return sys.platform == "linux" and envs.get("FORWARDPASS_HUGE_PAGES")
 
 
 def _madvise(addr: int, nbytes: int, advice: int = MADV_HUGEPAGE) -> bool:

@@ -1,0 +1,120 @@
+"""Weight methods: how a linear layer holds its weight and multiplies by it (vLLM's ``quant_method`` idea).
+
+A :class:`~forwardpass.layers.linear.Linear` takes its method from the execution plan when it is constructed
+(:func:`method_for`, by the layer's role) and hands it three moments of its life:
+
+* ``create_weights``: the parameters the checkpoint loader fills (an fp32 ``weight`` for every method here);
+* ``process_weights_after_loading``: once, after loading: pack the weight for oneDNN, or quantize it to blocks;
+* ``apply``: ``x · Wᵀ (+ bias)`` through the kernels of the weight it now holds.
+
+Code that needs a weight's values (a grouped projection, a reference) asks :func:`dense_weight`, never the
+stored object. A GGUF file's quantized tensors arrive as blocks already (``loader/gguf.py``): a layer holding a
+``QuantizedWeight`` keeps it whatever its method, which then leaves it as stored.
+
+Roles: ``"projection"`` (attention and MLP projections), ``"lm_head"`` (a separate output matrix, 8 bits when
+quantizing), ``"dense"`` (read as a matrix or too sensitive to round: MoE routers, DeepSeek's ``kv_b_proj`` and
+``wo_a``): kept plain fp32 by every plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from forwardpass.layers.packed import PackedWeight
+from forwardpass.quant.weight import QuantizedWeight
+
+if TYPE_CHECKING:
+    from forwardpass.plan import ExecutionPlan
+
+ROLES = ("projection", "lm_head", "dense")
+
+
+def dense_weight(weight: torch.Tensor | PackedWeight | QuantizedWeight) -> torch.Tensor:
+    """The plain ``[N, K]`` values of a stored weight (the tensor itself when it is one; a copy otherwise)."""
+    if isinstance(weight, PackedWeight):
+        return weight.unpacked()
+    if isinstance(weight, QuantizedWeight):
+        return weight.dequantize()
+    return weight
+
+
+@dataclass(frozen=True)
+class Fp32Method:
+    """fp32 weights as loaded; decode-sized batches on the compiled small-batch matmul where the plan has it."""
+
+    small_matmul: Any = None
+
+    @property
+    def name(self) -> str:
+        return "fp32" + ("+small-matmul" if self.small_matmul is not None else "")
+
+    def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None:
+        layer.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        pass
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        from forwardpass.layers.linear import linear
+
+        return linear(x, layer.weight, bias, self.small_matmul)
+
+
+@dataclass(frozen=True)
+class PackedFp32Method(Fp32Method):
+    """fp32 weights packed once for oneDNN and read in place by the small-batch kernel (layers/packed.py); a weight
+    whose packed layout does not check out stays plain (``Fp32Method``)."""
+
+    kernel_module: Any = None  # the small-batch matmul's module (``panels_view``)
+
+    @property
+    def name(self) -> str:
+        return "fp32-packed"
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        w = layer.weight
+        if not isinstance(w, nn.Parameter) or w.dim() != 2:  # blocks from a GGUF file: kept as stored
+            return
+        packed = PackedWeight.pack(w.data, self.kernel_module)
+        if packed is not None:
+            del layer.weight  # the fp32 parameter goes; its memory returns once nothing else holds it
+            layer.weight = packed
+
+
+@dataclass(frozen=True)
+class QuantizeAtLoadMethod(Fp32Method):
+    """fp32 weights loaded, then quantized to ``fmt`` blocks one matrix at a time (peak memory: the fp32 model plus
+    one quantized matrix); the C++ kernels multiply them (``kernel=False``: the PyTorch reference)."""
+
+    fmt: str = "q8_0"
+    kernel: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.fmt + ("" if self.kernel else " (reference)")
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        w = layer.weight
+        if isinstance(w, nn.Parameter):
+            qw = QuantizedWeight.from_float(w.data, self.fmt, self.kernel)
+            del layer.weight  # drop the fp32 parameter before registering its replacement
+            layer.weight = qw
+
+
+def method_for(plan: ExecutionPlan, role: str) -> Fp32Method:
+    """The weight method of a linear layer of ``role`` under ``plan``."""
+    if role not in ROLES:
+        raise ValueError(f"unknown linear role {role!r}; one of {', '.join(ROLES)}")
+    small = plan.kernels.small_matmul
+    if role == "dense":
+        return Fp32Method(small)
+    fmt = plan.head_format if role == "lm_head" else plan.quantized_format
+    if fmt is not None:
+        return QuantizeAtLoadMethod(fmt=fmt, kernel=plan.quant_kernel)
+    if plan.packed_weights and small is not None and plan.kernels.small_matmul_module is not None:
+        return PackedFp32Method(small, plan.kernels.small_matmul_module)
+    return Fp32Method(small)

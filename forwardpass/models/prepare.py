@@ -1,0 +1,104 @@
+"""From a checkpoint to a model ready to compute: the execution plan first, then the model built with it.
+
+:func:`resolve_plan` decides everything that chooses code (weight methods, compiled kernels, decode stack, huge
+pages) from the ``EngineConfig``, the machine and the checkpoint, and loads the kernels it names, before any
+weight is read. :func:`prepare_model` builds the model inside the plan, loads its weights, lets every module
+post-process its own weights once, and places the weights in memory. The single-process engine and every
+tensor-parallel rank call these two, and nothing changes a model's kernels afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from forwardpass import envs
+from forwardpass.config import EngineConfig
+from forwardpass.loader.spec import ModelSpec
+from forwardpass.plan import CompiledKernels, ExecutionPlan, building_with_plan
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_plan(
+    config: EngineConfig, model_dir: str | Path, *, lora_slot: Callable[[], Any] | None = None,
+    decode_kernel: bool | str | None = None,
+) -> ExecutionPlan:
+    """The plan for ``model_dir`` under ``config`` on this machine, its compiled kernels loaded.
+
+    ``decode_kernel`` overrides ``config.cpu_kernels`` (a tensor-parallel worker takes its driver's decision, so every
+    rank computes the same way); ``lora_slot`` makes each projection's adapter slot (``LoRAManager.slot_factory``).
+    """
+    from forwardpass.attention.cpu_kernel import fused_ops_for, resolve_decode_kernel, small_matmul_for
+    from forwardpass.huge_pages import enabled as huge_pages_enabled
+    from forwardpass.kernel_build import cpu_flags
+    from forwardpass.layers.small_matmul import host_isa as matmul_isa
+    from forwardpass.layers.small_matmul import loaded_kernel
+    from forwardpass.loader.gguf import is_gguf_dir
+    from forwardpass.quant import QUANTIZATIONS
+    from forwardpass.quant.apply import HEAD_FORMAT
+    from forwardpass.quant.kernel import gemm_path, load_quant_kernel
+    from forwardpass.quant.kernel import host_isa as quant_isa
+
+    dtype = config.torch_dtype
+    gguf = is_gguf_dir(model_dir)
+    mode = config.cpu_kernels if decode_kernel is None else decode_kernel
+    kernel = resolve_decode_kernel(mode, config.device, dtype, config.attention_backend)
+    ops, small = fused_ops_for(kernel), small_matmul_for(kernel)
+    fmt = QUANTIZATIONS[config.quantization] if config.quantization is not None else None
+    isa = {"small_matmul": matmul_isa()} if small is not None else {}
+    if fmt is not None or gguf:  # built now, before the model: an engine never swaps kernels mid-run
+        load_quant_kernel()
+        isa.update(quant_matmul=quant_isa(), quant_gemm=gemm_path(cpu_flags()))
+    return ExecutionPlan(
+        device=config.device,
+        dtype=dtype,
+        quantized_format=fmt,
+        head_format=HEAD_FORMAT if fmt is not None else None,
+        packed_weights=small is not None and envs.get("FORWARDPASS_PACKED_WEIGHTS"),
+        decode_stack=ops is not None,
+        kv_cache_dtype=config.torch_kv_dtype,
+        huge_pages=config.device == "cpu" and huge_pages_enabled(),
+        lora_slot=lora_slot,
+        kernels=CompiledKernels(decode=kernel, fused_ops=ops, small_matmul=small,
+                                small_matmul_module=loaded_kernel() if small is not None else None),
+        isa=isa,
+    )  # fmt: skip
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Every module's own post-processing of its loaded weights, children before their parents (a decoder's stack
+    is built over layers that already hold their final weights)."""
+    with torch.no_grad():
+        for module in reversed(list(model.modules())):
+            process = getattr(module, "process_weights_after_loading", None)
+            if process is not None:
+                process()
+
+
+def prepare_model(model_dir: str | Path, plan: ExecutionPlan) -> tuple[nn.Module, ModelSpec]:
+    """``(model, spec)``: built with ``plan``, weights loaded (a Hugging Face directory or a GGUF file's), each
+    module's weights post-processed once, the whole on 2 MB pages where the plan says so. Tensor parallel: call it
+    inside ``distributed.parallel_state.building_with`` (each rank loads its shard)."""
+    from forwardpass.huge_pages import move_model_to_huge_pages
+    from forwardpass.loader.gguf import is_gguf_dir, load_gguf_model
+    from forwardpass.models.loading import load_model
+
+    t0 = time.perf_counter()
+    with building_with_plan(plan):
+        if is_gguf_dir(model_dir):  # weights read from a llama.cpp file
+            net, spec = load_gguf_model(model_dir, plan.dtype, plan.device)
+        else:
+            net, spec = load_model(model_dir, plan.dtype, plan.device)
+    process_weights_after_loading(net)
+    if plan.huge_pages:  # decode streams every weight once per step: 2 MB pages; after packing, which drops copies
+        move_model_to_huge_pages(net)
+    size = sum(t.numel() * t.element_size() for t in net.state_dict().values())
+    logger.info("loaded %s in %.2fs: %.1f MB of weights", model_dir, time.perf_counter() - t0, size / 1e6)
+    return net, spec

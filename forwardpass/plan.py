@@ -1,0 +1,107 @@
+"""The execution plan: how a model computes, decided once, before it is built.
+
+An engine resolves one :class:`ExecutionPlan` from its ``EngineConfig``, the machine (CPU flags, device) and the
+checkpoint (its format), loading the compiled kernels the plan names first (``models/prepare.py::resolve_plan``).
+The model is then built inside :func:`building_with_plan`: each layer reads the plan once, in its constructor, and
+keeps what it needs (a linear layer its weight method, a norm its fused op, the decoder its decode-stack switch).
+After the weights are loaded each module post-processes its own weights once (``process_weights_after_loading``:
+packing, quantizing); nothing assigns kernels to a model from outside afterwards.
+
+Models built outside an engine (tests, converters) get :data:`PLAIN`: fp32 weights, the PyTorch paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class CompiledKernels:
+    """The compiled CPU kernels an engine decided on (None: the PyTorch path), loaded before the model is built."""
+
+    decode: Any = None  # the paged-decode attention kernel (attention/cpu_kernel.py)
+    fused_ops: Any = None  # its extension module: RMSNorm, q/k norm + rotary, SwiGLU, K/V store, the decode stack
+    small_matmul: Any = None  # the small-batch fp32 matmul (layers/small_matmul.py)
+    small_matmul_module: Any = None  # its module (``panels_view`` for packed weights)
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """Everything that decides which code computes a model, in one frozen record (reported by :meth:`describe`)."""
+
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    #: the projections' block format when quantizing at load ("q8_0", "q4_0"), else None (fp32 or the file's)
+    quantized_format: str | None = None
+    #: the LM head's (or tied embedding's) format when quantizing: 8 bits in both int8 and int4 modes
+    head_format: str | None = None
+    #: quantized matmuls use the C++ kernels (False: the PyTorch reference, for tests)
+    quant_kernel: bool = True
+    #: fp32 projections packed once for oneDNN and read in place by the small-batch kernel (layers/packed.py)
+    packed_weights: bool = False
+    #: a decode step's Llama-family layers in one C++ call (models/llama_decode_stack.py)
+    decode_stack: bool = False
+    kv_cache_dtype: torch.dtype = torch.float32
+    #: the weights in one 2 MB-page-backed buffer after loading (huge_pages.py)
+    huge_pages: bool = False
+    #: makes each adapter-capable projection's LoRA slot at construction (None: no LoRA)
+    lora_slot: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
+    kernels: CompiledKernels = field(default_factory=CompiledKernels, compare=False, repr=False)
+    #: the kernel builds and GEMM path chosen from the CPU's flags (reported, not read by layers)
+    isa: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def fused_ops(self) -> Any:
+        return self.kernels.fused_ops
+
+    @property
+    def small_matmul(self) -> Any:
+        return self.kernels.small_matmul
+
+    def weight_method_name(self, role: str) -> str:
+        """What a linear layer of ``role`` computes with (see layers/weight_methods.py)."""
+        from forwardpass.layers.weight_methods import method_for
+
+        return method_for(self, role).name
+
+    def describe(self) -> dict[str, Any]:
+        """The plan for people and reports (start-up log, ``/v1/models``, ``explain --json``)."""
+        from forwardpass import envs
+
+        return {
+            "device": self.device,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "weights": {role: self.weight_method_name(role) for role in ("projection", "lm_head", "dense")},
+            "decode_kernel": self.kernels.decode is not None,
+            "fused_ops": self.kernels.fused_ops is not None,
+            "small_matmul": self.kernels.small_matmul is not None,
+            "decode_stack": self.decode_stack,
+            "huge_pages": self.huge_pages,
+            "lora_slots": self.lora_slot is not None,
+            "isa": dict(self.isa),
+            "env": envs.describe(),
+        }
+
+
+PLAIN = ExecutionPlan()
+_current: list[ExecutionPlan] = []
+
+
+def current_plan() -> ExecutionPlan:
+    """The plan of the model being built (:data:`PLAIN` outside :func:`building_with_plan`)."""
+    return _current[-1] if _current else PLAIN
+
+
+@contextlib.contextmanager
+def building_with_plan(plan: ExecutionPlan) -> Iterator[ExecutionPlan]:
+    """Build a model's modules with ``plan`` (as ``distributed.parallel_state.building_with`` for tensor parallel)."""
+    _current.append(plan)
+    try:
+        yield plan
+    finally:
+        _current.pop()
