@@ -23,7 +23,7 @@ _LAZY = {
     "analyze": "forwardpass.analysis.roofline",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", *_LAZY]  # noqa: PLE0604 - the lazily imported names (strings: the keys)
 
 
 def __getattr__(name: str) -> Any:

@@ -69,6 +69,10 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False  # MoE: whole experts per rank instead of every expert split
     distributed_timeout_s: float = 60.0  # a collective that waits longer fails the engine (a hung rank)
+    # every kernel chosen so that a request's greedy tokens and logprobs are bitwise the same whatever else shares
+    # its steps (batch size, chunking, other requests): one matmul kernel for every batch size, every query's
+    # attention through the paged kernel; costs prefill speed (see models/prepare.py, benchmarks/batch_invariance.py)
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):

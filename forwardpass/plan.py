@@ -36,6 +36,9 @@ class ExecutionPlan:
 
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
+    #: where the weights come from: "hf" (a Hugging Face directory) or "gguf" (a llama.cpp file, whose quantized
+    #: tensors every method keeps as stored: layers/weight_methods.py ``load_blocks``)
+    checkpoint_format: str = "hf"
     #: the projections' block format when quantizing at load ("q8_0", "q4_0"), else None (fp32 or the file's)
     quantized_format: str | None = None
     #: the LM head's (or tied embedding's) format when quantizing: 8 bits in both int8 and int4 modes
@@ -49,6 +52,8 @@ class ExecutionPlan:
     kv_cache_dtype: torch.dtype = torch.float32
     #: the weights in one 2 MB-page-backed buffer after loading (huge_pages.py)
     huge_pages: bool = False
+    #: every kernel chosen so a row's result does not depend on the other rows of its step (``batch_invariant``)
+    batch_invariant: bool = False
     #: makes each adapter-capable projection's LoRA slot at construction (None: no LoRA)
     lora_slot: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
     kernels: CompiledKernels = field(default_factory=CompiledKernels, compare=False, repr=False)
@@ -76,11 +81,14 @@ class ExecutionPlan:
         return {
             "device": self.device,
             "dtype": str(self.dtype).removeprefix("torch."),
+            "checkpoint_format": self.checkpoint_format,
+            "kv_cache_dtype": str(self.kv_cache_dtype).removeprefix("torch."),
             "weights": {role: self.weight_method_name(role) for role in ("projection", "lm_head", "dense")},
             "decode_kernel": self.kernels.decode is not None,
             "fused_ops": self.kernels.fused_ops is not None,
             "small_matmul": self.kernels.small_matmul is not None,
             "decode_stack": self.decode_stack,
+            "batch_invariant": self.batch_invariant,
             "huge_pages": self.huge_pages,
             "lora_slots": self.lora_slot is not None,
             "isa": dict(self.isa),

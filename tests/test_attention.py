@@ -19,8 +19,8 @@ def test_sdpa_matches_naive(mode, hq, hkv):
     nq, nk = {"causal": (37, 37), "bidirectional": (29, 29), "cross": (23, 11), "causal_chunk": (9, 40),
               "sliding": (30, 30)}[mode]
     q, k, v = rand(2, hq, nq, 32, seed=1), rand(2, hkv, nk, 32, seed=2), rand(2, hkv, nk, 32, seed=3)
-    kwargs = dict(causal=mode.startswith("causal") or mode == "sliding",
-                  sliding_window=8 if mode == "sliding" else None)
+    kwargs = {"causal": mode.startswith("causal") or mode == "sliding",
+                  "sliding_window": 8 if mode == "sliding" else None}
     ref = attention(q, k, v, backend="naive", **kwargs)
     out = attention(q, k, v, backend="sdpa", **kwargs)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)

@@ -14,9 +14,6 @@ import forwardpass
 from forwardpass import envs
 
 PACKAGE = Path(forwardpass.__file__).parent
-# TEMPORARY: these two still read their variable from os.environ (both are registered in envs.py already); they are
-# being rewritten by someone else, who switches them to envs.get. Drop each from this set once it does.
-NOT_YET = {"layers/packed.py", "engine/huge_pages.py"}
 
 
 def _is_environ(node: ast.expr) -> bool:
@@ -76,7 +73,7 @@ def test_only_envs_reads_forwardpass_variables():
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel == "envs.py" or rel in NOT_YET:
+        if rel == "envs.py":
             continue
         reads = [n for n in env_reads(ast.parse(path.read_text(), str(path))) if n.startswith("FORWARDPASS_")]
         offenders += [f"{rel}: {n}" for n in reads]

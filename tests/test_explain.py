@@ -51,6 +51,11 @@ def test_json_has_the_documented_fields(cli_json):
     assert "unhurriedly" in "".join(t["text"] for t in ex["tokens"])
     assert any(t["split"] for t in ex["tokens"])  # "unhurriedly" is several tokens in this vocabulary
     assert len(ex["layers"]) == ex["engine"]["layers"] + 1
+    plan = ex["execution_plan"]  # the plain engine's: fp32 weights, packed or on the small-batch kernel where compiled
+    assert (plan["device"], plan["dtype"]) == ("cpu", "float32")
+    assert plan["weights"]["dense"] == ("fp32+small-matmul" if plan["small_matmul"] else "fp32")
+    fp32 = ("fp32-packed", "fp32+small-matmul") if plan["small_matmul"] else ("fp32",)
+    assert plan["weights"]["projection"] in fp32
 
 
 def test_kv_entries_fill_at_prefill_then_grow_by_one(cli_json):
@@ -114,6 +119,48 @@ def test_greedy_pool_is_one_token_and_overhead_bound_shows(llm):
         assert d["pool_size"] == 1 and d["candidates"][0]["token"] == d["token"]
         assert d["bound"] == "overhead"  # a 6-layer toy model on an H100: launches dominate
         assert d["overhead_s"] == pytest.approx(OH.time_s(6))
+
+
+def _built_methods(model: torch.nn.Module) -> dict[str, set[str]]:
+    """The weight method each linear layer of ``model`` was built with, by role."""
+    from forwardpass.layers.linear import Linear
+
+    out: dict[str, set[str]] = {}
+    for m in model.modules():
+        if isinstance(m, Linear):
+            out.setdefault(m.role, set()).add(m.method.name)
+    return out
+
+
+def test_execution_plan_is_the_engines(llm):
+    """``execution_plan`` is the plan of the engine that ran the request: an int8 engine's q8_0 weights, the plain
+    engine's fp32 ones, each as its model's linear layers were built; the terminal view has it in one line."""
+    import io
+
+    from rich.console import Console
+
+    from forwardpass.explain.terminal import render
+    from forwardpass.quant.weight import QuantizedWeight
+
+    q8 = LLM(None, quantization="int8", cpu_kernels=False)
+    for engine, quantized in ((q8.engine, True), (llm.engine, False)):
+        ex = explain(PROMPT, engine=engine, max_tokens=2, seed=1, hardware=None, overhead=None)
+        plan = ex["execution_plan"]
+        assert json.loads(json.dumps(plan)) == plan == engine.core.plan.describe()
+        built = _built_methods(engine.model)
+        assert {role: {plan["weights"][role]} for role in built} == built
+        if quantized:
+            assert plan["weights"] == {"projection": "q8_0", "lm_head": "q8_0", "dense": "fp32"}
+            assert plan["isa"]["quant_matmul"] and plan["isa"]["quant_gemm"]
+            assert not (plan["decode_kernel"] or plan["small_matmul"])  # cpu_kernels=False
+            assert any(isinstance(getattr(m, "weight", None), QuantizedWeight) for m in engine.model.modules())
+            buf = io.StringIO()
+            render(ex, out=Console(file=buf, width=400))
+            line = next(x for x in buf.getvalue().splitlines() if x.startswith("execution plan:"))
+            assert line.startswith("execution plan: cpu float32 · weights q8_0 · kernels "), line
+            assert "quant_matmul=" in line
+        else:
+            assert plan["weights"]["projection"].startswith("fp32")
 
 
 def test_three_term_prediction_names_the_largest():

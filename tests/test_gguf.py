@@ -4,7 +4,6 @@ on the same dequantized weights, and their blocks reach our kernels byte for byt
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
@@ -16,24 +15,16 @@ pytest.importorskip("gguf")
 from forwardpass.assets import default_llm_path
 from forwardpass.quant import formats
 from forwardpass.quant.weight import GEMM_ROWS, QuantizedWeight
+from tests.helpers.gguf_files import converter
 
-REPO = Path(__file__).resolve().parents[1]
 PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
-
-
-def _converter():
-    spec = importlib.util.spec_from_file_location("to_gguf", REPO / "scripts" / "to_gguf.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def gguf_files(tmp_path_factory):
     """The embedded model as GGUF files of each type (in one directory, as transformers expects)."""
     out = tmp_path_factory.mktemp("gguf")
-    conv = _converter()
+    conv = converter()
     for t in ("f32", "f16", "q8_0", "q4_0"):
         conv.convert(default_llm_path(), out / f"embedded-{t}.gguf", t)
     return out
@@ -143,7 +134,7 @@ def test_llama_and_qwen2_files_equal_their_checkpoints(tmp_path, variant):
 
     overrides = {"rope_scaling": None} if variant == "llama" else {}
     ckpt = copy_with_tokenizer(make_checkpoint(tmp_path / "ckpt", variant, **overrides), tmp_path / "model")
-    _converter().convert(ckpt, tmp_path / "m.gguf", "f32")
+    converter().convert(ckpt, tmp_path / "m.gguf", "f32")
     ids = torch.arange(3, 40)
     with torch.no_grad():
         ref = load_model(ckpt)[0]

@@ -4,9 +4,7 @@ the engine starts from the file or from a model directory made of it before the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,17 +14,7 @@ from forwardpass.assets import default_llm_path
 from forwardpass.errors import ConfigError
 from forwardpass.kernel_build import CppKernel, KernelLoader
 from forwardpass.loader import gguf as gguf_loader
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _converter():
-    spec = importlib.util.spec_from_file_location("to_gguf", REPO / "scripts" / "to_gguf.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
-
+from tests.helpers.gguf_files import converter
 
 #: the last tensor loading reaches (the last layer's down projection): every kernel would be built by then
 LAST = f"blk.{json.loads((default_llm_path() / 'config.json').read_text())['num_hidden_layers'] - 1}.ffn_down.weight"
@@ -37,7 +25,7 @@ def bf16_file(tmp_path_factory):
     """The embedded model as a Q8_0 file (the kernels' format) whose LAST tensor is BF16 (which we do not read)."""
     from gguf import GGMLQuantizationType
 
-    conv = _converter()
+    conv = converter()
     q8_0 = conv.tensor_type
     conv.tensor_type = lambda name, *args: GGMLQuantizationType.BF16 if name == LAST else q8_0(name, *args)
     out = tmp_path_factory.mktemp("gguf") / "bf16-down.gguf"

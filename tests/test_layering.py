@@ -1,23 +1,191 @@
-"""Layering rules of the code base (docs/architecture.md), checked so they stay true."""
+"""Layering rules of the code base (docs/architecture.md), checked so they stay true.
+
+The import rules are read from the "Layering rules" section of docs/architecture.md itself, so the doc
+and this test cannot drift apart: a rule added there is checked here, a line this parser cannot read fails.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
-ENGINE = REPO / "forwardpass" / "engine"
+PACKAGE = REPO / "forwardpass"
+ENGINE = PACKAGE / "engine"
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+SECTION = "## Layering rules"
+
+# ----- the rules, from the doc ------------------------------------------------------------------------------------
+_NOT = re.compile(r"(\w+) → not (\w+(?:, \w+)*)")  # layers → not models, engine
+_ONLY = re.compile(r"only (\w+) → (\w+(?:, \w+)*)")  # only server → fastapi, uvicorn
 
 
-def _imports(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+@dataclass(frozen=True)
+class Rule:
+    text: str  # the line as the doc writes it
+    kind: str  # "not": `source` imports none of `targets` (forwardpass packages); "only": nothing outside
+    source: str  # `source` imports any of `targets` (third-party packages)
+    targets: frozenset[str]
+
+
+def parse_rule(line: str) -> Rule:
+    """One rule line of the section (``- ...``, backticks allowed); ``ValueError`` if it is neither form."""
+    text = line.strip().removeprefix("- ").replace("`", "").strip()
+    for kind, pattern in (("not", _NOT), ("only", _ONLY)):
+        if m := pattern.fullmatch(text):
+            return Rule(text, kind, m.group(1), frozenset(m.group(2).split(", ")))
+    raise ValueError(f"not a layering rule ('A → not B, C' or 'only A → X, Y'): {line!r}")
+
+
+def section_lines(doc: str) -> list[str]:
+    """The list items of the doc's "Layering rules" section (up to the next ``## `` heading)."""
+    lines = doc.splitlines()
+    try:
+        start = lines.index(SECTION) + 1
+    except ValueError:
+        return []
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return [line for line in lines[start:end] if line.startswith("- ")]
+
+
+def doc_rules() -> list[Rule]:
+    return [parse_rule(line) for line in section_lines(ARCHITECTURE.read_text())]
+
+
+# ----- the imports, from the code --------------------------------------------------------------------------------
+def top_level(module: str) -> str:
+    """The first name under ``forwardpass`` of a dotted module (``forwardpass.models.loading`` → ``models``),
+    ``forwardpass`` for the root package's own names, the distribution for anything else (``fastapi``)."""
+    parts = module.split(".")
+    if parts[0] != "forwardpass":
+        return parts[0]
+    if len(parts) == 1 or not ((PACKAGE / parts[1]).is_dir() or (PACKAGE / f"{parts[1]}.py").is_file()):
+        return "forwardpass"  # `from forwardpass import LLM`: the root package's (lazy) re-export
+    return parts[1]
+
+
+def module_name(rel: str) -> tuple[str, bool]:
+    """``("forwardpass.layers.moe", False)`` for ``layers/moe.py``; ``(package, True)`` for an ``__init__.py``."""
+    parts = ("forwardpass", *Path(rel).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def imports(source: str, rel: str) -> list[tuple[int, str]]:
+    """``(line, absolute module)`` for every import statement anywhere in the module at ``forwardpass/<rel>``:
+    top level, functions, ``if TYPE_CHECKING:`` blocks. ``from X import y`` gives ``X.y`` (``y`` may be a
+    submodule: ``from forwardpass import envs``); relative imports are resolved against the module's package."""
+    name, is_package = module_name(rel)
+    package = name.split(".") if is_package else name.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(source, rel)):
         if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                up = node.level - 1
+                if up >= len(package):
+                    raise ValueError(f"forwardpass/{rel}:{node.lineno}: relative import beyond the top-level package")
+                base = package[: len(package) - up]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            found += [(node.lineno, module if a.name == "*" else f"{module}.{a.name}") for a in node.names]
+    return sorted(found)
+
+
+def violations(rule: Rule, source: str, rel: str) -> list[str]:
+    """``forwardpass/<rel>:<line>: imports <module> (<package>)`` for each import of the module that breaks ``rule``."""
+    name, _ = module_name(rel)
+    own = top_level(name)
+    out = []
+    for line, module in imports(source, rel):
+        ours = module.split(".")[0] == "forwardpass"
+        target = top_level(module)
+        if rule.kind == "not":
+            bad = ours and own == rule.source and target in rule.targets
+        else:
+            bad = not ours and own != rule.source and target in rule.targets
+        if bad:
+            out.append(f"forwardpass/{rel}:{line}: imports {module} ({target})")
+    return out
+
+
+def _modules() -> list[tuple[str, str]]:
+    return [(p.relative_to(PACKAGE).as_posix(), p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))]
+
+
+# ----- the tests ---------------------------------------------------------------------------------------------------
+def test_the_doc_states_the_rules_and_each_line_is_read():
+    """An emptied or missing section, or a rule line in another shape, fails here rather than checking nothing."""
+    lines = section_lines(ARCHITECTURE.read_text())
+    assert lines, f"no rules found under {SECTION!r} in {ARCHITECTURE.relative_to(REPO)}"
+    rules = [parse_rule(line) for line in lines]  # raises on a line it cannot read
+    assert len(rules) == len(lines) == len({r.text for r in rules})
+    by_source = {(r.kind, r.source): r.targets for r in rules}
+    # issue #38's rules must stay in the list
+    assert {"models", "engine"} <= by_source.get(("not", "layers"), frozenset())
+    assert "engine" in by_source.get(("not", "lora"), frozenset())
+    assert "fastapi" in by_source.get(("only", "server"), frozenset())
+    assert "analysis" in by_source.get(("not", "engine"), frozenset())
+
+
+def test_every_forwardpass_name_in_a_rule_exists():
+    """A package renamed or removed makes its rules stale; say so instead of checking nothing."""
+    for rule in doc_rules():
+        names = {rule.source} | (rule.targets if rule.kind == "not" else set())
+        for n in names:
+            assert (PACKAGE / n).is_dir() or (PACKAGE / f"{n}.py").is_file(), f"{rule.text!r}: no forwardpass/{n}"
+
+
+@pytest.mark.parametrize("rule", doc_rules(), ids=lambda r: r.text.replace("→", "->"))
+def test_every_module_obeys_the_rule(rule: Rule):
+    found = [v for rel, source in _modules() for v in violations(rule, source, rel)]
+    assert found == [], f"{rule.text!r} (docs/architecture.md, Layering rules) is broken:\n" + "\n".join(found)
+
+
+FAKE = """\
+from __future__ import annotations
+from typing import TYPE_CHECKING
+import torch
+from forwardpass.layers.linear import Linear
+from forwardpass import envs
+from ..models import llama
+from . import norm
+if TYPE_CHECKING:
+    from forwardpass.engine.sequence import Sequence
+def load():
+    import forwardpass.engine.core as core
+    from forwardpass.models.loading import _checkpoint_names
+    import fastapi.responses
+"""
+
+
+def test_an_injected_violation_is_found():
+    rule = parse_rule("- layers → not `models`, engine")
+    assert (rule.kind, rule.source, rule.targets) == ("not", "layers", {"models", "engine"})
+    assert violations(rule, FAKE, "layers/fake.py") == [
+        "forwardpass/layers/fake.py:6: imports forwardpass.models.llama (models)",  # relative, two levels up
+        "forwardpass/layers/fake.py:9: imports forwardpass.engine.sequence.Sequence (engine)",  # type-only
+        "forwardpass/layers/fake.py:11: imports forwardpass.engine.core (engine)",  # inside a function
+        "forwardpass/layers/fake.py:12: imports forwardpass.models.loading._checkpoint_names (models)",
+    ]
+    assert violations(rule, FAKE, "attention/fake.py") == []  # the rule is about layers/ only
+    assert violations(rule, "from ... import engine\nfrom .. import engine\n", "layers/sub/__init__.py") == [
+        "forwardpass/layers/sub/__init__.py:1: imports forwardpass.engine (engine)"  # 2: forwardpass.layers.engine
+    ]
+    only = parse_rule("- only server → fastapi, uvicorn")
+    assert violations(only, FAKE, "layers/fake.py") == ["forwardpass/layers/fake.py:13: imports fastapi.responses (fastapi)"]
+    assert violations(only, FAKE, "server/fake.py") == []
+    assert violations(only, "from forwardpass.server import fastapi\n", "engine/fake.py") == []  # ours, not theirs
+    with pytest.raises(ValueError):
+        parse_rule("- layers must not import models")
 
 
 def test_engine_files_stay_small():
@@ -25,15 +193,10 @@ def test_engine_files_stay_small():
     assert max(sizes.values()) <= 250, {k: v for k, v in sizes.items() if v > 250}
 
 
-def test_engine_never_imports_the_analyzer():
-    for path in ENGINE.glob("*.py"):
-        assert not any(m.startswith("forwardpass.analysis") for m in _imports(path)), path.name
-
-
 def test_only_the_spec_reads_model_config_keys():
     """Models, engine, analyzer read ``ModelSpec``; config.json keys are resolved in loader/spec.py."""
     for sub in ("engine", "models", "analysis", "layers", "attention"):
-        for path in (REPO / "forwardpass" / sub).glob("*.py"):
+        for path in (PACKAGE / sub).glob("*.py"):
             text = path.read_text()
             for key in ('"num_hidden_layers"', '"num_key_value_heads"', '"sliding_window"', '"num_experts"'):
                 assert key not in text or path.name == "presets.py", f"{path} reads {key}"

@@ -59,6 +59,23 @@ def test_models_list(client, server):
     assert [m.id for m in models.data] == [MODEL]
 
 
+def test_models_list_reports_the_execution_plan(http, server):
+    """Each model entry carries the engine's execution plan (a field OpenAI clients ignore), the one the engine
+    logged once at start-up: this plain engine's fp32 weights, on the small-batch kernel where it was compiled."""
+    import ast
+
+    (entry,) = http.get("/v1/models").json()["data"]
+    plan = entry["forwardpass"]["execution_plan"]
+    assert (plan["device"], plan["dtype"], plan["lora_slots"]) == ("cpu", "float32", False)
+    assert plan["weights"]["dense"] == ("fp32+small-matmul" if plan["small_matmul"] else "fp32")
+    fp32 = ("fp32-packed", "fp32+small-matmul") if plan["small_matmul"] else ("fp32",)
+    assert plan["weights"]["projection"] in fp32
+    assert ("small_matmul" in plan["isa"]) == plan["small_matmul"]  # the kernel's build, where there is one
+    logged = [line.split("execution plan: ", 1)[1] for line in server.log_path.read_text().splitlines()
+              if "execution plan: " in line]
+    assert len(logged) == 1 and ast.literal_eval(logged[0]) == plan, logged
+
+
 def test_completion(client):
     r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=7, temperature=0,
                                   extra_body=NO_EOS)

@@ -154,6 +154,9 @@ def test_break2_chat_template_limits_are_400_and_health_stays_up(http, server, w
 def test_break3_models_list_shows_no_paths(http, model_dir):
     data = http.get("/v1/models").json()["data"]
     assert data and all(str(model_dir) not in json.dumps(m) and "/" not in m["root"] for m in data), data
+    # the execution plan lists the FORWARDPASS_* variables in force, a secret's value hidden
+    assert KEY not in json.dumps(data)
+    assert data[0]["forwardpass"]["execution_plan"]["env"]["FORWARDPASS_API_KEY"] == "***"
 
 
 def test_break3_symlink_out_of_the_model_dir_is_refused(model_dir, tmp_path):

@@ -5,7 +5,9 @@ serving the embedded model (forwardpass/assets/llm): ``response_format`` (json_s
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import re
 
 import httpx
@@ -257,7 +259,7 @@ def test_completion_echo_with_logprobs_lists_the_prompt_first(client):
         assert entry["logprob"] == pytest.approx(lp.token_logprobs[i]) and len(lp.top_logprobs[i]) <= 2
     assert lp.text_offset[n_prompt] == len("Hello there, friend") and lp.text_offset[0] == 0
     chunks = [c.choices[0] for c in client.completions.create(echo=True, stream=True, **kw) if c.choices]
-    assert sum((c.logprobs.token_logprobs for c in chunks if c.logprobs), []) == lp.token_logprobs
+    assert functools.reduce(operator.iadd, (c.logprobs.token_logprobs for c in chunks if c.logprobs), []) == lp.token_logprobs
 
 
 def test_prompt_logprobs_in_chat(client):

@@ -36,8 +36,11 @@ class CachedAttention(nn.Module):
         self.scale = scale
         self.sliding_window = sliding_window
         self.softcap = softcap
+        plan = current_plan()
         # the plan's compiled K/V store, for exactly this class (a subclass may change the math)
-        self.fused: Any = current_plan().fused_ops if type(self) is CachedAttention else None
+        self.fused: Any = plan.fused_ops if type(self) is CachedAttention else None
+        # the batch-invariant plan: every query, prefill or decode, through the paged kernel (None: per step kind)
+        self.per_query_kernel: Any = plan.kernels.decode if plan.batch_invariant else None
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext | None
@@ -54,6 +57,8 @@ class CachedAttention(nn.Module):
             self.fused.write_kv_(kv_cache, k, v, meta.slot_mapping)
         else:
             write_kv(kv_cache, k, v, meta.slot_mapping)
+        if self.per_query_kernel is not None:
+            return self._attend_each_query(q, kv_cache, ctx, meta)
         nd = ctx.num_decode
         if nd and not meta.prefills:  # pure decode step: no copy of the output needed
             return self._decode(q, kv_cache, ctx, meta)
@@ -74,6 +79,26 @@ class CachedAttention(nn.Module):
                     q[rows], kv_cache, span.block_table, span.context_len,
                     scale=self.scale, sliding_window=self.sliding_window, softcap=self.softcap, backend=ctx.backend,
                 )
+        return out
+
+    def _attend_each_query(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: AttentionContext, meta: GroupMetadata
+    ) -> torch.Tensor:
+        """Each query over its own prefix, in the cache, by the paged kernel, which computes a (sequence, head) pair
+        the same way whatever else is in its call: so a token's attention does not depend on the batch it is in or
+        on where its prompt was cut into chunks (a prefill query is a decode query of its position)."""
+        kernel, window = self.per_query_kernel, self.sliding_window or 0
+        out = torch.empty_like(q)
+        nd = ctx.num_decode
+        if nd:
+            out[:nd] = kernel(q[:nd].contiguous(), kv_cache, meta.decode_block_tables, meta.decode_seq_lens,
+                              self.scale, window)
+        for span in meta.prefills:
+            rows = slice(span.q_start, span.q_start + span.q_len)
+            first = span.context_len - span.q_len + 1  # the first query sees this many keys, itself included
+            seq_lens = torch.arange(first, span.context_len + 1, dtype=torch.long, device=q.device)
+            tables = span.block_table.view(1, -1).expand(span.q_len, -1).contiguous()
+            out[rows] = kernel(q[rows].contiguous(), kv_cache, tables, seq_lens, self.scale, window)
         return out
 
     def _decode(

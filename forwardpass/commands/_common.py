@@ -26,6 +26,9 @@ def add_quantization_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16", "bfloat16"],
                    help="what the KV cache stores: auto (the model's dtype), float16 or bfloat16 (half the memory of "
                    "float32: twice the context; values rounded once when stored)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="kernels chosen so a request's greedy tokens and logprobs are bitwise the same whatever else "
+                   "shares its steps (batch size, chunking); dense Llama-family models on CPU; prefill is slower")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -108,6 +111,7 @@ def load_engine(args: argparse.Namespace, **config_kwargs):
     model = resolve_model(args.model, getattr(args, "revision", None))
     config_kwargs.setdefault("quantization", getattr(args, "quantization", None))
     config_kwargs.setdefault("kv_cache_dtype", getattr(args, "kv_cache_dtype", "auto"))
+    config_kwargs.setdefault("batch_invariant", getattr(args, "batch_invariant", False))
     config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len, device=device, **config_kwargs)
     with progress(f"loading {model if args.model else 'the embedded model'}"):
         return LLMEngine(model, config)

@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         "kv_cache_memory": args.kv_cache_memory, "block_size": args.block_size,
         "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
         "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
+        "batch_invariant": args.batch_invariant,
         "tensor_parallel_size": args.tensor_parallel_size, "enable_expert_parallel": args.enable_expert_parallel,
         "distributed_timeout_s": args.distributed_timeout,
     }

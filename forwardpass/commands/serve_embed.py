@@ -22,6 +22,7 @@ def run_embed(args: argparse.Namespace, model: str, sock: socket.socket, device:
         ("--reasoning-parser", args.reasoning_parser),
         ("--quantization", getattr(args, "quantization", None)),
         ("--kv-cache-dtype", None if getattr(args, "kv_cache_dtype", "auto") == "auto" else args.kv_cache_dtype),
+        ("--batch-invariant", getattr(args, "batch_invariant", False)),
     ):
         if value:
             raise ValidationError(f"{flag} does not apply to an embedding model (--task embed)", param=flag)

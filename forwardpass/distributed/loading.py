@@ -95,7 +95,7 @@ def _load_experts(
 
 def load_sharded(model: nn.Module, source: WeightSource) -> None:
     """Fill a model built under ``building_with(tp)`` with this rank's part of every weight."""
-    from forwardpass.models.loading import _checkpoint_names
+    from forwardpass.loader.weights import checkpoint_names
 
     reader = SliceReader(source)
     layout = getattr(model, "expert_layout", QWEN_EXPERT_LAYOUT)
@@ -121,5 +121,5 @@ def load_sharded(model: nn.Module, source: WeightSource) -> None:
         elif hasattr(module, "shards"):
             _load_shards(param, module.shards(attr), module_name, attr, reader)
         else:  # replicated (norms): read whole, as without parallelism
-            for ckpt_name, span in _checkpoint_names(model, name):
+            for ckpt_name, span in checkpoint_names(model, name):
                 load_into(param if span is None else param[span[0] : span[1]], source, ckpt_name)

@@ -120,6 +120,7 @@ class EngineLoop:
                         default_params=core.default_sampling_params(),
                         eos_token_ids=tuple(core.eos_token_ids),
                         max_num_seqs=core.config.max_num_seqs,
+                        execution_plan=core.plan.describe(),
                     )
                 )
             ]

@@ -7,7 +7,7 @@ sent in lists, one list per loop turn, so a step's outputs cost one message.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from forwardpass.engine.batch import TokenDelta
@@ -70,6 +70,8 @@ class EngineInfo:
     default_params: SamplingParams
     eos_token_ids: tuple[int, ...]
     max_num_seqs: int
+    #: ``ExecutionPlan.describe()`` of the engine (plain JSON values): reported by ``/v1/models``
+    execution_plan: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,21 @@ def _show(text: str) -> str:
     return repr(text)[1:-1] if text else "∅"
 
 
+def plan_line(plan: dict[str, Any]) -> str:
+    """The execution plan in one line: device, dtype, weight methods, compiled kernels, ISA, variables set."""
+    w = plan["weights"]
+    weights = w["projection"] + (f", head {w['lm_head']}" if w["lm_head"] != w["projection"] else "")
+    kernels = [k for k in ("decode_kernel", "fused_ops", "small_matmul", "decode_stack", "huge_pages",
+                           "batch_invariant", "lora_slots") if plan.get(k)]
+    parts = [f"execution plan: {plan['device']} {plan['dtype']}", f"weights {weights}",
+             "kernels " + (", ".join(kernels) if kernels else "none (PyTorch)")]
+    if plan.get("isa"):
+        parts.append("isa " + ", ".join(f"{k}={v}" for k, v in plan["isa"].items()))
+    if plan.get("env"):
+        parts.append("env " + " ".join(f"{k}={v}" for k, v in plan["env"].items()))
+    return " · ".join(parts)
+
+
 def render(ex: dict[str, Any], out: Any = None, *, funnels: int = 3) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -34,6 +49,8 @@ def render(ex: dict[str, Any], out: Any = None, *, funnels: int = 3) -> None:
     con.rule(f"[bold]forwardpass explain[/] · {ex['model']} ({ex['architecture']})")
     con.print(f"temperature {p['temperature']}  top_k {p['top_k']}  top_p {p['top_p']}  min_p {p['min_p']}  "
               f"seed {p['seed']}  max_tokens {p['max_tokens']}")
+    if plan := ex.get("execution_plan"):
+        con.print(plan_line(plan), style="dim", markup=False)
 
     # tokenization
     t = Text("\nprompt tokens: ")

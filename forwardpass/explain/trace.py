@@ -219,6 +219,7 @@ def explain(
         "engine": {"block_size": bs, "num_kv_blocks": core.kv.num_blocks, "dtype": dtype_name,
                    "device": core.config.device, "layers": layers, "heads": spec.heads,
                    "kv_heads": spec.kv_heads},
+        "execution_plan": core.plan.describe(),  # how the engine that ran the request computes (forwardpass/plan.py)
         "tokens": _pieces(tok, prompt_ids),
         "generated": [{"id": t, "text": text(t)} for t in generated],
         "completion": tok.decode(generated) if tok is not None else None,

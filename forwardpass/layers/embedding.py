@@ -29,6 +29,12 @@ class TokenEmbedding(nn.Module):
         if self.head_method is not None:
             self.head_method.process_weights_after_loading(self)
 
+    def as_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``hidden · Eᵀ`` through the LM head's method (a tied embedding only)."""
+        if self.head_method is None:
+            raise RuntimeError("this embedding is not tied to the LM head")
+        return self.head_method.apply(self, hidden, None)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.weight, torch.Tensor):
             return F.embedding(ids, self.weight)

@@ -207,15 +207,14 @@ def _first_present(source, names: list[str]) -> str | None:
 def load_moe_weights(model: nn.Module, source, layout: ExpertCheckpointLayout) -> None:
     """Load a Llama-family model whose sparse layers are ``FusedMoE``: dense tensors as usual, expert
     tensors from per-expert checkpoint names (or already-stacked ones) into the stacks."""
-    from forwardpass.loader.weights import load_into
-    from forwardpass.models.loading import _checkpoint_names
+    from forwardpass.loader.weights import checkpoint_names, load_into
 
     sparse = dict(moe_layers(model))
     pattern = re.compile(r"model\.layers\.(\d+)\.mlp\.")
     for name, param in model.named_parameters():
         m = pattern.match(name)
         if m is None or int(m.group(1)) not in sparse:
-            for ckpt_name, span in _checkpoint_names(model, name):
+            for ckpt_name, span in checkpoint_names(model, name):
                 load_into(param if span is None else param[span[0] : span[1]], source, ckpt_name)
             continue
         layer, rest = m.group(0)[: -len(".mlp.")], name[m.end() :]

@@ -14,6 +14,10 @@ stored object. A GGUF file's quantized tensors arrive as blocks already (``loade
 Roles: ``"projection"`` (attention and MLP projections), ``"lm_head"`` (a separate output matrix, 8 bits when
 quantizing), ``"dense"`` (read as a matrix or too sensitive to round: MoE routers, DeepSeek's ``kv_b_proj`` and
 ``wo_a``): kept plain fp32 by every plan.
+
+A batch-invariant plan (``ExecutionPlan.batch_invariant``) gives every method ``batch_invariant=True``: each
+batch size takes the one kernel whose rows do not interact (the small-batch fp32 kernel a piece of rows at a time,
+the int8 kernel for quantized weights), never the GEMM a larger batch would switch to.
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ import torch
 from torch import nn
 
 from forwardpass.layers.packed import PackedWeight
+from forwardpass.layers.small_matmul import MAX_ROWS
 from forwardpass.quant.weight import QuantizedWeight
 
 if TYPE_CHECKING:
     from forwardpass.plan import ExecutionPlan
 
 ROLES = ("projection", "lm_head", "dense")
+#: the small-batch kernel on a plain (unpacked) weight is row-invariant up to this many rows (its transposed path
+#: for larger batches sums in another order); on packed panels up to MAX_ROWS (tests/test_batch_invariance.py)
+PLAIN_INVARIANT_ROWS = 16
 
 
 def dense_weight(weight: torch.Tensor | PackedWeight | QuantizedWeight) -> torch.Tensor:
@@ -47,6 +55,8 @@ class Fp32Method:
     """fp32 weights as loaded; decode-sized batches on the compiled small-batch matmul where the plan has it."""
 
     small_matmul: Any = None
+    #: every batch through the small-batch kernel, a piece of rows at a time (the batch-invariant plan)
+    batch_invariant: bool = False
 
     @property
     def name(self) -> str:
@@ -55,13 +65,29 @@ class Fp32Method:
     def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None:
         layer.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
 
+    def load_blocks(self, layer: nn.Module, weight: QuantizedWeight) -> None:
+        """A checkpoint tensor that arrives quantized (a GGUF file's blocks, ``loader/gguf.py``): the layer holds it
+        as stored, whatever its method; the methods' post-processing leaves a ``QuantizedWeight`` as it is."""
+        del layer.weight  # the fp32 parameter made by create_weights, never filled
+        layer.weight = weight
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         pass
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         from forwardpass.layers.linear import linear
 
-        return linear(x, layer.weight, bias, self.small_matmul)
+        w = layer.weight
+        if self.batch_invariant:
+            if isinstance(w, QuantizedWeight):  # quantized at load, or a GGUF file's blocks
+                return w.matmul_batch_invariant(x, bias)
+            rows = MAX_ROWS if isinstance(w, PackedWeight) else PLAIN_INVARIANT_ROWS
+            x2 = x.reshape(-1, x.shape[-1])
+            if x2.shape[0] > rows:  # pieces the kernel takes: a larger batch would go to oneDNN's GEMM
+                pieces = [linear(x2[i : i + rows], w, bias, self.small_matmul) for i in range(0, len(x2), rows)]
+                out = torch.cat(pieces)
+                return out.view(*x.shape[:-1], out.shape[-1])
+        return linear(x, w, bias, self.small_matmul)
 
 
 @dataclass(frozen=True)
@@ -109,12 +135,12 @@ def method_for(plan: ExecutionPlan, role: str) -> Fp32Method:
     """The weight method of a linear layer of ``role`` under ``plan``."""
     if role not in ROLES:
         raise ValueError(f"unknown linear role {role!r}; one of {', '.join(ROLES)}")
-    small = plan.kernels.small_matmul
+    small, invariant = plan.kernels.small_matmul, plan.batch_invariant
     if role == "dense":
-        return Fp32Method(small)
+        return Fp32Method(small, invariant)
     fmt = plan.head_format if role == "lm_head" else plan.quantized_format
     if fmt is not None:
-        return QuantizeAtLoadMethod(fmt=fmt, kernel=plan.quant_kernel)
+        return QuantizeAtLoadMethod(small, invariant, fmt=fmt, kernel=plan.quant_kernel)
     if plan.packed_weights and small is not None and plan.kernels.small_matmul_module is not None:
-        return PackedFp32Method(small, plan.kernels.small_matmul_module)
-    return Fp32Method(small)
+        return PackedFp32Method(small, invariant, plan.kernels.small_matmul_module)
+    return Fp32Method(small, invariant)

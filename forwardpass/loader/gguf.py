@@ -270,7 +270,8 @@ class _Tensor:
 
 
 def _set_weight(module: nn.Module, parts: list[_Tensor]) -> None:
-    """Give ``module.weight`` the rows of ``parts`` stacked: quantized when they all share a block format."""
+    """Give linear layer ``module`` the rows of ``parts`` stacked: blocks through its weight method when they all
+    share a block format, else fp32 values."""
     from forwardpass.quant.weight import QuantizedWeight
 
     fmts = {p.fmt for p in parts}
@@ -280,8 +281,7 @@ def _set_weight(module: nn.Module, parts: list[_Tensor]) -> None:
         return
     fmt = fmts.pop()
     qw = QuantizedWeight(torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), fmt, parts[0].k)
-    del module.weight
-    module.weight = qw
+    module.method.load_blocks(module, qw)  # held as stored (layers/weight_methods.py)
 
 
 def load_gguf_model(
@@ -315,8 +315,8 @@ def load_gguf_model(
         inner = model.model
         emb = get("token_embd.weight")
         if spec.tied and emb.fmt != "f32":  # the LM head's blocks as stored; lookups dequantize their rows
-            del inner.embed_tokens.weight
-            inner.embed_tokens.weight = QuantizedWeight(emb.qs, emb.d, emb.fmt, emb.k)
+            embed = inner.embed_tokens
+            embed.head_method.load_blocks(embed, QuantizedWeight(emb.qs, emb.d, emb.fmt, emb.k))
         else:
             inner.embed_tokens.weight.data.copy_(emb.float())
         if not spec.tied:

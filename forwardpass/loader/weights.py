@@ -283,3 +283,20 @@ def load_into(
         )
     with torch.no_grad():
         param.copy_(tensor)
+
+
+def checkpoint_names(model: torch.nn.Module, name: str) -> list[tuple[str, tuple[int, int] | None]]:
+    """Checkpoint tensor names feeding the model's parameter ``name``: ``[(name, None)]``, or for a merged
+    parameter (a module listed in ``model.packed_modules``, e.g. ``qkv_proj`` of ``q_proj``/``k_proj``/``v_proj``)
+    one ``(name, (start, end))`` per checkpoint tensor, its rows in the merged parameter."""
+    packed = getattr(model, "packed_modules", {})
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in packed:
+            module = model.get_submodule(".".join(parts[: i + 1]))
+            out = []
+            for sub in packed[part]:
+                sub_name = ".".join(parts[:i] + [sub] + parts[i + 1 :])
+                out.append((sub_name, module.offsets[sub]))
+            return out
+    return [(name, None)]

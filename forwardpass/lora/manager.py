@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -34,10 +34,18 @@ from forwardpass.loader.spec import ModelSpec
 from forwardpass.lora.adapter import LoRAAdapter, LoRAAdapterError, adapter_targets, load_adapter
 from forwardpass.lora.request import LoRARequest
 
-if TYPE_CHECKING:  # the scheduler's request record, only named in a signature: lora/ does not import engine/
-    from forwardpass.engine.sequence import Sequence
-
 logger = logging.getLogger(__name__)
+
+
+class AdapterUser(Protocol):
+    """What admission reads of a request: its adapter (``None``: the base model) and that adapter's id. The
+    engine's ``Sequence`` is one; lora/ names this instead, as it does not import engine/."""
+
+    @property
+    def lora_request(self) -> LoRARequest | None: ...
+
+    @property
+    def lora_id(self) -> int: ...
 
 
 @dataclass
@@ -153,7 +161,7 @@ class LoRAManager:
                 self._uninstall(aid)  # the request stays known: reloaded from disk if used again
 
     # ----- per step ------------------------------------------------------------------------------
-    def can_admit(self, seq: Sequence, running: list[Sequence]) -> bool:
+    def can_admit(self, seq: AdapterUser, running: Iterable[AdapterUser]) -> bool:
         """Scheduler admission rule: at most ``max_loras`` distinct adapters among running sequences."""
         if seq.lora_request is None:
             return True

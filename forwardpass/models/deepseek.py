@@ -177,13 +177,12 @@ class DeepseekV2ForCausalLM(nn.Module):
 
     def load_weights(self, source) -> None:
         """Dense tensors by name; routed experts from per-expert tensors (or stacked ones) into the stacks."""
-        from forwardpass.loader.weights import load_into
-        from forwardpass.models.loading import _checkpoint_names
+        from forwardpass.loader.weights import checkpoint_names, load_into
 
         for name, param in self.named_parameters():
             m = _EXPERTS.match(name)
             if m is None:
-                for ckpt, span in _checkpoint_names(self, name):
+                for ckpt, span in checkpoint_names(self, name):
                     load_into(param if span is None else param[span[0] : span[1]], source, ckpt)
                 continue
             block, which = m.groups()

@@ -32,6 +32,7 @@ from forwardpass.layers.linear import Linear, linear
 from forwardpass.layers.rotary import RotaryEmbedding
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.models.deepseek_v4_attention import DeepseekV4Attention, Norm
+from forwardpass.models.expert_stacks import ExpertStacks
 
 
 def _f32(*shape: int) -> nn.Parameter:
@@ -62,16 +63,26 @@ def hyper_weights(
     return post, comb, (pre.unsqueeze(-1) * x).sum(dim=1).to(x.dtype)
 
 
+def clamped_glu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """``silu(min(gate, L)) · clamp(up, ±L)``."""
+    return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+
+
 def swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, limit: float) -> torch.Tensor:
     """``w2 · (silu(min(gate, L)) · clamp(up, ±L))`` with ``gate, up = w13 · x``."""
     gate, up = linear(x, w13).chunk(2, dim=-1)
-    return linear(F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit), w2)
+    return linear(clamped_glu(gate, up, limit), w2)
 
 
 class SharedExpert(nn.Module):
     def __init__(self, hidden: int, inter: int):
         super().__init__()
         self.w1, self.w2, self.w3 = Linear(hidden, inter), Linear(inter, hidden), Linear(hidden, inter)
+
+    def forward(self, x: torch.Tensor, limit: float) -> torch.Tensor:
+        # each projection through its own Linear (its weight method): a weight the plan quantized or packed is no
+        # tensor to concatenate; torch.cat of w1's and w3's weights crashed every int8/int4 engine
+        return self.w2(clamped_glu(self.w1(x), self.w3(x), limit))
 
 
 class Router(nn.Module):
@@ -93,11 +104,8 @@ class DeepseekV4MoE(nn.Module):
         self.spec, self.limit, self.hashed = spec, spec.dsv4.swiglu_limit, spec.dsv4.hash_layers[layer]
         e, h, i = spec.num_experts, spec.hidden, spec.expert_intermediate
         self.gate = Router(spec, self.hashed)
-        self.experts = nn.Module()
-        self.experts.w13 = nn.Parameter(
-            torch.empty(e, 2 * i, h), requires_grad=False
-        )  # w1 rows, then w3 rows
-        self.experts.w2 = nn.Parameter(torch.empty(e, h, i), requires_grad=False)
+        # w1 rows, then w3 rows; quantized after loading where the plan quantizes (they were left fp32 before)
+        self.experts = ExpertStacks(w13=(e, 2 * i, h), w2=(e, h, i))
         self.shared_experts = SharedExpert(h, spec.shared_expert_intermediate)
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -118,8 +126,7 @@ class DeepseekV4MoE(nn.Module):
                 * weights[rows, slot, None]
             )
             out.index_add_(0, rows, y.to(out.dtype))
-        se = self.shared_experts
-        return out + swiglu(x, torch.cat([se.w1.weight, se.w3.weight]), se.w2.weight, self.limit)
+        return out + self.shared_experts(x, self.limit)
 
 
 class DeepseekV4DecoderLayer(nn.Module):

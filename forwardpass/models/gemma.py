@@ -23,11 +23,10 @@ from torch import nn
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
 from forwardpass.layers.embedding import TokenEmbedding
-from forwardpass.layers.linear import Linear, linear
+from forwardpass.layers.linear import Linear
 from forwardpass.layers.rotary import RotaryEmbedding
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.models.llama import DecoderAttention, DecoderLayer, LlamaForCausalLM
-from forwardpass.plan import current_plan
 
 
 class GemmaRMSNorm(nn.Module):
@@ -96,17 +95,16 @@ class GemmaModel(nn.Module):
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
+    batch_invariant_supported = False  # attention logit softcap: the paged kernel has none
     def __init__(self, spec: ModelSpec):
         nn.Module.__init__(self)  # not LlamaForCausalLM's: the decoder stack is Gemma's
         self.spec = spec
         self.model = GemmaModel(spec)  # type: ignore[assignment]
         self.tie_word_embeddings = spec.tied
         self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab, role="lm_head")
-        self.small_matmul = current_plan().small_matmul
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = linear(hidden, weight, small_matmul=self.small_matmul).float()
+        logits = self.head_logits(hidden)
         cap = self.spec.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

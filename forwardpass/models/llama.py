@@ -21,7 +21,7 @@ from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
 from forwardpass.distributed.parallel_state import tensor_parallel
 from forwardpass.layers.embedding import TokenEmbedding
-from forwardpass.layers.linear import Linear, MergedLinear, linear
+from forwardpass.layers.linear import Linear, MergedLinear
 from forwardpass.layers.mlp import GatedMLP
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.parallel_linear import (
@@ -125,9 +125,10 @@ class LlamaForCausalLM(nn.Module):
     class of the MoE ones."""
 
     layer_cls: type[DecoderLayer] = DecoderLayer
-    #: the LM head's small-batch fp32 kernel and the decode stack's ops, from the plan at construction; class
-    #: defaults so subclasses with their own __init__ (Gemma 2) have them too
-    small_matmul: Any = None
+    #: every op is one the batch-invariant plan covers (models/prepare.py::check_batch_invariant)
+    batch_invariant_supported: ClassVar[bool] = True
+    #: the decode stack's ops, from the plan at construction; class defaults so subclasses with their own
+    #: __init__ (Gemma 2) have them too
     decode_stack_ops: Any = None
     kv_cache_dtype: torch.dtype = torch.float32
     #: merged module → the checkpoint modules stored side by side in it (see MergedLinear)
@@ -146,7 +147,6 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = VocabParallelEmbedding(spec.vocab, spec.hidden, tensor_parallel())
         else:
             self.lm_head = Linear(spec.hidden, spec.vocab, role="lm_head")
-        self.small_matmul = plan.small_matmul
         if plan.decode_stack:
             self.decode_stack_ops, self.kv_cache_dtype = plan.fused_ops, plan.kv_cache_dtype
 
@@ -167,5 +167,9 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.vocab_parallel:
             return (self.model.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden)
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight, small_matmul=self.small_matmul).float()
+        return self.head_logits(hidden)
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden · headᵀ`` through the head's weight method (the tied embedding's or the LM head's own)."""
+        head = self.model.embed_tokens.as_head(hidden) if self.lm_head is None else self.lm_head(hidden)
+        return head.float()

@@ -17,23 +17,8 @@ from forwardpass.distributed.parallel_state import tensor_parallel
 from forwardpass.errors import MissingFileError
 from forwardpass.loader.config import load_model_config
 from forwardpass.loader.spec import ModelSpec, model_name
-from forwardpass.loader.weights import WeightSource, find_weight_files, load_into
+from forwardpass.loader.weights import WeightSource, checkpoint_names, find_weight_files, load_into
 from forwardpass.models.registry import resolve_model_class
-
-
-def _checkpoint_names(model: nn.Module, name: str) -> list[tuple[str, tuple[int, int] | None]]:
-    """Checkpoint tensor names feeding our parameter ``name``; merged params get one per slice."""
-    packed = getattr(model, "packed_modules", {})
-    parts = name.split(".")
-    for i, part in enumerate(parts):
-        if part in packed:
-            module = model.get_submodule(".".join(parts[: i + 1]))
-            out = []
-            for sub in packed[part]:
-                sub_name = ".".join(parts[:i] + [sub] + parts[i + 1 :])
-                out.append((sub_name, module.offsets[sub]))
-            return out
-    return [(name, None)]
 
 
 def load_weights(model: nn.Module, source: WeightSource) -> None:
@@ -47,7 +32,7 @@ def load_weights(model: nn.Module, source: WeightSource) -> None:
         custom(source)
         return
     for name, param in model.named_parameters():
-        for ckpt_name, span in _checkpoint_names(model, name):
+        for ckpt_name, span in checkpoint_names(model, name):
             target = param if span is None else param[span[0] : span[1]]
             load_into(target, source, ckpt_name)
 

@@ -37,6 +37,7 @@ from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.ssd import causal_conv, causal_conv_step, gated_rms_norm, ssd_scan, ssm_step
 from forwardpass.loader.spec import MIXER_ATTENTION, MIXER_MAMBA, MIXER_MOE, ModelSpec, SSMSpec
 from forwardpass.models.deepseek import DeepseekMoE
+from forwardpass.models.expert_stacks import ExpertStacks
 
 
 class Conv1d(nn.Module):
@@ -161,10 +162,9 @@ class NemotronHMoE(nn.Module):
         self.gate.weight = nn.Parameter(torch.empty(spec.num_experts, spec.hidden), requires_grad=False)
         self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(spec.num_experts), requires_grad=False)
         self.top_k, self.renormalize = spec.experts_per_tok, spec.renormalize_topk
-        self.experts = nn.Module()
         e, i = spec.num_experts, spec.expert_intermediate
-        self.experts.up_proj = nn.Parameter(torch.empty(e, i, spec.hidden), requires_grad=False)
-        self.experts.down_proj = nn.Parameter(torch.empty(e, spec.hidden, i), requires_grad=False)
+        # quantized after loading where the plan quantizes (they were left fp32 before)
+        self.experts = ExpertStacks(up_proj=(e, i, spec.hidden), down_proj=(e, spec.hidden, i))
         self.shared_experts = PlainMLP(spec, spec.shared_expert_intermediate)
         self.act = get_activation(spec.hidden_act)
 
@@ -226,8 +226,7 @@ class Mamba2ForCausalLM(nn.Module):
 
     def load_weights(self, source) -> None:
         """By name; MoE experts into their stacks from stacked or per-expert tensors."""
-        from forwardpass.loader.weights import load_into
-        from forwardpass.models.loading import _checkpoint_names
+        from forwardpass.loader.weights import checkpoint_names, load_into
 
         for name, param in self.named_parameters():
             block, dot, which = name.rpartition(".experts.")
@@ -235,7 +234,7 @@ class Mamba2ForCausalLM(nn.Module):
                 for e in range(param.shape[0]):
                     load_into(param[e], source, f"{block}.experts.{e}.{which}.weight")
                 continue
-            for ckpt, span in _checkpoint_names(self, name):
+            for ckpt, span in checkpoint_names(self, name):
                 load_into(param if span is None else param[span[0] : span[1]], source, ckpt)
 
 

@@ -16,5 +16,6 @@ from forwardpass.models.moe import MoEDecoderLayer
 
 
 class MixtralForCausalLM(MoECausalLMMixin, LlamaForCausalLM):
+    batch_invariant_supported = False  # experts multiply a varying number of tokens each: not covered yet
     layer_cls = MoEDecoderLayer
     expert_layout = ExpertCheckpointLayout(block="block_sparse_moe", gate="w1", up="w3", down="w2")

@@ -20,6 +20,7 @@ from torch import nn
 
 from forwardpass import envs
 from forwardpass.config import EngineConfig
+from forwardpass.errors import ConfigError
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.plan import CompiledKernels, ExecutionPlan, building_with_plan
 
@@ -49,20 +50,31 @@ def resolve_plan(
     dtype = config.torch_dtype
     gguf = is_gguf_dir(model_dir)
     mode = config.cpu_kernels if decode_kernel is None else decode_kernel
+    if config.batch_invariant:
+        check_batch_invariant(config, model_dir)  # before any kernel is built
+        mode = True  # its attention is the paged kernel for every query: built now, never a background build
     kernel = resolve_decode_kernel(mode, config.device, dtype, config.attention_backend)
     ops, small = fused_ops_for(kernel), small_matmul_for(kernel)
+    if config.batch_invariant and (kernel is None or small is None):
+        raise ConfigError("batch_invariant needs the compiled CPU kernels (paged attention, small-batch matmul), "
+                          "which could not be built here (see the warning above)", param="batch_invariant")
     fmt = QUANTIZATIONS[config.quantization] if config.quantization is not None else None
     isa = {"small_matmul": matmul_isa()} if small is not None else {}
     if fmt is not None or gguf:  # built now, before the model: an engine never swaps kernels mid-run
-        load_quant_kernel()
+        if load_quant_kernel() is None and config.batch_invariant:
+            raise ConfigError("batch_invariant with quantized weights needs the C++ quantized-matmul kernel, which "
+                              "could not be built here", param="batch_invariant")
         isa.update(quant_matmul=quant_isa(), quant_gemm=gemm_path(cpu_flags()))
     return ExecutionPlan(
         device=config.device,
         dtype=dtype,
+        checkpoint_format="gguf" if gguf else "hf",
         quantized_format=fmt,
         head_format=HEAD_FORMAT if fmt is not None else None,
         packed_weights=small is not None and envs.get("FORWARDPASS_PACKED_WEIGHTS"),
-        decode_stack=ops is not None,
+        # the stack computes a decode step's layers its own way; a request must compute alike in every step kind
+        decode_stack=ops is not None and not config.batch_invariant,
+        batch_invariant=config.batch_invariant,
         kv_cache_dtype=config.torch_kv_dtype,
         huge_pages=config.device == "cpu" and huge_pages_enabled(),
         lora_slot=lora_slot,
@@ -70,6 +82,33 @@ def resolve_plan(
                                 small_matmul_module=loaded_kernel() if small is not None else None),
         isa=isa,
     )  # fmt: skip
+
+
+def check_batch_invariant(config: EngineConfig, model_dir: str | Path) -> None:
+    """Refuse, before any work, a batch-invariant plan this engine could not keep: the guarantee rests on kernels
+    whose rows do not interact (models/prepare.py, layers/weight_methods.py, attention/layer.py), and only the
+    model classes that use nothing else for their math say ``batch_invariant_supported``."""
+    from forwardpass.loader.config import load_model_config
+    from forwardpass.models.registry import resolve_model_class
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"batch_invariant: {why}", param="batch_invariant")
+
+    if config.device != "cpu" or config.torch_dtype != torch.float32:
+        raise refuse("its kernels are the CPU fp32 ones; use device='cpu', dtype float32")
+    if config.cpu_kernels is False:
+        raise refuse("it computes with the compiled CPU kernels; leave cpu_kernels on")
+    if config.torch_kv_dtype not in (torch.float32, torch.float16):
+        raise refuse(f"the paged kernel reads float32 or float16 caches, not {config.kv_cache_dtype}")
+    if config.enable_lora:
+        raise refuse("LoRA adapters are applied with batched matmuls whose rows interact; not with enable_lora")
+    if config.tensor_parallel_size > 1:
+        raise refuse("not verified with tensor parallelism; use tensor_parallel_size=1")
+    arch = load_model_config(model_dir).architecture
+    if not getattr(resolve_model_class(arch), "batch_invariant_supported", False):
+        raise refuse(f"{arch} computes with layers the batch-invariant kernels do not cover (MoE experts, MLA, "
+                     f"state-space or linear attention, attention logit caps); dense Llama-family models "
+                     f"(Llama, Mistral, Qwen2, Qwen3) have it")
 
 
 def process_weights_after_loading(model: nn.Module) -> None:

@@ -15,5 +15,6 @@ from forwardpass.models.qwen3 import Qwen3ForCausalLM
 
 
 class Qwen3MoeForCausalLM(MoECausalLMMixin, Qwen3ForCausalLM):
+    batch_invariant_supported = False  # experts multiply a varying number of tokens each: not covered yet
     layer_cls = MoEDecoderLayer
     expert_layout = ExpertCheckpointLayout(block="mlp", gate="gate_proj", up="up_proj", down="down_proj")

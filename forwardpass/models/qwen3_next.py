@@ -209,8 +209,7 @@ class Qwen3NextForCausalLM(nn.Module):
 
     def load_weights(self, source) -> None:
         """Routed experts into their stacks (from stacked or per-expert tensors), the rest by name."""
-        from forwardpass.loader.weights import load_into
-        from forwardpass.models.loading import _checkpoint_names
+        from forwardpass.loader.weights import checkpoint_names, load_into
 
         for name, param in self.named_parameters():
             m = _STACKED.match(name)
@@ -220,5 +219,5 @@ class Qwen3NextForCausalLM(nn.Module):
             if m:  # per-expert tensors (transformers' save_pretrained un-stacks them)
                 load_expert_stack(param, source, name[: name.index(".experts.")], m.group(2))
                 continue
-            for ckpt, span in _checkpoint_names(self, name):
+            for ckpt, span in checkpoint_names(self, name):
                 load_into(param if span is None else param[span[0] : span[1]], source, ckpt)

@@ -144,6 +144,21 @@ class QuantizedWeight(nn.Module):
             return getattr(self._kernel, name)(self.qs[..., start:end, :], self.d[..., start:end, :], self.in_features)
         return dequantize(*self.gguf_layout(start, end), self.fmt, self.in_features).to(dtype)
 
+    def matmul_batch_invariant(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x · Wᵀ (+ bias)`` through the int8 kernel for every batch size, ``AVX2_TILES_PIECE`` rows a call: the
+        kernel quantizes and accumulates each row on its own, so a row's result is bitwise the same whatever rows
+        share its call (the large-batch GEMM paths above round differently; the batch-invariant plan's choice)."""
+        if self._kernel is None or not x.is_cpu:
+            raise RuntimeError("the batch-invariant matmul needs the C++ quantized-matmul kernel on CPU")
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).float()
+        step = AVX2_TILES_PIECE
+        pieces = [self._kernel_matmul(x2[i : i + step]) for i in range(0, x2.shape[0], step)]
+        out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        if bias is not None:
+            out = out + bias
+        return out.view(*shape[:-1], out.shape[-1]).to(x.dtype)
+
     def _kernel_matmul(self, x2: torch.Tensor) -> torch.Tensor:
         name = f"{self.fmt}_matmul" + ("_tiles" if self.tiles else "")
         return getattr(self._kernel, name)(x2, self.qs, self.d)

@@ -107,10 +107,14 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
     @app.get("/v1/models", response_model=None)
     @app.get("/models", response_model=None, include_in_schema=False)
     async def models() -> dict[str, Any]:
+        # vLLM-style extra fields, which OpenAI clients ignore; "forwardpass" carries how the engine computes
+        # (``ExecutionPlan.describe()``: weight methods, kernels, ISA, FORWARDPASS_* variables in force)
+        plan = engine.info.execution_plan if engine.info is not None else {}
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "forwardpass",
              "root": name,  # the served name: filesystem paths are not the clients' business
-             "parent": None if lora is None else config.default_model, "max_model_len": engine.max_model_len}
+             "parent": None if lora is None else config.default_model, "max_model_len": engine.max_model_len,
+             "forwardpass": {"execution_plan": plan}}
             for name, lora in config.models.items()]}
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})

@@ -6,28 +6,28 @@ from pathlib import Path
 
 import torch
 
-BASE = dict(
-    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.15,
-    bos_token_id=1, eos_token_id=2,
-)
+BASE = {
+    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "initializer_range": 0.15,
+    "bos_token_id": 1, "eos_token_id": 2,
+}
 
 # name -> (transformers config class, model class, overrides): together they cover tied/untied
 # embeddings, llama3 rope scaling, GQA, Qwen2 bias, Qwen3 q/k norm with explicit head_dim, a
 # sliding window shorter than the prompts.
 VARIANTS = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
-        tie_word_embeddings=False,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {
+        "tie_word_embeddings": False,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 64},
-    )),
-    "llama_tied_linear": ("LlamaConfig", "LlamaForCausalLM", dict(
-        tie_word_embeddings=True, num_key_value_heads=4, attention_bias=True,
-        rope_scaling={"rope_type": "linear", "factor": 2.0},
-    )),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(tie_word_embeddings=False, sliding_window=48, head_dim=16)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, num_key_value_heads=1)),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True, head_dim=32)),
+    }),
+    "llama_tied_linear": ("LlamaConfig", "LlamaForCausalLM", {
+        "tie_word_embeddings": True, "num_key_value_heads": 4, "attention_bias": True,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+    }),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"tie_word_embeddings": False, "sliding_window": 48, "head_dim": 16}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True, "num_key_value_heads": 1}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"tie_word_embeddings": True, "head_dim": 32}),
 }
 
 
