@@ -7,7 +7,8 @@ and its median reported (a shared machine's drift hits both alike, as in ``bench
 
 * prefill: one 512-token prompt, one token out (the plan's matmuls then run the small-batch kernel 64 rows at a
   time instead of oneDNN's GEMM, and every query's attention the paged kernel);
-* decode: a 16-token prompt, 64 tokens out, alone (the plan gives up the fused decode stack);
+* decode: a 16-token prompt, 64 tokens out, alone (fp32: the same kernels; int8: the int8 kernel where the
+  default takes AMX for 16+ rows, a difference only in the prefill here);
 * batch: 32 requests of 128 prompt tokens and 64 out (a serving mix of both).
 
 The model defaults to a random Qwen3 of 41M parameters (throughput.py's shape), written once with

@@ -50,7 +50,7 @@ def _llm(quantization, batch_invariant):
 @pytest.mark.parametrize("quantization", [None, "int8"], ids=["fp32", "int8"])
 def test_a_request_computes_alike_in_every_batch(quantization):
     llm = _llm(quantization, batch_invariant=True)
-    assert llm.engine.core.plan.batch_invariant and llm.engine.core.plan.decode_stack is False
+    assert llm.engine.core.plan.batch_invariant
     reqs = _requests()
     alone = _run(llm, *reqs, n=0)
     assert len(alone[0]) == 8

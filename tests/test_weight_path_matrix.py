@@ -264,8 +264,6 @@ def test_whisper_refuses_quantized_paths(quantization, whisper_checkpoint):
     check_weight_path("WhisperForConditionalGeneration", ExecutionPlan())  # fp32: always
 
 
-@pytest.mark.xfail(strict=True, reason="until resolve_plan calls models/weight_path_checks.py::check_weight_path: "
-                                       "remove this mark when it does")
 @pytest.mark.parametrize("quantization", ["int8", "int4"], ids=lambda q: f"whisper-{q}-engine")
 def test_whisper_quantized_engine_is_refused_at_build(quantization, whisper_checkpoint):
     with pytest.raises(ConfigError, match="WhisperForConditionalGeneration"):

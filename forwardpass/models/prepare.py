@@ -41,7 +41,9 @@ def resolve_plan(
     from forwardpass.kernel_build import cpu_flags
     from forwardpass.layers.small_matmul import host_isa as matmul_isa
     from forwardpass.layers.small_matmul import loaded_kernel
+    from forwardpass.loader.config import load_model_config
     from forwardpass.loader.gguf import is_gguf_dir
+    from forwardpass.models.weight_path_checks import check_weight_path
     from forwardpass.quant import QUANTIZATIONS
     from forwardpass.quant.apply import HEAD_FORMAT
     from forwardpass.quant.kernel import gemm_path, load_quant_kernel
@@ -49,16 +51,20 @@ def resolve_plan(
 
     dtype = config.torch_dtype
     gguf = is_gguf_dir(model_dir)
+    fmt = QUANTIZATIONS[config.quantization] if config.quantization is not None else None
+    # refusals first, before any kernel is built (a GGUF file's types: loader/gguf.py::check_gguf_dir)
+    if not gguf:
+        check_weight_path(load_model_config(model_dir), ExecutionPlan(quantized_format=fmt))
+    if config.batch_invariant:
+        check_batch_invariant(config, model_dir)
     mode = config.cpu_kernels if decode_kernel is None else decode_kernel
     if config.batch_invariant:
-        check_batch_invariant(config, model_dir)  # before any kernel is built
         mode = True  # its attention is the paged kernel for every query: built now, never a background build
     kernel = resolve_decode_kernel(mode, config.device, dtype, config.attention_backend)
     ops, small = fused_ops_for(kernel), small_matmul_for(kernel)
     if config.batch_invariant and (kernel is None or small is None):
         raise ConfigError("batch_invariant needs the compiled CPU kernels (paged attention, small-batch matmul), "
                           "which could not be built here (see the warning above)", param="batch_invariant")
-    fmt = QUANTIZATIONS[config.quantization] if config.quantization is not None else None
     isa = {"small_matmul": matmul_isa()} if small is not None else {}
     if fmt is not None or gguf:  # built now, before the model: an engine never swaps kernels mid-run
         if load_quant_kernel() is None and config.batch_invariant:
@@ -72,8 +78,9 @@ def resolve_plan(
         quantized_format=fmt,
         head_format=HEAD_FORMAT if fmt is not None else None,
         packed_weights=small is not None and envs.get("FORWARDPASS_PACKED_WEIGHTS"),
-        # the stack computes a decode step's layers its own way; a request must compute alike in every step kind
-        decode_stack=ops is not None and not config.batch_invariant,
+        # kept by the batch-invariant plan: the stack calls the same kernels as the layers, so a pure decode step
+        # computes bitwise what a mixed step's layers do (tests/test_batch_invariance.py runs both kinds)
+        decode_stack=ops is not None,
         batch_invariant=config.batch_invariant,
         kv_cache_dtype=config.torch_kv_dtype,
         huge_pages=config.device == "cpu" and huge_pages_enabled(),
