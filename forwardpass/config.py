@@ -40,7 +40,7 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences in one forward pass at most
     max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decode tokens)
     # fairness: with every batch slot taken, a newcomer swaps out a sequence that generated this many
-    # tokens or more (see engine/scheduler.py). Off (0) by default: offline batches want throughput,
+    # tokens or more (see engine/scheduling/scheduler.py). Off (0) by default: offline batches want throughput,
     # first come first served; `forwardpass serve` turns it on (--fair-share-tokens, default 32).
     fair_share_tokens: int = 0
     enable_prefix_caching: bool = True
@@ -62,7 +62,7 @@ class EngineConfig:
     # what the paged K/V are stored in: "auto" (the model's dtype), "float16" or "bfloat16". Half the bytes of
     # an fp32 cache: twice the context in the same memory, and decode attention (which reads the whole cache
     # every step) reads half as much. Values are rounded once when stored; attention computes in the model's
-    # dtype. Plain K/V caches only (Llama-family attention); see engine/builder.py
+    # dtype. Plain K/V caches only (Llama-family attention); see engine/scheduling/builder.py
     kv_cache_dtype: str = "auto"
     # tensor parallelism (forwardpass/distributed): the model split across this many processes (ranks),
     # each holding 1/N of the weights and of the KV cache (kv_cache_memory / num_kv_blocks are per rank)

@@ -10,8 +10,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from forwardpass.config import EngineConfig
-from forwardpass.engine.llm_engine import LLMEngine
-from forwardpass.engine.outputs import RequestOutput
+from forwardpass.engine.frontend.llm_engine import LLMEngine
+from forwardpass.engine.frontend.outputs import RequestOutput
 from forwardpass.errors import ChatTemplateError, ValidationError
 from forwardpass.sampling.params import SamplingParams
 

@@ -140,8 +140,8 @@ def test_state_rates_fall_to_zero_and_the_overhead_bound():
     """``DashboardState`` alone: rates over a sliding window, MFU/MBU against peaks, the three bounds."""
     from types import SimpleNamespace
 
-    from forwardpass.engine.protocol import Snapshot
-    from forwardpass.engine.stats import StepRecord
+    from forwardpass.engine.frontend.protocol import Snapshot
+    from forwardpass.engine.scheduling.stats import StepRecord
     from forwardpass.server.dashboard import state as st
 
     engine = SimpleNamespace(stat_listeners=[], finish_listeners=[], snapshot=Snapshot(1, 0, 0.5, 10),

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from forwardpass import LLM, SamplingParams
-from forwardpass.engine.compressed_spec import CompressedSpec, SharedKVSlidingSpec
-from forwardpass.engine.kv_cache_spec import StateSpec, layer_specs, plan_groups
+from forwardpass.engine.scheduling.compressed_spec import CompressedSpec, SharedKVSlidingSpec
+from forwardpass.engine.scheduling.kv_cache_spec import StateSpec, layer_specs, plan_groups
 from forwardpass.errors import ForwardpassError
 from forwardpass.loader.spec import ModelSpec, load_model_spec
 from tests.helpers.checkpoints import random_prompts

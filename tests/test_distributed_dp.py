@@ -8,7 +8,7 @@ import pytest
 
 from forwardpass import LLM, SamplingParams
 from forwardpass.distributed.data_parallel import DataParallelEngine
-from forwardpass.engine.async_engine import EngineSpec
+from forwardpass.engine.frontend.async_engine import EngineSpec
 from forwardpass.errors import EngineDeadError, ValidationError
 from tests.helpers.checkpoints import random_prompts
 

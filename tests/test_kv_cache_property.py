@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forwardpass.engine.kv_cache import KVCacheManager
-from forwardpass.engine.kv_cache_spec import FullAttentionSpec, KVCacheGroup
-from forwardpass.engine.sequence import Sequence
+from forwardpass.engine.scheduling.kv_cache import KVCacheManager
+from forwardpass.engine.scheduling.kv_cache_spec import FullAttentionSpec, KVCacheGroup
+from forwardpass.engine.scheduling.sequence import Sequence
 from forwardpass.sampling.params import SamplingParams
 
 BLOCK = 4

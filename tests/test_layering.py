@@ -159,9 +159,9 @@ from forwardpass import envs
 from ..models import llama
 from . import norm
 if TYPE_CHECKING:
-    from forwardpass.engine.sequence import Sequence
+    from forwardpass.engine.scheduling.sequence import Sequence
 def load():
-    import forwardpass.engine.core as core
+    import forwardpass.engine.scheduling.core as core
     from forwardpass.models.loading import _checkpoint_names
     import fastapi.responses
 """
@@ -172,8 +172,8 @@ def test_an_injected_violation_is_found():
     assert (rule.kind, rule.source, rule.targets) == ("not", "layers", {"models", "engine"})
     assert violations(rule, FAKE, "layers/fake.py") == [
         "forwardpass/layers/fake.py:6: imports forwardpass.models.llama (models)",  # relative, two levels up
-        "forwardpass/layers/fake.py:9: imports forwardpass.engine.sequence.Sequence (engine)",  # type-only
-        "forwardpass/layers/fake.py:11: imports forwardpass.engine.core (engine)",  # inside a function
+        "forwardpass/layers/fake.py:9: imports forwardpass.engine.scheduling.sequence.Sequence (engine)",  # type-only
+        "forwardpass/layers/fake.py:11: imports forwardpass.engine.scheduling.core (engine)",  # inside a function
         "forwardpass/layers/fake.py:12: imports forwardpass.models.loading._checkpoint_names (models)",
     ]
     assert violations(rule, FAKE, "attention/fake.py") == []  # the rule is about layers/ only
@@ -194,9 +194,12 @@ def test_engine_files_stay_small():
 
 
 def test_only_the_spec_reads_model_config_keys():
-    """Models, engine, analyzer read ``ModelSpec``; config.json keys are resolved in loader/spec.py."""
+    """Models, engine, analyzer read ``ModelSpec``; config.json keys are resolved in loader/spec.py and in the spec
+    modules of the families (``models/*_spec.py``), nowhere else."""
     for sub in ("engine", "models", "analysis", "layers", "attention"):
         for path in (PACKAGE / sub).glob("*.py"):
+            if sub == "models" and path.name.endswith("_spec.py"):  # a family's spec derivation
+                continue
             text = path.read_text()
             for key in ('"num_hidden_layers"', '"num_key_value_heads"', '"sliding_window"', '"num_experts"'):
                 assert key not in text or path.name == "presets.py", f"{path} reads {key}"
@@ -215,3 +218,11 @@ def test_the_repository_stands_alone():
             and path.is_file()
         ):
             assert outside not in path.read_text(errors="ignore"), name
+
+
+def test_the_builder_and_tensor_parallelism_do_not_import_each_other():
+    """``engine/scheduling/builder.py`` builds around the executor it is handed (``engine/scheduling/executor.py``); ``forwardpass/launch.py``,
+    above both, starts the tensor-parallel ranks (the rule ``engine → not distributed`` covers the builder's side)."""
+    found = [f"forwardpass/{rel}:{line}: imports {module}" for rel, source in _modules() if rel.startswith("distributed/")
+             for line, module in imports(source, rel) if module.startswith("forwardpass.engine.scheduling.builder")]
+    assert not found, found

@@ -10,7 +10,7 @@ import torch
 
 from forwardpass import LLM, SamplingParams
 from forwardpass.attention.mla import absorbed_attention, expanded_attention, gather_latent, write_latent
-from forwardpass.engine.kv_cache_spec import MLASpec, layer_specs
+from forwardpass.engine.scheduling.kv_cache_spec import MLASpec, layer_specs
 from forwardpass.errors import ForwardpassError
 from forwardpass.loader.spec import ModelSpec, load_model_spec
 from tests.helpers.attention_checkpoints import make_attention_checkpoint

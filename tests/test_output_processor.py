@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from forwardpass.engine.batch import TokenDelta
-from forwardpass.engine.output_processor import OutputProcessor
+from forwardpass.engine.frontend.output_processor import OutputProcessor
+from forwardpass.engine.scheduling.batch import TokenDelta
 from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.sampling.params import SamplingParams
 from forwardpass.sampling.sampler import TokenLogprobs

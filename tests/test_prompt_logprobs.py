@@ -76,8 +76,8 @@ def test_preemption_leaves_them_complete_and_once(path, prompts, reference):
 
 
 def test_delta_outputs_carry_them_once_cumulative_outputs_always():
-    from forwardpass.engine.batch import TokenDelta
-    from forwardpass.engine.output_processor import OutputProcessor
+    from forwardpass.engine.frontend.output_processor import OutputProcessor
+    from forwardpass.engine.scheduling.batch import TokenDelta
     from forwardpass.sampling.sampler import TokenLogprobs
 
     proc = OutputProcessor(tokenizer=None)

@@ -207,7 +207,7 @@ def test_one_failing_request_fails_alone_and_the_loop_stays_free(runner, monkeyp
 
 
 def test_generative_server_refuses_embeddings():
-    from forwardpass.engine.async_engine import AsyncLLMEngine, EngineSpec
+    from forwardpass.engine.frontend.async_engine import AsyncLLMEngine, EngineSpec
     from forwardpass.server.app import build_app
 
     app = build_app(AsyncLLMEngine(EngineSpec(model="unused", config_kwargs={})))

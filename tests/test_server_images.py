@@ -15,7 +15,7 @@ from forwardpass.server.config import ServerConfig
 
 
 def _app(**config):
-    from forwardpass.engine.async_engine import AsyncLLMEngine, EngineSpec
+    from forwardpass.engine.frontend.async_engine import AsyncLLMEngine, EngineSpec
     from forwardpass.server.app import build_app
 
     # The LLM engine is never started here: ASGITransport does not run the lifespan.

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from forwardpass import LLM, SamplingParams
-from forwardpass.engine.kv_cache import KVCacheManager
-from forwardpass.engine.kv_cache_spec import (
+from forwardpass.engine.scheduling.kv_cache import KVCacheManager
+from forwardpass.engine.scheduling.kv_cache_spec import (
     NULL_BLOCK,
     FullAttentionSpec,
     KVCacheGroup,
@@ -19,7 +19,7 @@ from forwardpass.engine.kv_cache_spec import (
     layer_specs,
     plan_groups,
 )
-from forwardpass.engine.sequence import Sequence
+from forwardpass.engine.scheduling.sequence import Sequence
 from forwardpass.errors import ConfigError, ForwardpassError
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.sampling.params import SamplingParams as SP
@@ -77,7 +77,7 @@ def test_window_group_frees_blocks_behind_the_window():
 
 def test_windowed_groups_switch_prefix_caching_off_with_a_log_line(caplog):
     slide = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_dim=4, sliding_window=8)
-    with caplog.at_level(logging.INFO, logger="forwardpass.engine.kv_cache"):
+    with caplog.at_level(logging.INFO, logger="forwardpass.engine.scheduling.kv_cache"):
         kv = KVCacheManager([KVCacheGroup(slide, (0,), 8)], enable_prefix_caching=True)
     assert not kv.enable_prefix_caching
     assert "prefix caching is off" in caplog.text

@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from forwardpass import LLM, SamplingParams
-from forwardpass.engine.kv_cache import KVCacheManager
-from forwardpass.engine.kv_cache_spec import (
+from forwardpass.engine.scheduling.kv_cache import KVCacheManager
+from forwardpass.engine.scheduling.kv_cache_spec import (
     FullAttentionSpec,
     KVCacheGroup,
     StateSpec,
     layer_specs,
     plan_groups,
 )
-from forwardpass.engine.sequence import Sequence
+from forwardpass.engine.scheduling.sequence import Sequence
 from forwardpass.layers.gdn import gated_delta_chunked, gated_delta_step
 from forwardpass.layers.ssd import ssd_scan, ssm_step
 from forwardpass.loader.spec import load_model_spec
@@ -67,7 +67,7 @@ def _seq(n_prompt):
 def test_state_slot_is_taken_at_admission_kept_and_freed(caplog):
     state = StateSpec(block_size=4, state_size=100)
     full = FullAttentionSpec(block_size=4, num_kv_heads=1, head_dim=4)
-    with caplog.at_level(logging.INFO, logger="forwardpass.engine.kv_cache"):
+    with caplog.at_level(logging.INFO, logger="forwardpass.engine.scheduling.kv_cache"):
         kv = KVCacheManager([KVCacheGroup(state, (0, 2), 3), KVCacheGroup(full, (1,), 64)])
     assert not kv.enable_prefix_caching and "StateSpec" in caplog.text  # prefix caching off, logged
     seq = _seq(10)

@@ -11,8 +11,8 @@ import torch
 
 from forwardpass import LLM, SamplingParams
 from forwardpass.audio import log_mel_spectrogram, resample
-from forwardpass.engine.cross_attention_spec import CrossAttentionSpec
-from forwardpass.engine.kv_cache_spec import FullAttentionSpec, layer_specs
+from forwardpass.engine.scheduling.cross_attention_spec import CrossAttentionSpec
+from forwardpass.engine.scheduling.kv_cache_spec import FullAttentionSpec, layer_specs
 from forwardpass.errors import ValidationError
 from forwardpass.loader.spec import load_model_spec
 from tests.helpers.whisper_checkpoints import (

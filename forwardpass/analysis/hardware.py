@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -408,6 +408,3 @@ def save_measurement(data: dict[str, Any], path: Path | None = None) -> Path:
     return path
 
 
-def spec_table() -> list[dict[str, Any]]:
-    """All listed accelerators as plain dicts (for docs and ``--json``)."""
-    return [{**asdict(h), "ridge_bf16": h.ridge("bf16")} for h in SPECS.values()]

@@ -177,5 +177,4 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def preset_names() -> list[str]:
-    return list(PRESETS)
+

@@ -5,7 +5,7 @@ first the decode sequences (one new token each), then the prefill chunks (many t
 context says, for each sequence, which rows of the batch are its queries, how long its context is,
 and where its keys and values live in the paged KV cache.
 
-A model's layers may be split into KV cache groups (``engine/kv_cache_spec.py``): full-attention
+A model's layers may be split into KV cache groups (``engine/scheduling/kv_cache_spec.py``): full-attention
 layers, sliding-window layers, latent (MLA) layers each have their own block pool, so each group
 has its own slot mapping and block tables (``GroupMetadata``). A layer reads its group's metadata
 with ``ctx.for_layer(layer_idx)``. A state group (Mamba layers, ``StateSpec``) has a ``StateMetadata``

@@ -1,7 +1,7 @@
 """Cross-attention over a request's cached encoder K/V (encoder–decoder models: Whisper).
 
 Each request's cross-attention keys and values were written once into its slot of the layer's cache
-(``[num_slots, 2, encoder_len, heads, head_dim]``, ``engine/cross_attention_spec.py``) when its encoder
+(``[num_slots, 2, encoder_len, heads, head_dim]``, ``engine/scheduling/cross_attention_spec.py``) when its encoder
 ran. A step's queries read them through the slot each sequence holds, which the group's
 ``StateMetadata`` gives (``ctx.for_state``): the one-token rows of the batch all at once (every
 request has the same encoder length, so the gathered slots stack into one batch), then each prefill
@@ -10,11 +10,17 @@ chunk with its own slot. No mask: every decoder position sees every encoder posi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from forwardpass.attention import attention
 from forwardpass.attention.context import AttentionContext
+from forwardpass.attention.kv_cache_interface import CrossAttentionSpec, KVCacheSpec
+
+if TYPE_CHECKING:
+    from forwardpass.loader.spec import ModelSpec
 
 
 class CachedCrossAttention(nn.Module):
@@ -22,6 +28,13 @@ class CachedCrossAttention(nn.Module):
         super().__init__()
         self.cache_id = cache_id  # index of this layer's cross-attention cache in ctx.kv_caches
         self.scale = scale
+
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+        """One slot per request holding its cross K and V over the encoder's ``max_source_positions`` outputs."""
+        assert spec.whisper is not None, "cross-attention reads an encoder's output"
+        enc, heads, d = spec.whisper.max_source_positions, spec.heads, spec.head_dim
+        return {self.cache_id: CrossAttentionSpec(block_size=block_size, state_size=2 * enc * heads * d, dtype=dtype,
+                                                  encoder_len=enc, num_heads=heads, head_dim=d)}
 
     def forward(self, q: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """``q``: ``[T, H, D]`` queries of the flattened batch → ``[T, H, D]``."""

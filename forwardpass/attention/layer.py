@@ -12,15 +12,19 @@ rounded when stored and widened when read.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from forwardpass.attention import attention
 from forwardpass.attention.context import AttentionContext, GroupMetadata
+from forwardpass.attention.kv_cache_interface import KVCacheSpec, attention_spec
 from forwardpass.attention.paged import paged_decode_attention, paged_prefill_attention, write_kv
 from forwardpass.plan import current_plan
+
+if TYPE_CHECKING:
+    from forwardpass.loader.spec import ModelSpec
 
 #: the caches the compiled K/V store and decode kernel read and write (attention/csrc/paged_decode.cpp); others
 #: (a bfloat16 kv_cache_dtype) take the PyTorch path
@@ -41,6 +45,10 @@ class CachedAttention(nn.Module):
         self.fused: Any = plan.fused_ops if type(self) is CachedAttention else None
         # the batch-invariant plan: every query, prefill or decode, through the paged kernel (None: per step kind)
         self.per_query_kernel: Any = plan.kernels.decode if plan.batch_invariant else None
+
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+        """This layer's K/V pages (freed behind its window when it has one), for the model's KV heads."""
+        return {self.layer_idx: attention_spec(block_size, spec.kv_heads, spec.head_dim, dtype, self.sliding_window)}
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext | None

@@ -10,11 +10,15 @@ to attention start after them and lengths are counted from there.
 
 ``StateMetadataBuilder`` does the same for a state group (Mamba layers): a table there is one slot;
 ``CompressedMetadataBuilder`` for a compressed-entry group (DeepSeek-V4): each chunk with its table.
+
+Which builder a group gets is its spec's choice (``KVCacheSpec.metadata_builder``, ``kv_cache_interface.py``):
+every builder is made as ``cls(spec, device)`` and has ``add`` and ``build``, so a new cache kind brings its own.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
@@ -26,6 +30,20 @@ from forwardpass.attention.context import (
     StateMetadata,
     StateSpan,
 )
+
+
+class MetadataBuilder(Protocol):
+    """Collects a step's chunks for one KV cache group, then builds the metadata its layers read."""
+
+    def add(self, table: list[int], start: int, end: int, row: int) -> None:
+        """Positions ``start..end-1`` of a sequence whose block table in this group is ``table``, its queries at
+        batch rows ``row..``."""
+
+    def build(self) -> Any: ...
+
+
+#: ``cls(spec, device)``: what a ``KVCacheSpec`` names as its builder
+MetadataBuilderFactory = Callable[[Any, "str | torch.device"], MetadataBuilder]
 
 
 class PagedSpec(Protocol):
@@ -77,7 +95,7 @@ class GroupMetadataBuilder:
 class StateMetadataBuilder:
     """``StateMetadata`` of one state group: the table of a sequence is its one slot."""
 
-    def __init__(self, device: str | torch.device):
+    def __init__(self, spec: object, device: str | torch.device):
         self.device = device
         self.decode_slots: list[int] = []
         self.decode_has_initial: list[bool] = []
@@ -101,7 +119,7 @@ class StateMetadataBuilder:
 class CompressedMetadataBuilder:
     """``CompressedMetadata`` of one compressed-entry group (DeepSeek-V4): every chunk with its table."""
 
-    def __init__(self, device: str | torch.device):
+    def __init__(self, spec: object, device: str | torch.device):
         self.device = device
         self.spans: list[CompressedSpan] = []
 

@@ -105,7 +105,7 @@ def progress(message: str) -> Iterator[None]:
 def load_engine(args: argparse.Namespace, **config_kwargs):
     """The ``LLMEngine`` for ``--model/--revision/--dtype/--max-model-len/--device``, with a progress spinner."""
     from forwardpass.config import EngineConfig
-    from forwardpass.engine.llm_engine import LLMEngine
+    from forwardpass.engine.frontend.llm_engine import LLMEngine
 
     device = check_device(args.device)
     model = resolve_model(args.model, getattr(args, "revision", None))

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from forwardpass.config import EngineConfig
     from forwardpass.distributed.executor import torchrun_world
-    from forwardpass.engine.async_engine import EngineSpec
+    from forwardpass.engine.frontend.async_engine import EngineSpec
     from forwardpass.errors import ModelNotFoundError, ValidationError
     from forwardpass.server.config import ServerConfig
     from forwardpass.server.run import run_server
@@ -172,7 +172,6 @@ def run(args: argparse.Namespace) -> int:
                                  watchdog_timeout_s=args.watchdog_timeout, read_timeout_s=args.read_timeout,
                                  template_time_limit_s=args.chat_template_timeout,
                                  reasoning_parser=args.reasoning_parser, allowed_origins=list(args.allowed_origins),
-                                 max_num_seqs=args.max_num_seqs,
                                  image_model=args.image_model, video_model=args.video_model)
     level = logging.getLogger().getEffectiveLevel()
     factory = None

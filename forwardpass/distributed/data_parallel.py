@@ -19,11 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from forwardpass.engine.async_engine import AsyncLLMEngine, EngineSpec
-from forwardpass.engine.outputs import RequestOutput
-from forwardpass.engine.protocol import EngineInfo, Snapshot
-from forwardpass.engine.request_stream import Generates, RequestStream, RequestTiming
-from forwardpass.engine.stats import StepRecord
+from forwardpass.engine.frontend.async_engine import AsyncLLMEngine, EngineSpec
+from forwardpass.engine.frontend.outputs import RequestOutput
+from forwardpass.engine.frontend.protocol import EngineInfo, Snapshot
+from forwardpass.engine.frontend.request_stream import Generates, RequestStream, RequestTiming
+from forwardpass.engine.scheduling.stats import StepRecord
 from forwardpass.errors import EngineDeadError, ValidationError
 from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.lora.request import LoRARequest

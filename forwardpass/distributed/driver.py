@@ -1,24 +1,27 @@
-"""Rank 0's side of tensor parallelism inside the engine: refuse what cannot be split, build the engine
-around a :class:`DriverRunner` that broadcasts each step before running its own share.
+"""Rank 0's side of tensor parallelism inside the engine: refuse what cannot be split, start the workers, and
+be the engine's executor (``engine/scheduling/executor.py``): rank 0's shard, a :class:`DriverRunner` that broadcasts each
+step before running its own share.
 
-``build_engine_core`` (``engine/builder.py``) hands a ``tensor_parallel_size > 1`` config to
-:func:`build_parallel_core`, which starts the workers (``executor.ParallelGroup``), loads rank 0's
-shard and calls back into the builder with the group, so the KV cache plan, plug-ins and core are
-built by the same code as on one rank.
+``forwardpass/launch.py`` calls :func:`start_parallel_executor` for a ``tensor_parallel_size > 1`` config and
+hands the executor to ``engine/scheduling/builder.py``, so the KV cache plan, plug-ins and core are built by the same code as
+on one rank; the builder and this package do not import each other.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from forwardpass.config import EngineConfig
-from forwardpass.distributed.executor import ParallelGroup, StepMessage, WorkerFailedError
-from forwardpass.distributed.parallel_state import TensorParallel
-from forwardpass.engine.batch import RunnerOutput, SchedulerOutput
-from forwardpass.engine.core import EngineCore
-from forwardpass.engine.model_runner import ModelRunner
+from forwardpass.distributed.executor import ParallelGroup, StepMessage
+from forwardpass.distributed.parallel_state import TensorParallel, building_with
+from forwardpass.distributed.worker import WorkerSetup
+from forwardpass.engine.scheduling.batch import RunnerOutput, SchedulerOutput
+from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
+from forwardpass.engine.worker.model_runner import ModelRunner
 from forwardpass.errors import ConfigError, ForwardpassError
 from forwardpass.layers.parallel_linear import even_split
 from forwardpass.loader.config import load_model_config
@@ -92,10 +95,35 @@ def local_attention_spec(spec: ModelSpec, size: int) -> ModelSpec:
     return dataclasses.replace(spec, heads=spec.heads // size, kv_heads=kv)
 
 
-def build_parallel_core(model_dir: Path, config: EngineConfig, core_cls: type[EngineCore]) -> EngineCore:
-    """Rank 0's engine: start the workers, load this rank's shard, build the engine around a DriverRunner."""
-    from forwardpass.engine.builder import build_engine_core
+class ParallelExecutor:
+    """Rank 0's executor (``engine/scheduling/executor.py``): the started workers, rank 0's shard, the broadcasting runner."""
 
+    def __init__(self, group: ParallelGroup):
+        self.group, self.size = group, group.size
+
+    def building(self) -> AbstractContextManager[Any]:
+        return building_with(self.group.tp)
+
+    def local_spec(self, spec: ModelSpec) -> ModelSpec:
+        return local_attention_spec(spec, self.size)
+
+    def make_runner(self, *args: Any, **kwargs: Any) -> ModelRunner:
+        return DriverRunner(*args, parallel=self.group, **kwargs)
+
+    def share_setup(self, groups: Sequence[KVCacheGroup], decode_kernel: bool) -> None:
+        self.group.share_setup(WorkerSetup(list(groups), decode_kernel))
+
+    def failed_build(self, exc: BaseException) -> BaseException:
+        """The workers stopped; what to raise for ``exc`` (a worker's own account of a failed collective)."""
+        self.group.close()
+        if isinstance(exc, ForwardpassError) or not isinstance(exc, Exception):
+            return exc
+        return self.group.diagnose(exc)
+
+
+def start_parallel_executor(model_dir: Path, config: EngineConfig) -> tuple[ParallelExecutor, EngineConfig]:
+    """Refuse what cannot be split, then start the workers: ``(executor, config)`` for rank 0's build, the config
+    carrying the decode-kernel decision every rank takes."""
     cfg = load_model_config(model_dir)
     check_supported(config, ModelSpec.from_config(cfg, name=model_name(model_dir)))
     # every rank builds with the same plan: the decode-kernel decision ("auto": whether it is built yet) is taken
@@ -104,14 +132,4 @@ def build_parallel_core(model_dir: Path, config: EngineConfig, core_cls: type[En
 
     kernel = resolve_decode_kernel(config.cpu_kernels, config.device, config.torch_dtype, config.attention_backend)
     config = dataclasses.replace(config, cpu_kernels=kernel is not None)
-    group = ParallelGroup.start(str(model_dir), config)
-    try:
-        return build_engine_core(model_dir, config, core_cls=core_cls, parallel=group)
-    except WorkerFailedError:
-        group.close()
-        raise
-    except Exception as exc:
-        group.close()
-        if isinstance(exc, ForwardpassError):
-            raise
-        raise group.diagnose(exc) from exc
+    return ParallelExecutor(ParallelGroup.start(str(model_dir), config)), config

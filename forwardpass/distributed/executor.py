@@ -38,8 +38,7 @@ import torch.distributed as dist
 
 from forwardpass.config import EngineConfig
 from forwardpass.distributed.parallel_state import TensorParallel, create_group
-from forwardpass.engine.batch import SchedulerOutput
-from forwardpass.engine.model_runner import ModelRunner
+from forwardpass.engine.scheduling.batch import SchedulerOutput
 from forwardpass.errors import ConfigError, EngineDeadError
 
 logger = logging.getLogger(__name__)
@@ -158,11 +157,6 @@ class ParallelGroup:
         # a worker's runner setup (KV cache, loading the decode kernel) can take longer than one step's
         # timeout: the first step is sent once every worker waits for it
         self._wait_for_workers(self.size, "ready")
-
-    def make_runner(self, *args: Any, **kwargs: Any) -> ModelRunner:
-        from forwardpass.distributed.driver import DriverRunner
-
-        return DriverRunner(*args, parallel=self, **kwargs)
 
     # ----- failures --------------------------------------------------------------------------------
     def diagnose(self, exc: BaseException) -> WorkerFailedError:

@@ -27,9 +27,10 @@ import torch
 from torch import nn
 
 from forwardpass.distributed.parallel_state import TensorParallel
+from forwardpass.engine.worker.routing_stats import RoutingStats
 from forwardpass.layers.activation import get_activation, silu_and_mul
 from forwardpass.layers.linear import Linear, linear
-from forwardpass.layers.moe import ExpertWeights, FusedMoE, RoutingStats, route
+from forwardpass.layers.moe import ExpertWeights, FusedMoE, route
 from forwardpass.layers.parallel_linear import Shard, even_split
 
 

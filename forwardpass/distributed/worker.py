@@ -27,8 +27,8 @@ from forwardpass import envs
 from forwardpass.config import EngineConfig
 from forwardpass.distributed.executor import PREFIX, STARTUP_TIMEOUT_S, StepMessage, WorkerLaunch, rank_device
 from forwardpass.distributed.parallel_state import building_with, create_group
-from forwardpass.engine.kv_cache_spec import KVCacheGroup
-from forwardpass.engine.model_runner import ModelRunner
+from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
+from forwardpass.engine.worker.model_runner import ModelRunner
 from forwardpass.models.prepare import prepare_model, resolve_plan
 
 logger = logging.getLogger(__name__)

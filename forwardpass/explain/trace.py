@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from forwardpass.engine.stats import StepRecord
+from forwardpass.engine.scheduling.stats import StepRecord
 from forwardpass.explain.funnel import sampling_funnel
 from forwardpass.explain.views import layer_views
 from forwardpass.sampling.params import SamplingParams
@@ -104,7 +104,7 @@ def explain(
     if engine is None:
         from forwardpass.commands._common import resolve_model
         from forwardpass.config import EngineConfig
-        from forwardpass.engine.llm_engine import LLMEngine
+        from forwardpass.engine.frontend.llm_engine import LLMEngine
 
         engine = LLMEngine(resolve_model(str(model) if model else None), EngineConfig(dtype=dtype, device=device))
     core, tok, spec = engine.core, engine.tokenizer, engine.spec

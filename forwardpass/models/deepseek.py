@@ -25,7 +25,6 @@ Routing (``ModelSpec.topk_method``):
 
 from __future__ import annotations
 
-import re
 from typing import ClassVar
 
 import torch
@@ -33,14 +32,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from forwardpass.attention.context import AttentionContext
+from forwardpass.attention.kv_cache_interface import KVCacheSpec, MLASpec
 from forwardpass.attention.mla import latent_attention
-from forwardpass.layers.embedding import TokenEmbedding
-from forwardpass.layers.linear import Linear, linear
+from forwardpass.layers.linear import Linear
 from forwardpass.layers.mlp import GatedMLP
-from forwardpass.layers.moe import FusedMoE, grouped_experts, load_expert_stack
+from forwardpass.layers.moe import EXPERT_IMPLS, FusedMoE
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_interleaved, yarn_mscale
 from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.decoder import CausalLM, DecoderModel
+from forwardpass.models.moe_loading import QWEN_EXPERT_LAYOUT, MoECausalLMMixin
 
 
 class MLAttention(nn.Module):
@@ -65,6 +66,10 @@ class MLAttention(nn.Module):
         scaling = spec.rope_scaling or {}
         if scaling.get("rope_type", scaling.get("type")) == "yarn" and scaling.get("mscale_all_dim"):
             self.scale *= yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"])) ** 2
+
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+        """This layer's cache: the latent and the shared rotary key of every token."""
+        return {self.layer_idx: MLASpec(block_size=block_size, latent_dim=self.rank + self.rope, dtype=dtype)}
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext | None):
         t = x.shape[0]
@@ -121,7 +126,8 @@ class DeepseekMoE(FusedMoE):
         weights, ids = self.route(x)
         counts = torch.bincount(ids.reshape(-1), minlength=self.num_experts)
         self.tokens_per_expert = counts
-        out = grouped_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, self.act, counts)
+        fn = EXPERT_IMPLS[self.impl]
+        out = fn(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, self.act, counts)
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
@@ -139,57 +145,18 @@ class DeepseekDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DeepseekModel(nn.Module):
+class DeepseekModel(DecoderModel):
     def __init__(self, spec: ModelSpec):
-        super().__init__()
-        self.embed_tokens = TokenEmbedding(spec.vocab, spec.hidden, tied=spec.tied)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(spec, i) for i in range(spec.layers))
-        self.norm = RMSNorm(spec.hidden, spec.rms_norm_eps)
-        self.rotary = RotaryEmbedding(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling)
-
-    def forward(self, input_ids, positions, ctx):
-        x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, ctx)
-        return self.norm(x)
+        super().__init__(spec, DeepseekDecoderLayer,
+                         rotary=RotaryEmbedding(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling))
 
 
-_EXPERTS = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(gate_up_proj|down_proj)$")
-
-
-class DeepseekV2ForCausalLM(nn.Module):
+class DeepseekV2ForCausalLM(MoECausalLMMixin, CausalLM):
     packed_modules: ClassVar[dict[str, list[str]]] = {"gate_up_proj": ["gate_proj", "up_proj"]}
+    expert_layout = QWEN_EXPERT_LAYOUT  # mlp.experts.{e}.gate_proj / up_proj / down_proj, or the stacks as stored
 
-    def __init__(self, spec: ModelSpec):
-        super().__init__()
-        self.spec = spec
-        self.model = DeepseekModel(spec)
-        self.tie_word_embeddings = spec.tied
-        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab, role="lm_head")
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
-        return self.model(input_ids, positions, ctx)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight).float()
-
-    def load_weights(self, source) -> None:
-        """Dense tensors by name; routed experts from per-expert tensors (or stacked ones) into the stacks."""
-        from forwardpass.loader.weights import checkpoint_names, load_into
-
-        for name, param in self.named_parameters():
-            m = _EXPERTS.match(name)
-            if m is None:
-                for ckpt, span in checkpoint_names(self, name):
-                    load_into(param if span is None else param[span[0] : span[1]], source, ckpt)
-                continue
-            block, which = m.groups()
-            if f"{block}.experts.{which}" in source:
-                load_into(param, source, f"{block}.experts.{which}")
-                continue
-            load_expert_stack(param, source, block, which)
+    def build_decoder(self, spec: ModelSpec) -> DeepseekModel:
+        return DeepseekModel(spec)
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):

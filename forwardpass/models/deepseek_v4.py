@@ -19,8 +19,8 @@ not built, as in transformers.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +31,11 @@ from forwardpass.attention.context import AttentionContext
 from forwardpass.layers.linear import Linear, linear
 from forwardpass.layers.rotary import RotaryEmbedding
 from forwardpass.loader.spec import ModelSpec
+from forwardpass.loader.weights import WeightSource
+from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.models.deepseek_v4_attention import DeepseekV4Attention, Norm
 from forwardpass.models.expert_stacks import ExpertStacks
+from forwardpass.models.moe_loading import ExpertCheckpointLayout, load_moe_parameter
 
 
 def _f32(*shape: int) -> nn.Parameter:
@@ -187,27 +190,33 @@ class HyperHead(nn.Module):
         self.hc_fn, self.hc_base, self.hc_scale = _f32(n, n * spec.hidden), _f32(n), _f32(1)
 
 
-class DeepseekV4Model(nn.Module):
+class DeepseekV4Model(DecoderModel):
+    """The shell over ``hc_mult`` residual streams: the embedding is copied into each, every layer mixes them, and
+    the head's hyper-connection collapses them before the final norm."""
+
     def __init__(self, spec: ModelSpec):
-        super().__init__()
         v4 = spec.dsv4
         assert v4 is not None
+        super().__init__(spec, DeepseekV4DecoderLayer, norm=lambda hidden, eps: Norm(hidden),
+                         embedding=nn.Embedding(spec.vocab, spec.hidden, _freeze=True))
         self.v4, self.eps = v4, spec.rms_norm_eps
-        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, _freeze=True)
-        self.layers = nn.ModuleList(DeepseekV4DecoderLayer(spec, i) for i in range(spec.layers))
-        self.norm = Norm(spec.hidden)
         self.hc_head = HyperHead(spec)
         # sliding layers rotate with the "main" base, compressed layers (and their entries) with "compress"
-        self.rotary = (
+        self.rotary = (  # type: ignore[assignment]  # two tables: run_layers passes both
             RotaryEmbedding(v4.rope_dim, spec.rope_theta),
             RotaryEmbedding(v4.rope_dim, v4.compress_rope_theta, v4.compress_rope_scaling),
         )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None):
-        x = self.embed_tokens(input_ids)
-        x = x.unsqueeze(1).expand(-1, self.v4.hc_mult, -1).contiguous()
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids).unsqueeze(1).expand(-1, self.v4.hc_mult, -1).contiguous()
+
+    def run_layers(self, x: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                   ctx: AttentionContext | None) -> torch.Tensor:
         for layer in self.layers:
             x = layer(x, input_ids, positions, self.rotary, ctx)
+        return x
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
         h = self.hc_head
         flat = rms_norm(x.flatten(1).float(), None, self.eps)
         pre = (
@@ -217,36 +226,17 @@ class DeepseekV4Model(nn.Module):
         return rms_norm((pre.unsqueeze(-1) * x).sum(dim=1).to(x.dtype), self.norm.weight, self.eps)
 
 
-_EXPERTS = re.compile(r"(model\.layers\.\d+\.ffn)\.experts\.(w13|w2)$")
+class DeepseekV4ForCausalLM(CausalLM):
+    checkpoint_renames: ClassVar[dict[str, str]] = {"lm_head": "head"}  # DeepSeek's own name for the LM head
+    #: the routed experts from their per-expert ``w1`` / ``w3`` / ``w2`` tensors into the stacks
+    expert_layout = ExpertCheckpointLayout(block="ffn", stacks={"w13": ("w1", "w3"), "w2": ("w2",)})
 
-
-class DeepseekV4ForCausalLM(nn.Module):
     def __init__(self, spec: ModelSpec):
-        super().__init__()
-        self.spec = spec
-        self.model = DeepseekV4Model(spec)
-        self.head = Linear(spec.hidden, spec.vocab, role="lm_head")
+        super().__init__(spec, tied=False)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
-        return self.model(input_ids, positions, ctx)
+    def build_decoder(self, spec: ModelSpec) -> DeepseekV4Model:
+        return DeepseekV4Model(spec)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(hidden, self.head.weight).float()
-
-    def load_weights(self, source) -> None:
-        """By name; the routed experts from their per-expert ``w1`` / ``w3`` / ``w2`` tensors into the stacks."""
-        from forwardpass.loader.weights import load_into
-
-        for name, param in self.named_parameters():
-            m = _EXPERTS.match(name)
-            if m is None:
-                load_into(param, source, name)
-                continue
-            block, which = m.groups()
-            inter = self.spec.expert_intermediate
-            for e in range(param.shape[0]):
-                if which == "w13":
-                    load_into(param[e, :inter], source, f"{block}.experts.{e}.w1.weight")
-                    load_into(param[e, inter:], source, f"{block}.experts.{e}.w3.weight")
-                else:
-                    load_into(param[e], source, f"{block}.experts.{e}.w2.weight")
+    def load_parameter(self, name: str, param: torch.Tensor, source: WeightSource) -> None:
+        if not load_moe_parameter(self, name, param, source, self.expert_layout):
+            super().load_parameter(name, param, source)

@@ -12,7 +12,7 @@ Per layer (parameter names are the checkpoint's, ``model.layers.{i}.attn.*``):
   rotated back by the query position, then the grouped output projection ``wo_a`` (``o_groups``
   blocks) → ``wo_b``.
 
-Cache (``engine/compressed_spec.py``): the K=V vectors in the layer's sliding pages, the entries in the
+Cache (``engine/scheduling/compressed_spec.py``): the K=V vectors in the layer's sliding pages, the entries in the
 compressed group (keyed by entry index), the compressor's not-yet-pooled projections in the state
 slot. Each sequence of the batch is handled on its own (a reference path: see the module notes in
 ``attention/compressed.py``); ``ctx=None`` runs the whole input as one sequence and keeps nothing.
@@ -35,9 +35,11 @@ from forwardpass.attention.compressed import (
     visible_entries,
 )
 from forwardpass.attention.context import AttentionContext
+from forwardpass.attention.kv_cache_interface import KVCacheSpec
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.rotary import RotaryEmbedding
 from forwardpass.loader.spec import DeepseekV4Spec, ModelSpec
+from forwardpass.models.deepseek_v4_cache_spec import layer_cache_specs
 
 
 def _f32(*shape: int) -> nn.Parameter:
@@ -117,6 +119,10 @@ class DeepseekV4Attention(nn.Module):
             self.compressor = Compressor(spec.hidden, self.dim, self.rate, overlap=self.sparse)
             if self.sparse:
                 self.indexer = Indexer(spec, v4, self.rate)
+
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+        """Sliding K=V pages, compressed entries and the compressor's state (``models/deepseek_v4_cache_spec.py``)."""
+        return layer_cache_specs(self.v4, self.layer, self.dim, block_size, dtype)
 
     # ----- the projections of the whole batch ---------------------------------------------------------
     def forward(

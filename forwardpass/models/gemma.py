@@ -22,10 +22,9 @@ from torch import nn
 
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
-from forwardpass.layers.embedding import TokenEmbedding
-from forwardpass.layers.linear import Linear
 from forwardpass.layers.rotary import RotaryEmbedding
 from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.decoder import DecoderModel
 from forwardpass.models.llama import DecoderAttention, DecoderLayer, LlamaForCausalLM
 
 
@@ -71,40 +70,39 @@ class GemmaDecoderLayer(DecoderLayer):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
-class GemmaModel(nn.Module):
+class GemmaModel(DecoderModel):
+    """The shell with Gemma's norms, the embedding times ``sqrt(hidden)``, a local rotary base for sliding layers."""
+
     def __init__(self, spec: ModelSpec):
-        super().__init__()
-        self.embed_tokens = TokenEmbedding(spec.vocab, spec.hidden, tied=spec.tied)
-        self.layers = nn.ModuleList(GemmaDecoderLayer(spec, i) for i in range(spec.layers))
-        self.norm = GemmaRMSNorm(spec.hidden, spec.rms_norm_eps)
-        self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+        super().__init__(spec, GemmaDecoderLayer, norm=GemmaRMSNorm,
+                         rotary=RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling))
         self.local_rotary = (
             RotaryEmbedding(spec.head_dim, spec.local_rope_theta) if spec.local_rope_theta is not None else None
         )
         self.embed_scale = spec.hidden**0.5
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None):
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        x = x * torch.tensor(self.embed_scale, dtype=x.dtype)  # HF rounds the scale to the weights' dtype
+        return x * torch.tensor(self.embed_scale, dtype=x.dtype)  # HF rounds the scale to the weights' dtype
+
+    def run_layers(self, x: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                   ctx: AttentionContext | None) -> torch.Tensor:
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         local = self.local_rotary.cos_sin(positions, x.dtype) if self.local_rotary is not None else (cos, sin)
         for layer in self.layers:
             c, s = local if layer.local else (cos, sin)
             x = layer(x, c, s, ctx)
-        return self.norm(x)
+        return x
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
     batch_invariant_supported = False  # attention logit softcap: the paged kernel has none
-    def __init__(self, spec: ModelSpec):
-        nn.Module.__init__(self)  # not LlamaForCausalLM's: the decoder stack is Gemma's
-        self.spec = spec
-        self.model = GemmaModel(spec)  # type: ignore[assignment]
-        self.tie_word_embeddings = spec.tied
-        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab, role="lm_head")
+
+    def build_decoder(self, spec: ModelSpec) -> GemmaModel:
+        return GemmaModel(spec)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.head_logits(hidden)
+        logits = super().compute_logits(hidden)
         cap = self.spec.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

@@ -20,18 +20,17 @@ from torch import nn
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
 from forwardpass.distributed.parallel_state import tensor_parallel
-from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear, MergedLinear
 from forwardpass.layers.mlp import GatedMLP
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.parallel_linear import (
     ParallelGatedMLP,
     RowParallelLinear,
-    VocabParallelEmbedding,
     qkv_parallel,
 )
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary
 from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.plan import current_plan
 
 
@@ -96,59 +95,27 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DecoderModel(nn.Module):
-    #: every layer of a pure decode step in one C++ call (models/llama_decode_stack.py), built after loading where
-    #: the plan has it and the layers are exactly what it computes; None: the modules below
-    decode_stack: Any = None
-
-    def __init__(self, spec: ModelSpec, layer_cls: type[DecoderLayer] = DecoderLayer):
-        super().__init__()
-        tp = tensor_parallel()
-        self.embed_tokens = (VocabParallelEmbedding(spec.vocab, spec.hidden, tp) if tp.enabled
-                             else TokenEmbedding(spec.vocab, spec.hidden, tied=spec.tied))
-        self.layers = nn.ModuleList(layer_cls(spec, i) for i in range(spec.layers))
-        self.norm = RMSNorm(spec.hidden, spec.rms_norm_eps)
-        self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling)
-
-    def forward(self, input_ids, positions, ctx):
-        x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)  # computed once, shared by every layer
-        if self.decode_stack is not None and self.decode_stack.applies(x, cos, ctx):
-            return self.norm(self.decode_stack(x, cos, sin, ctx))  # the same kernels without the Python between
-        for layer in self.layers:
-            x = layer(x, cos, sin, ctx)
-        return self.norm(x)
-
-
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """Also the model class of the other Llama-family architectures (Mistral, Qwen2, Qwen3) and the base
     class of the MoE ones."""
 
     layer_cls: type[DecoderLayer] = DecoderLayer
     #: every op is one the batch-invariant plan covers (models/prepare.py::check_batch_invariant)
     batch_invariant_supported: ClassVar[bool] = True
-    #: the decode stack's ops, from the plan at construction; class defaults so subclasses with their own
-    #: __init__ (Gemma 2) have them too
+    #: the decode stack's ops, from the plan at construction (None: no stack)
     decode_stack_ops: Any = None
     kv_cache_dtype: torch.dtype = torch.float32
-    #: merged module → the checkpoint modules stored side by side in it (see MergedLinear)
     packed_modules: ClassVar[dict[str, list[str]]] = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
     def __init__(self, spec: ModelSpec):
-        super().__init__()
+        super().__init__(spec)
         plan = current_plan()
-        self.spec = spec
-        self.model = DecoderModel(spec, self.layer_cls)
-        self.tie_word_embeddings = spec.tied
-        self.vocab_parallel = tensor_parallel().enabled  # logits gathered from every rank's vocabulary slice
-        if self.tie_word_embeddings:
-            self.lm_head = None  # logits use the embedding matrix itself: one copy in memory
-        elif self.vocab_parallel:
-            self.lm_head = VocabParallelEmbedding(spec.vocab, spec.hidden, tensor_parallel())
-        else:
-            self.lm_head = Linear(spec.hidden, spec.vocab, role="lm_head")
-        if plan.decode_stack:
+        if plan.decode_stack and type(self.model) is DecoderModel:  # the stack computes exactly these layers
             self.decode_stack_ops, self.kv_cache_dtype = plan.fused_ops, plan.kv_cache_dtype
+
+    def build_decoder(self, spec: ModelSpec) -> DecoderModel:
+        rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+        return DecoderModel(spec, self.layer_cls, rotary=rotary)
 
     def process_weights_after_loading(self) -> None:
         """Once every layer holds its final weights (packed, quantized): the decode stack over them, where the plan
@@ -159,17 +126,3 @@ class LlamaForCausalLM(nn.Module):
 
             stack = build_decode_stack(self, self.decode_stack_ops, small_matmul_capsule(), self.kv_cache_dtype)
             self.model.decode_stack = stack
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
-        """Hidden states ``[T, hidden]`` of every input row (logits are computed only where needed)."""
-        return self.model(input_ids, positions, ctx)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.vocab_parallel:
-            return (self.model.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden)
-        return self.head_logits(hidden)
-
-    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden · headᵀ`` through the head's weight method (the tied embedding's or the LM head's own)."""
-        head = self.model.embed_tokens.as_head(hidden) if self.lm_head is None else self.lm_head(hidden)
-        return head.float()

@@ -29,15 +29,18 @@ import torch
 from torch import nn
 
 from forwardpass.attention.context import AttentionContext
+from forwardpass.attention.kv_cache_interface import KVCacheSpec, StateSpec
 from forwardpass.attention.layer import CachedAttention
 from forwardpass.layers.activation import get_activation
-from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear, MergedLinear, linear
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.ssd import causal_conv, causal_conv_step, gated_rms_norm, ssd_scan, ssm_step
 from forwardpass.loader.spec import MIXER_ATTENTION, MIXER_MAMBA, MIXER_MOE, ModelSpec, SSMSpec
+from forwardpass.loader.weights import WeightSource
+from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.models.deepseek import DeepseekMoE
 from forwardpass.models.expert_stacks import ExpertStacks
+from forwardpass.models.moe_loading import ExpertCheckpointLayout, load_moe_parameter
 
 
 class Conv1d(nn.Module):
@@ -62,6 +65,10 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.empty(s.heads), requires_grad=False)
         self.norm = RMSNorm(s.inner, s.norm_eps)  # only its weight: the gated form is gated_rms_norm
         self.out_proj = Linear(s.inner, spec.hidden, bias=s.bias)
+
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+        """One float32 slot per request: the conv window, then the SSM state."""
+        return {self.layer_idx: StateSpec(block_size=block_size, state_size=self.s.state_size)}
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:
         s = self.s
@@ -191,51 +198,30 @@ class MambaBlock(nn.Module):
         return x + self.mixer(self.norm(x), ctx)
 
 
-class MambaBackbone(nn.Module):
+class MambaBackbone(DecoderModel):
+    """The shell without positions: each block is called as ``block(x, ctx)``."""
+
     def __init__(self, spec: ModelSpec):
-        super().__init__()
-        self.embeddings = TokenEmbedding(spec.vocab, spec.hidden, tied=spec.tied)
-        self.layers = nn.ModuleList(MambaBlock(spec, i) for i in range(spec.layers))
-        self.norm_f = RMSNorm(spec.hidden, spec.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:
-        x = self.embeddings(input_ids)
-        for layer in self.layers:
-            x = layer(x, ctx)
-        return self.norm_f(x)
+        super().__init__(spec, MambaBlock)
 
 
-class Mamba2ForCausalLM(nn.Module):
+class Mamba2ForCausalLM(CausalLM):
     """Also Nemotron-H's class: the spec's ``layer_mixers`` decides each layer's mixer."""
 
     packed_modules: ClassVar[dict[str, list[str]]] = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    decoder_attribute = "backbone"
+    checkpoint_renames: ClassVar[dict[str, str]] = {"backbone.embed_tokens": "backbone.embeddings",
+                                                    "backbone.norm": "backbone.norm_f"}
+    #: Nemotron-H's relu² experts: ``mixer.experts.{e}.up_proj`` / ``down_proj``, or the stacks as stored
+    expert_layout = ExpertCheckpointLayout(
+        block="mixer", stacks={"up_proj": ("up_proj",), "down_proj": ("down_proj",)})
 
-    def __init__(self, spec: ModelSpec):
-        super().__init__()
-        self.spec = spec
-        self.backbone = MambaBackbone(spec)
-        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab, role="lm_head")
+    def build_decoder(self, spec: ModelSpec) -> MambaBackbone:
+        return MambaBackbone(spec)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
-        """Hidden states ``[T, hidden]`` (positions are not used: the state carries the order)."""
-        return self.backbone(input_ids, ctx)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight).float()
-
-    def load_weights(self, source) -> None:
-        """By name; MoE experts into their stacks from stacked or per-expert tensors."""
-        from forwardpass.loader.weights import checkpoint_names, load_into
-
-        for name, param in self.named_parameters():
-            block, dot, which = name.rpartition(".experts.")
-            if dot and name not in source:
-                for e in range(param.shape[0]):
-                    load_into(param[e], source, f"{block}.experts.{e}.{which}.weight")
-                continue
-            for ckpt, span in checkpoint_names(self, name):
-                load_into(param if span is None else param[span[0] : span[1]], source, ckpt)
+    def load_parameter(self, name: str, param: torch.Tensor, source: WeightSource) -> None:
+        if not load_moe_parameter(self, name, param, source, self.expert_layout):
+            super().load_parameter(name, param, source)
 
 
 class NemotronHForCausalLM(Mamba2ForCausalLM):

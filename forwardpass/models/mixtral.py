@@ -10,12 +10,12 @@ top-k, and ``sliding_window`` (when set) on every layer, as in HF Mixtral.
 
 from __future__ import annotations
 
-from forwardpass.layers.moe import ExpertCheckpointLayout, MoECausalLMMixin
 from forwardpass.models.llama import LlamaForCausalLM
 from forwardpass.models.moe import MoEDecoderLayer
+from forwardpass.models.moe_loading import MIXTRAL_EXPERT_LAYOUT, MoECausalLMMixin
 
 
 class MixtralForCausalLM(MoECausalLMMixin, LlamaForCausalLM):
     batch_invariant_supported = False  # experts multiply a varying number of tokens each: not covered yet
     layer_cls = MoEDecoderLayer
-    expert_layout = ExpertCheckpointLayout(block="block_sparse_moe", gate="w1", up="w3", down="w2")
+    expert_layout = MIXTRAL_EXPERT_LAYOUT  # block_sparse_moe.experts.{e}.w1 / w3 / w2

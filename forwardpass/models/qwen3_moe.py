@@ -9,12 +9,12 @@ A layer is sparse when it is not in ``mlp_only_layers`` and ``(layer + 1) % deco
 
 from __future__ import annotations
 
-from forwardpass.layers.moe import ExpertCheckpointLayout, MoECausalLMMixin
 from forwardpass.models.moe import MoEDecoderLayer
+from forwardpass.models.moe_loading import QWEN_EXPERT_LAYOUT, MoECausalLMMixin
 from forwardpass.models.qwen3 import Qwen3ForCausalLM
 
 
 class Qwen3MoeForCausalLM(MoECausalLMMixin, Qwen3ForCausalLM):
     batch_invariant_supported = False  # experts multiply a varying number of tokens each: not covered yet
     layer_cls = MoEDecoderLayer
-    expert_layout = ExpertCheckpointLayout(block="mlp", gate="gate_proj", up="up_proj", down="down_proj")
+    expert_layout = QWEN_EXPERT_LAYOUT  # mlp.experts.{e}.gate_proj / up_proj / down_proj

@@ -21,7 +21,6 @@ All RMSNorms but the DeltaNet's output norm scale by ``1 + weight``.
 
 from __future__ import annotations
 
-import re
 from typing import ClassVar
 
 import torch
@@ -29,17 +28,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from forwardpass.attention.context import AttentionContext
+from forwardpass.attention.kv_cache_interface import KVCacheSpec, StateSpec
 from forwardpass.attention.layer import CachedAttention
-from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.gdn import gated_delta_chunked, gated_delta_step
-from forwardpass.layers.linear import Linear, MergedLinear, linear
+from forwardpass.layers.linear import Linear, MergedLinear
 from forwardpass.layers.mlp import GatedMLP
-from forwardpass.layers.moe import FusedMoE, load_expert_stack, moe_layers
+from forwardpass.layers.moe import FusedMoE
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary
 from forwardpass.layers.ssd import causal_conv, causal_conv_step
 from forwardpass.loader.spec import MIXER_GDN, GDNSpec, ModelSpec
+from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.models.gemma import GemmaRMSNorm
 from forwardpass.models.mamba import Conv1d
+from forwardpass.models.moe_loading import QWEN_EXPERT_LAYOUT, MoECausalLMMixin
 
 
 class GatedDeltaNet(nn.Module):
@@ -56,6 +57,10 @@ class GatedDeltaNet(nn.Module):
         self.norm = nn.Module()
         self.norm.weight = nn.Parameter(torch.empty(g.v_dim), requires_grad=False)
         self.out_proj = Linear(g.v_heads * g.v_dim, spec.hidden)
+
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+        """One float32 slot per request: the conv window, then one [k_dim, v_dim] matrix per value head."""
+        return {self.layer_idx: StateSpec(block_size=block_size, state_size=self.g.state_size)}
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:
         g, t = self.g, x.shape[0]
@@ -168,56 +173,16 @@ class Qwen3NextDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Qwen3NextModel(nn.Module):
+class Qwen3NextModel(DecoderModel):
     def __init__(self, spec: ModelSpec):
-        super().__init__()
-        self.embed_tokens = TokenEmbedding(spec.vocab, spec.hidden, tied=spec.tied)
-        self.layers = nn.ModuleList(Qwen3NextDecoderLayer(spec, i) for i in range(spec.layers))
-        self.norm = GemmaRMSNorm(spec.hidden, spec.rms_norm_eps)
-        self.rotary = RotaryEmbedding(int(spec.head_dim * spec.partial_rotary), spec.rope_theta, spec.rope_scaling)
-
-    def forward(self, input_ids, positions, ctx):
-        x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, ctx)
-        return self.norm(x)
+        rotary = RotaryEmbedding(int(spec.head_dim * spec.partial_rotary), spec.rope_theta, spec.rope_scaling)
+        super().__init__(spec, Qwen3NextDecoderLayer, norm=GemmaRMSNorm, rotary=rotary)
 
 
-_STACKED = re.compile(r"model\.layers\.\d+\.mlp\.(experts\.(gate_up_proj|down_proj)|gate\.weight)$")
-
-
-class Qwen3NextForCausalLM(nn.Module):
+class Qwen3NextForCausalLM(MoECausalLMMixin, CausalLM):
     packed_modules: ClassVar[dict[str, list[str]]] = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
                                                       "gate_up_proj": ["gate_proj", "up_proj"]}
+    expert_layout = QWEN_EXPERT_LAYOUT  # mlp.experts.{e}.gate_proj / up_proj / down_proj, or the stacks as stored
 
-    def __init__(self, spec: ModelSpec):
-        super().__init__()
-        self.spec = spec
-        self.model = Qwen3NextModel(spec)
-        self.lm_head = None if spec.tied else Linear(spec.hidden, spec.vocab, role="lm_head")
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
-        return self.model(input_ids, positions, ctx)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight).float()
-
-    def moe_layers(self) -> list[tuple[int, FusedMoE]]:
-        return moe_layers(self)
-
-    def load_weights(self, source) -> None:
-        """Routed experts into their stacks (from stacked or per-expert tensors), the rest by name."""
-        from forwardpass.loader.weights import checkpoint_names, load_into
-
-        for name, param in self.named_parameters():
-            m = _STACKED.match(name)
-            if m and (name in source or m.group(2) is None):
-                load_into(param, source, name)
-                continue
-            if m:  # per-expert tensors (transformers' save_pretrained un-stacks them)
-                load_expert_stack(param, source, name[: name.index(".experts.")], m.group(2))
-                continue
-            for ckpt, span in checkpoint_names(self, name):
-                load_into(param if span is None else param[span[0] : span[1]], source, ckpt)
+    def build_decoder(self, spec: ModelSpec) -> Qwen3NextModel:
+        return Qwen3NextModel(spec)

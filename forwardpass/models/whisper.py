@@ -3,7 +3,7 @@
 Encoder (once per request, ``encode``): log-mel ``[B, mels, 2·S]`` → two GELU convolutions (the second
 with stride 2) → ``[B, S, d]`` plus sinusoidal positions → pre-LayerNorm transformer layers with
 bidirectional attention → LayerNorm. Each decoder layer's cross-attention K and V are projected from
-that output right away and written into the request's slot (``engine/cross_attention_spec.py``);
+that output right away and written into the request's slot (``engine/scheduling/cross_attention_spec.py``);
 nothing of the encoder is kept beyond them.
 
 Decoder (every step, ``forward``, on the engine's flattened batch): token embedding + learned

@@ -9,7 +9,7 @@ from forwardpass.server.config import ServerConfig
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from forwardpass.engine.async_engine import AsyncLLMEngine
+    from forwardpass.engine.frontend.async_engine import AsyncLLMEngine
 
 __all__ = ["ServerConfig", "build_app"]
 

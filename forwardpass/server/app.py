@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError as PydanticValidationError
 
 import forwardpass
-from forwardpass.engine.async_engine import AsyncLLMEngine
+from forwardpass.engine.frontend.async_engine import AsyncLLMEngine
 from forwardpass.errors import EngineDeadError, ValidationError
 from forwardpass.server import errors
 from forwardpass.server.chat_page import chat_page_router
@@ -99,7 +99,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
         """llama.cpp's server properties (what its web UI and clients read)."""
         tok = engine.tokenizer
         return {"default_generation_settings": {"n_ctx": engine.max_model_len, "model": config.default_model},
-                "total_slots": config.max_num_seqs, "model_alias": config.default_model,
+                "total_slots": engine.info.max_num_seqs if engine.info is not None else 0, "model_alias": config.default_model,
                 "model_path": config.default_model,  # never a filesystem path
                 "chat_template": (tok.chat_template or "") if tok is not None else "",
                 "build_info": f"forwardpass {forwardpass.__version__}", "modalities": {"vision": False}}

@@ -37,7 +37,6 @@ class ServerConfig:
     template_max_chars: int = 8 << 20  # chat-template output-size limit (400 above)
     text_workers: int = 2  # threads for tokenization, detokenization and templates
     allowed_origins: list[str] = field(default_factory=list)  # CORS (llama.cpp's habit); empty: no CORS headers
-    max_num_seqs: int = 64  # reported by /props (llama.cpp's total_slots)
     reasoning_parser: str | None = None  # "qwen3" | "deepseek_r1": <think>...</think> -> reasoning_content
     # Diffusion routes, only when asked: a pipeline folder or "default" (the embedded model, loaded at the first
     # request); None: no route. /v1/images/generations and /v1/videos (server/images.py, server/videos.py).

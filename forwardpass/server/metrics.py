@@ -20,9 +20,9 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
-    from forwardpass.engine.async_engine import AsyncLLMEngine, RequestTiming
-    from forwardpass.engine.outputs import RequestOutput
-    from forwardpass.engine.stats import StepRecord
+    from forwardpass.engine.frontend.async_engine import AsyncLLMEngine, RequestTiming
+    from forwardpass.engine.frontend.outputs import RequestOutput
+    from forwardpass.engine.scheduling.stats import StepRecord
 
 disable_created_metrics()  # no *_created series next to every counter and histogram
 
@@ -64,7 +64,7 @@ class ServerMetrics:
         self.itl = h("inter_token_latency_seconds", "time between two outputs of a request", _ITL)
         self.e2e = h("e2e_request_latency_seconds", "arrival to last token", _LATENCY)
         self.queue = h("request_queue_time_seconds", "arrival to first scheduled", _LATENCY)
-        # Roofline of each step: achieved rates from the step records' FLOPs and bytes (engine/cost.py),
+        # Roofline of each step: achieved rates from the step records' FLOPs and bytes (engine/scheduling/cost.py),
         # utilization against the device's peaks when known (see server/dashboard/state.py).
         self.flops_per_s = g("achieved_flops_per_second", "FLOP/s achieved by the last step")
         self.bytes_per_s = g("achieved_bytes_per_second", "bytes/s moved by the last step")

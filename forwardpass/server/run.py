@@ -15,7 +15,7 @@ import socket
 from collections.abc import Callable
 from typing import cast
 
-from forwardpass.engine.async_engine import AsyncLLMEngine, EngineSpec
+from forwardpass.engine.frontend.async_engine import AsyncLLMEngine, EngineSpec
 from forwardpass.server.config import ServerConfig
 
 logger = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from forwardpass.audio import AudioError, duration_seconds, read_wav
-from forwardpass.engine.async_engine import AsyncLLMEngine
-from forwardpass.engine.multimodal import encoder_input_for
+from forwardpass.engine.frontend.async_engine import AsyncLLMEngine
+from forwardpass.engine.frontend.multimodal import encoder_input_for
 from forwardpass.errors import ForwardpassError, ValidationError
 from forwardpass.loader.spec import ModelSpec, load_model_spec
 from forwardpass.sampling.params import SamplingParams

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import HTMLResponse, Response
 
-from forwardpass.engine.protocol import BlockMapRequest
+from forwardpass.engine.frontend.protocol import BlockMapRequest
 from forwardpass.server.dashboard.state import DashboardState, engine_peaks
 from forwardpass.server.sse import SSEResponse
 
 if TYPE_CHECKING:
-    from forwardpass.engine.async_engine import AsyncLLMEngine
+    from forwardpass.engine.frontend.async_engine import AsyncLLMEngine
 
 __all__ = ["DashboardState", "dashboard_router"]
 

@@ -3,7 +3,7 @@
 ``DashboardState`` is fed like the Prometheus metrics: ``AsyncLLMEngine.stat_listeners`` (each step's
 ``StepRecord``) and ``finish_listeners`` (TTFT / TPOT of each request). Rates are over a sliding window
 of wall time, so they fall back to zero when the engine goes idle. Achieved FLOP/s and bytes/s come
-from the records' cost accounting (``engine/cost.py``); MFU and MBU divide them by the hardware's peaks
+from the records' cost accounting (``engine/scheduling/cost.py``); MFU and MBU divide them by the hardware's peaks
 (:func:`device_peaks`), and the overhead measured by ``forwardpass roofline --measure`` (when cached)
 gives the third bound.
 """
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from forwardpass.engine.async_engine import AsyncLLMEngine, RequestTiming
-    from forwardpass.engine.outputs import RequestOutput
-    from forwardpass.engine.stats import StepRecord
+    from forwardpass.engine.frontend.async_engine import AsyncLLMEngine, RequestTiming
+    from forwardpass.engine.frontend.outputs import RequestOutput
+    from forwardpass.engine.scheduling.stats import StepRecord
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,143 @@
+"""Every operation of one forward pass of a decoder, from its ``ModelSpec``: what ``roofline.analyze`` evaluates
+against a device (the accounting assumptions are listed in ``roofline.py``). Parameter counts, cache bytes and
+attention pairs are ``loader/accounting.py``'s, as the engine's cost model counts them."""
+
+from __future__ import annotations
+
+from forwardpass.analysis.ops import MATMUL, OpCost, elementwise, linear
+from forwardpass.loader.spec import ModelSpec
+
+NORM_FLOPS = 4.0  # per element: square, accumulate, scale by rsqrt, scale by weight
+SOFTMAX_FLOPS = 5.0  # per score: max, subtract, exp, accumulate, divide
+ACT_FLOPS = 5.0  # per element of SiLU(gate) * up: negate, exp, add, divide, multiply
+LOGIT_BYTES = 4.0  # logits are written in fp32
+
+
+def forward_ops(
+    shape: ModelSpec,
+    stage: str,
+    *,
+    batch: int,
+    new_tokens: int,
+    kv_len: int,
+    pairs_per_seq: float,
+    wb: float,
+    ab: float,
+    kvb: float,
+    attention: str = "fused",
+) -> list[OpCost]:
+    """Every operation of one forward pass over ``batch`` sequences of ``new_tokens`` new tokens each.
+
+    ``kv_len`` positions of K and V are read per sequence and ``pairs_per_seq`` (query, key) pairs
+    scored. Each returned op is already summed over the layers it occurs in (``count``).
+    """
+    H, nh, nkv, hd = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim
+    qd, kvd = shape.q_dim, shape.kv_dim
+    T = batch * new_tokens
+    L = shape.layers
+    naive = attention == "naive"
+
+    layer: list[OpCost] = []
+    layer.append(
+        elementwise(stage, "input_norm", T * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb)
+    )
+    layer.append(linear(stage, "q_proj", T, H, qd, wb=wb, ab=ab))
+    layer.append(linear(stage, "k_proj", T, H, kvd, wb=wb, ab=ab, out_kv_bytes=kvb))
+    layer.append(linear(stage, "v_proj", T, H, kvd, wb=wb, ab=ab, out_kv_bytes=kvb))
+    if shape.qk_norm:
+        layer.append(
+            elementwise(
+                stage,
+                "qk_norm",
+                T * (qd + kvd),
+                flops_per_element=NORM_FLOPS,
+                ab=ab,
+                weight_bytes=2 * hd * wb,
+            )
+        )
+
+    # attention: QK^T, softmax, PV
+    if naive:
+        pairs = batch * new_tokens * kv_len  # the full matrix is computed, then masked
+        kv_reads = nh  # K and V re-read per query head (repeat_kv)
+        s_bytes = batch * nh * new_tokens * kv_len * ab  # one materialised S (or P)
+    else:
+        pairs = batch * pairs_per_seq
+        kv_reads = nkv
+        s_bytes = 0.0
+    k_read = batch * kv_len * kv_reads * hd * kvb
+    scores = OpCost(stage, "attn_scores", MATMUL, 2.0 * nh * hd * pairs, 0.0, T * qd * ab + s_bytes, k_read)
+    softmax = elementwise(
+        stage, "softmax", nh * pairs, flops_per_element=SOFTMAX_FLOPS, ab=ab, reads=0, writes=0
+    )
+    softmax.act_bytes = 2 * s_bytes  # read S, write P (naive only)
+    values = OpCost(stage, "attn_values", MATMUL, 2.0 * nh * hd * pairs, 0.0, T * qd * ab + s_bytes, k_read)
+    layer += [scores, softmax, values]
+
+    layer.append(linear(stage, "o_proj", T, qd, H, wb=wb, ab=ab))
+    if shape.is_mla:  # multi-latent attention: its own projections, absorbed attention over the latent
+        from forwardpass.analysis.mla import mla_attention_ops
+
+        layer = layer[:1] + mla_attention_ops(shape, stage, tokens=T, batch=batch, kv_len=kv_len,
+                                              pairs=batch * pairs_per_seq, wb=wb, ab=ab, kvb=kvb)
+    layer.append(
+        elementwise(
+            stage, "post_attention_norm", T * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb
+        )
+    )
+    La = shape.attention_layers  # the others are Mamba2 / Gated DeltaNet layers (analysis/state.py) or MLPs
+    ops = [op.times(La, count=La) for op in layer] if La else []
+    if La < L:
+        from forwardpass.analysis.state import state_mixer_ops
+
+        ops += state_mixer_ops(shape, stage, tokens=T, batch=batch, wb=wb, ab=ab)
+    if shape.dsv4 is not None:  # DeepSeek-V4: window + compressed attention, hyper-connections (kv_len = context)
+        from forwardpass.analysis.compressed import dsv4_layer_ops
+
+        ops = dsv4_layer_ops(shape, stage, batch=batch, new_tokens=new_tokens, context=kv_len, wb=wb, ab=ab, kvb=kvb)
+
+    # feed-forward: dense layers
+    if shape.dense_layers:
+        I = shape.intermediate
+        mlp = [
+            *([linear(stage, "gate_proj", T, H, I, wb=wb, ab=ab)] if shape.mlp_gated else []),
+            linear(stage, "up_proj", T, H, I, wb=wb, ab=ab),
+            elementwise(stage, "act", T * I, flops_per_element=ACT_FLOPS, ab=ab, reads=2, writes=1),
+            linear(stage, "down_proj", T, I, H, wb=wb, ab=ab),
+        ]
+        ops += [op.times(shape.dense_layers, count=shape.dense_layers) for op in mlp]
+
+    # feed-forward: MoE layers — router, then only the active experts
+    if shape.moe_layers:
+        E, k, Im = shape.num_experts, shape.experts_per_tok, shape.expert_intermediate
+        touched = shape.unique_experts(T)
+        Tk = T * k  # token-expert assignments
+        router_out = E + (1 if shape.shared_expert_intermediate else 0)
+        moe = [
+            linear(stage, "router", T, H, router_out, wb=wb, ab=ab, out_bytes=LOGIT_BYTES),
+            *([linear(stage, "experts.gate_proj", Tk, H, Im, wb=wb, ab=ab, weight_params=touched * H * Im)]
+              if shape.mlp_gated else []),
+            linear(stage, "experts.up_proj", Tk, H, Im, wb=wb, ab=ab, weight_params=touched * H * Im),
+            elementwise(stage, "experts.act", Tk * Im, flops_per_element=ACT_FLOPS, ab=ab, reads=2, writes=1),
+            linear(stage, "experts.down_proj", Tk, Im, H, wb=wb, ab=ab, weight_params=touched * H * Im),
+        ]
+        if shape.shared_expert_intermediate:
+            Is = shape.shared_expert_intermediate
+            moe += [
+                *([linear(stage, "shared_expert.gate_proj", T, H, Is, wb=wb, ab=ab)] if shape.mlp_gated else []),
+                linear(stage, "shared_expert.up_proj", T, H, Is, wb=wb, ab=ab),
+                elementwise(stage, "shared_expert.act", T * Is, flops_per_element=ACT_FLOPS, ab=ab, reads=2),
+                linear(stage, "shared_expert.down_proj", T, Is, H, wb=wb, ab=ab),
+            ]
+        ops += [op.times(shape.moe_layers, count=shape.moe_layers) for op in moe]
+
+    # once per pass: embedding gather (first), final norm and LM head (last position of each sequence)
+    embed = OpCost(stage, "embed", "vector", 0.0, min(T, shape.vocab) * H * wb, T * H * ab)
+    ops.insert(0, embed)
+    ops.append(
+        elementwise(stage, "final_norm", batch * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb)
+    )
+    ops.append(linear(stage, "lm_head", batch, H, shape.vocab, wb=wb, ab=ab, out_bytes=LOGIT_BYTES))
+    for op in ops:
+        op.batch = batch
+    return ops

@@ -1,0 +1,123 @@
+"""What each layer keeps per token, grouped so that layers with the same needs share one block table.
+
+The KV cache manager (``kv_cache.py``) never asks what kind of attention a layer runs; it asks the
+layer group's ``KVCacheSpec`` (``attention/kv_cache_interface.py``: how many blocks a sequence needs, which leading
+blocks can be freed, what a block costs, whether prefix caching holds, which metadata builder its group gets).
+
+Nor does this module ask: each cache-owning layer declares its own cache (``kv_cache_spec(spec, block_size,
+dtype)`` → ``{cache id: spec}``) and ``layer_specs`` walks the model's modules collecting them. Kinds in use:
+
+* **full attention** (``FullAttentionSpec``, ``attention/layer.py``'s ``CachedAttention``) — K and V of every token;
+* **sliding window** (``SlidingWindowSpec``, the same layer with a window) — the same pages, but the table entries of
+  blocks that lie entirely behind the window of the next query are freed while the request runs (the entry becomes
+  ``NULL_BLOCK``), so a sequence holds at most ``ceil((window - 1 + chunk) / block_size) + 1`` blocks however long
+  it grows. Prefix caching is off for these groups (a freed block's K/V may be reused at once by another sequence);
+* **latent (MLA)** (``MLASpec``, DeepSeek-V2/V3's attention) — one compressed latent vector plus the shared rotary
+  key per token: ``[num_blocks, block_size, latent_dim]`` per layer;
+* **state slots** (``StateSpec``: Mamba2 and Gated DeltaNet mixers) — one fixed-size slot per running request:
+  ``blocks_needed`` is 1 whatever the length. Taken at admission, kept across chunks and decode steps, returned at
+  finish, abort or preemption. ``plan_groups`` gives such a group ``max_num_seqs`` slots before dividing the rest of
+  the budget among the paged groups;
+* **cross-attention** (``CrossAttentionSpec``, ``cross_attention_spec.py``: Whisper) — a state slot per request;
+* **compressed attention** (``compressed_spec.py``: DeepSeek-V4) — window pages, entries paged by entry index, a slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from forwardpass.attention.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    MLASpec,
+    SlidingWindowSpec,
+    StateSpec,
+)
+from forwardpass.loader.spec import ModelSpec
+
+__all__ = ["NULL_BLOCK", "FullAttentionSpec", "KVCacheGroup", "KVCacheSpec", "MLASpec", "SlidingWindowSpec",
+           "StateSpec", "layer_specs", "plan_groups", "sequence_capacity"]
+
+NULL_BLOCK = -1  # a block-table entry whose block was freed (behind a sliding window)
+
+
+class CacheOwner(Protocol):
+    """A module that keeps a cache: its caches by cache id (``ctx.kv_caches`` index), None for an id it owns unused."""
+
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> Mapping[int, KVCacheSpec | None]:
+        ...
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers that share one block table (same spec), and the blocks set aside for them."""
+
+    spec: KVCacheSpec
+    layer_ids: tuple[int, ...]
+    num_blocks: int
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one block across every layer of the group."""
+        return self.spec.page_bytes_per_layer * len(self.layer_ids)
+
+
+def layer_specs(
+    model: ModelSpec, block_size: int, dtype: torch.dtype, modules: nn.Module | None = None
+) -> list[KVCacheSpec | None]:
+    """The cache spec of each cache id of ``model`` (None: nothing cached there, e.g. an MLP-only layer), as its
+    layers declare them. ``modules``: the built model; by default the spec's model class is built on the meta
+    device (no memory) to be asked."""
+    if modules is None:
+        from forwardpass.models.loading import build_model
+
+        modules = build_model(model, dtype, device="meta")
+    found: dict[int, KVCacheSpec | None] = {}
+    owners: dict[int, str] = {}
+    for name, module in modules.named_modules():
+        declare = getattr(module, "kv_cache_spec", None)
+        if not callable(declare):
+            continue
+        for cache_id, spec in declare(model, block_size, dtype).items():
+            if cache_id in owners:
+                raise ValueError(f"cache {cache_id} is declared by both {owners[cache_id]!r} and {name!r}")
+            found[cache_id], owners[cache_id] = spec, name
+    return [found.get(i) for i in range(max([model.layers - 1, *found]) + 1)]
+
+
+def plan_groups(
+    specs: Sequence[KVCacheSpec | None], memory_bytes: int | None, num_blocks: int | None, max_num_seqs: int = 1
+) -> list[KVCacheGroup]:
+    """Group layers with equal specs (layers without a spec cache nothing). State groups get one slot
+    per possible running sequence (``max_num_seqs``), paid first; every paged group gets the same
+    number of blocks, from a block count or from what is left of a memory budget (every paged group
+    must hold the same number of tokens, so it is divided by one block's bytes in all of them)."""
+    by_spec: dict[KVCacheSpec, list[int]] = {}
+    for layer, spec in enumerate(specs):
+        if spec is not None:
+            by_spec.setdefault(spec, []).append(layer)
+    state_bytes = sum(s.page_bytes_per_layer * len(ids) * max_num_seqs for s, ids in by_spec.items()
+                      if isinstance(s, StateSpec))
+    if num_blocks is None:
+        assert memory_bytes is not None
+        per_block = sum(s.page_bytes_per_layer * len(ids) for s, ids in by_spec.items() if not isinstance(s, StateSpec))
+        num_blocks = max(0, memory_bytes - state_bytes) // per_block if per_block else 0
+    return [KVCacheGroup(spec, tuple(ids), max_num_seqs if isinstance(spec, StateSpec) else num_blocks)
+            for spec, ids in by_spec.items()]
+
+
+def sequence_capacity(groups: list[KVCacheGroup], max_chunk: int) -> int | None:
+    """The longest sequence every group can hold alone, or None when no length is too long (every
+    group is windowed and its live blocks fit)."""
+    unbounded = 1 << 40
+    caps = [
+        g.num_blocks * g.spec.tokens_per_block
+        for g in groups
+        if g.spec.max_blocks_per_sequence(unbounded, max_chunk) > g.num_blocks
+    ]
+    return min(caps) if caps else None

@@ -1,0 +1,253 @@
+"""The scheduler: one rule, one token budget (as in vLLM v1), and the only writer of request state.
+
+Every step, each sequence may advance ``num_computed_tokens`` toward ``num_tokens``. Running
+sequences go first (most need one token: a decode step; one mid-prefill needs a chunk), then waiting
+ones are admitted in arrival order, their prompts cut to whatever budget is left (chunked prefill).
+Decode tokens and prefill chunks share one forward pass.
+
+When the KV pool runs dry, the most recently admitted running sequence is preempted: its blocks are
+freed and it returns to the *front* of the waiting queue, to be recomputed later (its generated
+tokens are kept and become part of what it recomputes). Nothing admitted is ever dropped.
+
+Fairness: when every batch slot (``max_num_seqs``) is taken, or the KV cache has no room for its
+first chunk, and the head of the queue is a newcomer (nothing generated yet), the running sequence
+that has generated the most (at least ``fair_share_tokens``) is swapped out to the *back* of the
+queue, one per step, so a newcomer's first token does not wait for a long stream to end. Its full
+blocks stay in the prefix cache, so coming back usually recomputes less than a block.
+
+``schedule()`` decides; ``update()`` applies the runner's sampled tokens (appends them, checks the
+token-level stop conditions, finishes and frees) and returns one ``TokenDelta`` per new token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Protocol
+
+from forwardpass.engine.scheduling.batch import (
+    NewSequence,
+    RunnerOutput,
+    ScheduledChunk,
+    SchedulerOutput,
+    TokenDelta,
+)
+from forwardpass.engine.scheduling.kv_cache import NO_PREFIX, KVCacheManager
+from forwardpass.engine.scheduling.sequence import Sequence, SequenceStatus
+
+
+class AdmissionPolicy(Protocol):
+    """May ``seq`` join the running set now? A refused head of the queue waits there (e.g. LoRA keeps
+    at most ``max_loras`` adapters per batch)."""
+
+    def can_admit(self, seq: Sequence, running: list[Sequence]) -> bool: ...
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: Iterable[int] = (),
+        admission: AdmissionPolicy | None = None,
+        fair_share_tokens: int = 0,
+    ):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.admission = admission
+        self.fair_share_tokens = fair_share_tokens
+        self.num_swaps = 0  # sequences swapped out for a newcomer (fairness)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last one is preempted first
+        self.requests: dict[str, list[Sequence]] = {}  # unfinished requests, their n samples each
+        self.seqs: dict[int, Sequence] = {}  # unfinished sequences by id
+        self.num_preemptions = 0
+        self._finished_since_schedule: list[int] = []
+
+    # ----- requests ------------------------------------------------------------------------------
+    def add_request(self, seqs: list[Sequence]) -> None:
+        self.requests[seqs[0].request_id] = seqs
+        for seq in seqs:
+            self.seqs[seq.seq_id] = seq
+            self.waiting.append(seq)
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Finish these requests now ("abort") and return their blocks. Unknown ids are ignored."""
+        for rid in request_ids:
+            for seq in self.requests.get(rid, []):
+                if not seq.is_finished:
+                    self._finish(seq, "abort", None)
+
+    def stop_samples(self, samples: Iterable[tuple[str, int]]) -> None:
+        """Finish single samples ``(request id, index)`` (a stop string ended them in the front end)."""
+        for rid, index in samples:
+            seqs = self.requests.get(rid)
+            if seqs is not None and not seqs[index].is_finished:
+                self._finish(seqs[index], "stop", None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # ----- the step ------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self._make_room_for_newcomer()
+        budget = self.max_num_batched_tokens
+        chosen: list[ScheduledChunk] = []
+        new: list[NewSequence] = []
+        preempted = 0
+
+        # 1. Running sequences: decode steps and unfinished prefill chunks.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            start = seq.num_computed_tokens
+            while (blocks := self.kv.allocate_slots(seq, num_new)) is None:
+                victim = self.running.pop()  # the most recently admitted
+                self._preempt(victim)
+                preempted += 1
+                if victim is seq:
+                    break
+            else:
+                chosen.append(ScheduledChunk(seq.seq_id, start, num_new, blocks, _is_decode(seq, num_new)))
+                budget -= num_new
+                i += 1
+                continue
+            break  # seq itself was preempted: nothing after it is running any more
+
+        # 2. Waiting sequences, unless we just had to preempt (there is no room).
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            if self.admission is not None and not self.admission.can_admit(seq, self.running):
+                break
+            # prompt_logprobs needs every prompt position's hidden state: no prefix-cache hits for it
+            fresh = seq.num_computed_tokens == 0 and seq.params.prompt_logprobs is None
+            cached = self.kv.find_cached_prefix(seq) if fresh else NO_PREFIX
+            num_new = min(seq.num_tokens - seq.num_computed_tokens - cached.num_tokens, budget)
+            if self.kv.allocate_slots(seq, num_new, cached) is None:
+                break
+            self.waiting.popleft()
+            seq.num_computed_tokens += cached.num_tokens
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = cached.num_tokens
+            seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
+            if not seq.in_runner:
+                new.append(
+                    NewSequence(
+                        seq.seq_id,
+                        tuple(seq.prompt_token_ids),
+                        tuple(seq.output_token_ids),
+                        seq.params,
+                        seq.index,
+                        seq.lora_id, seq.encoder_input,
+                    )
+                )
+                seq.in_runner = True
+            self.running.append(seq)
+            # a (re)admitted sequence's whole block table is new to the runner
+            tables = tuple(tuple(t) for t in self.kv.block_tables(seq))
+            chosen.append(
+                ScheduledChunk(seq.seq_id, seq.num_computed_tokens, num_new, tables, _is_decode(seq, num_new))
+            )
+            budget -= num_new
+
+        self.num_preemptions += preempted
+        chosen.sort(key=lambda c: c.num_new_tokens != 1)  # one-token (decode-like) chunks first; stable
+        finished, self._finished_since_schedule = tuple(self._finished_since_schedule), []
+        return SchedulerOutput(tuple(new), tuple(chosen), finished, preempted)
+
+    def update(self, scheduled: SchedulerOutput, result: RunnerOutput) -> list[TokenDelta]:
+        """Apply one step's results: computed tokens, sampled tokens, token-level stops, finishing."""
+        for chunk in scheduled.chunks:
+            seq = self.seqs.get(chunk.seq_id)
+            if seq is not None:
+                seq.num_computed_tokens += chunk.num_new_tokens
+        deltas = []
+        prompt_lps = dict(result.prompt_logprobs)
+        for seq_id, token, logprobs in zip(result.seq_ids, result.token_ids, result.logprobs):
+            seq = self.seqs.get(seq_id)
+            if seq is None:  # aborted while the step ran
+                continue
+            seq.append_token(token)
+            reason, stop = self._check_stop(seq, token)
+            if reason is not None:
+                self._finish(seq, reason, stop)
+            deltas.append(TokenDelta(
+                seq.request_id, seq.index, (token,), None if logprobs is None else (logprobs,), reason, stop,
+                seq.num_cached_tokens, seq.num_preemptions, seq.first_scheduled_time, prompt_lps.get(seq_id)))
+        return deltas
+
+    # ----- internals -----------------------------------------------------------------------------
+    def _check_stop(self, seq: Sequence, token: int) -> tuple[str | None, int | None]:
+        p = seq.params
+        n_out = len(seq.output_token_ids)
+        if n_out >= p.min_tokens:  # no stop condition counts before min_tokens
+            if not p.ignore_eos and token in self.eos_token_ids:
+                return "stop", None
+            if p.stop_token_ids and token in p.stop_token_ids:
+                return "stop", token
+        if p.max_tokens is not None and n_out >= p.max_tokens:
+            return "length", None
+        if seq.num_tokens >= self.max_model_len:
+            return "length", None
+        return None, None
+
+    def _make_room_for_newcomer(self) -> None:
+        """Fairness (see the module docstring): swap the longest-served sequence out for a newcomer."""
+        if not self.fair_share_tokens or not self.waiting or not self.running:
+            return
+        head = self.waiting[0]
+        first_chunk = min(head.num_tokens, self.max_num_batched_tokens)
+        slots_full = len(self.running) >= self.max_num_seqs
+        if head.output_token_ids or head.num_preemptions or not (slots_full or not self.kv.can_fit(first_chunk)):
+            return  # not a newcomer, or it has a slot and KV blocks as things are
+        victim = max(self.running, key=lambda s: len(s.output_token_ids))
+        if len(victim.output_token_ids) < self.fair_share_tokens:
+            return
+        if not slots_full and not self.kv.can_fit(first_chunk, freeing=victim):
+            return  # swapping it out would not make room: no point interrupting it
+        self.running.remove(victim)
+        self._preempt(victim)
+        self.waiting.popleft()  # _preempt put it first; it queues behind the newcomers instead
+        self.waiting.append(victim)
+        self.num_preemptions += 1
+        self.num_swaps += 1
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        seq.in_runner = False
+        self.waiting.appendleft(seq)
+
+    def _finish(self, seq: Sequence, reason: str, stop: int | None) -> None:
+        """Remove a finished or aborted sequence wherever it is and return its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status, seq.finish_reason, seq.stop_reason = SequenceStatus.FINISHED, reason, stop
+        del self.seqs[seq.seq_id]
+        self._finished_since_schedule.append(seq.seq_id)
+        samples = self.requests[seq.request_id]
+        if all(s.is_finished for s in samples):
+            del self.requests[seq.request_id]
+
+    def live_sequences(self) -> list[Sequence]:
+        return [*self.running, *self.waiting]
+
+
+def _is_decode(seq: Sequence, num_new: int) -> bool:
+    """One new token of a sequence that has generated before: a decode step, not prompt work."""
+    return num_new == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens

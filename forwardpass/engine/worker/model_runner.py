@@ -1,0 +1,245 @@
+"""``ModelRunner.execute(SchedulerOutput) -> RunnerOutput``: batch tensors in, sampled ids out.
+
+The runner owns the KV cache tensors, the sampler, and a mirror of each sequence it has been sent
+(tokens, block tables, seeded generator): ``SchedulerOutput`` brings a sequence's full data once and
+then only new block ids; sampled tokens are appended here as they are sampled. It never touches the
+scheduler's request state: what it computed goes back in ``RunnerOutput``.
+
+Layout of the flattened batch (see ``attention/context.py``): the one-token (decode) chunks first,
+then each prefill chunk. Logits are computed only for rows that end a sequence's known tokens: a
+prefill chunk that stops short of the prompt's end samples nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import torch
+
+from forwardpass import huge_pages
+from forwardpass.attention.context import AttentionContext
+from forwardpass.attention.metadata import MetadataBuilder
+from forwardpass.engine.scheduling.batch import (
+    EMPTY_RUNNER_OUTPUT,
+    NewSequence,
+    RunnerOutput,
+    SchedulerOutput,
+)
+from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
+from forwardpass.engine.worker.encoder_step import run_encoders
+from forwardpass.engine.worker.isolation import drop_unloadable, sample_isolated
+from forwardpass.engine.worker.prompt_logprobs import add_prompt_logprobs, take_prompt_logprobs
+from forwardpass.sampling.params import SamplingParams
+from forwardpass.sampling.sampler import Sampler, SamplingRow, TokenLogprobs, make_generator
+from forwardpass.structured.backend import GrammarBackend, GrammarState
+
+
+class BatchAdapters(Protocol):
+    """Per-step adapter mapping (LoRA): which rows of the flattened batch use which adapter."""
+
+    def load_missing(self, adapter_ids: set[int]) -> dict[int, str]:
+        """Make these adapters resident (reloading evicted ones); the ones that fail, with the reason."""
+
+    def begin_step(self, row_adapters: list[tuple[int, int]]) -> None:
+        """``[(adapter id or 0, number of rows)]`` for each chunk, in batch order."""
+
+    def end_step(self) -> None: ...
+
+
+class CausalLM(Protocol):
+    """What the runner needs of a model: hidden states of the flattened batch, logits of chosen rows."""
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+class RoutingCounter(Protocol):
+    """Reads the tokens each expert received in the last forward, per MoE layer, in one host copy."""
+
+    def collect(self) -> tuple[tuple[int, ...], ...]: ...
+
+
+@dataclass
+class _RunnerSequence:
+    prompt: list[int]
+    output: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    lora_id: int
+    block_tables: list[list[int]] = field(default_factory=list)  # one per KV cache group
+    grammar: GrammarState | None = None  # structured output: matcher of the tokens generated so far
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # being collected (prompt_logprobs.py)
+    encoder_input: torch.Tensor | None = None  # encoder–decoder models: the request's features (encoder_step.py)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        p = len(self.prompt)
+        if end <= p:
+            return self.prompt[start:end]
+        if start >= p:
+            return self.output[start - p : end - p]
+        return self.prompt[start:] + self.output[: end - p]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        groups: Sequence[KVCacheGroup],
+        *,
+        dtype: torch.dtype,
+        device: str = "cpu",
+        attention_backend: str = "sdpa",
+        eos_token_ids: Sequence[int] = (),
+        decode_kernel: Callable | None = None,
+        adapters: BatchAdapters | None = None,
+        routing: RoutingCounter | None = None,
+        grammars: GrammarBackend | None = None,
+    ):
+        self.model, self.device, self.dtype = model, device, dtype
+        self.groups = list(groups)  # each with its own block pool, tables and attention metadata
+        self.attention_backend = attention_backend
+        self.eos_token_ids = list(eos_token_ids)
+        self.decode_kernel = decode_kernel  # fixed for the runner's lifetime: numerics never change mid-run
+        self.adapters, self.routing = adapters, routing
+        self.grammars = grammars  # structured output: compiled grammars and token bitmasks
+        num_layers = 1 + max(i for g in groups for i in g.layer_ids)  # layers in no group cache nothing
+        self.kv_caches: list[torch.Tensor] = [torch.empty(0)] * num_layers
+        self.layer_group = [0] * num_layers
+        for g, group in enumerate(groups):
+            for layer in group.layer_ids:
+                # Zeroed, not empty: padded rows of a gathered decode batch are masked out, but 0 · NaN
+                # garbage would still poison the weighted sum.
+                shape = group.spec.cache_shape(group.num_blocks)
+                # states keep their own dtype, K/V pages the engine's kv_cache_dtype (the model's by default)
+                cache_dtype = group.spec.cache_dtype(dtype)
+                if str(device) == "cpu" and huge_pages.enabled():  # each step reads it all: 2 MB pages
+                    self.kv_caches[layer] = huge_pages.zeros_on_huge_pages(shape, cache_dtype)
+                else:
+                    self.kv_caches[layer] = torch.zeros(shape, dtype=cache_dtype, device=device)
+                self.layer_group[layer] = g
+        self.sampler = Sampler()
+        self.sequences: dict[int, _RunnerSequence] = {}
+
+    # ----- state mirror --------------------------------------------------------------------------
+    def _update_states(self, scheduled: SchedulerOutput) -> None:
+        for seq_id in scheduled.finished_seq_ids:
+            self.sequences.pop(seq_id, None)
+        for new in scheduled.new_sequences:
+            self._add(new)
+        for chunk in scheduled.chunks:
+            for table, new_ids in zip(self.sequences[chunk.seq_id].block_tables, chunk.new_block_ids):
+                table.extend(new_ids)
+
+    def _add(self, new: NewSequence) -> None:
+        known = self.sequences.get(new.seq_id)
+        if known is not None:  # resumed after a preemption: new blocks, same generator stream
+            known.block_tables = [[] for _ in self.groups]
+            known.output = list(new.output_token_ids)
+            return
+        gen = make_generator(new.params.seed, new.sample_index) if new.params.seed is not None else None
+        self.sequences[new.seq_id] = _RunnerSequence(
+            list(new.prompt_token_ids), list(new.output_token_ids), new.params, gen, new.lora_id,
+            [[] for _ in self.groups], encoder_input=new.encoder_input,
+            prompt_logprobs=[None] if new.params.prompt_logprobs is not None else None,
+        )
+
+    # ----- batch construction --------------------------------------------------------------------
+    def _prepare(
+        self, scheduled: SchedulerOutput
+    ) -> tuple[
+        torch.Tensor,
+        torch.Tensor,
+        AttentionContext,
+        list[int],
+        list[tuple[int, _RunnerSequence]],
+        list[tuple[int, int]],
+    ]:
+        ids: list[int] = []
+        pos: list[int] = []
+        sample_rows: list[int] = []
+        sampled: list[tuple[int, _RunnerSequence]] = []
+        row_adapters: list[tuple[int, int]] = []
+        # each group's spec names the builder of its attention metadata (paged, state slot, compressed entries, ...)
+        builders: list[MetadataBuilder] = [g.spec.metadata_builder(self.device) for g in self.groups]
+        num_decode = row = 0
+        for chunk in scheduled.chunks:
+            seq = self.sequences[chunk.seq_id]
+            start, n = chunk.num_computed_tokens, chunk.num_new_tokens
+            end = start + n
+            ids.extend(seq.tokens(start, end))
+            pos.extend(range(start, end))
+            for builder, table in zip(builders, seq.block_tables):
+                builder.add(table, start, end, row)
+            num_decode += n == 1
+            if end == seq.num_tokens:
+                sample_rows.append(row + n - 1)
+                sampled.append((chunk.seq_id, seq))
+            row_adapters.append((seq.lora_id, n))
+            row += n
+        ctx = AttentionContext(
+            kv_caches=self.kv_caches,
+            groups=[b.build() for b in builders],
+            layer_group=self.layer_group,
+            num_decode=num_decode,
+            backend=self.attention_backend,
+            decode_kernel=self.decode_kernel,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        positions = torch.tensor(pos, dtype=torch.long, device=self.device)
+        return input_ids, positions, ctx, sample_rows, sampled, row_adapters
+
+    # ----- one step ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        """Run the scheduled chunks; sample for the sequences whose known tokens are now all computed."""
+        self._update_states(scheduled)
+        scheduled, unloadable = drop_unloadable(scheduled, self.sequences, self.adapters)  # their requests fail
+        out = self._run(scheduled)
+        return replace(out, failed=unloadable + out.failed) if unloadable else out
+
+    def _run(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        if scheduled.is_empty:
+            return EMPTY_RUNNER_OUTPUT
+        input_ids, positions, ctx, sample_rows, sampled, row_adapters = self._prepare(scheduled)
+        # encoder–decoder models: the encoder of each request starting now fills its cross-attention slot
+        run_encoders(self.model, scheduled.chunks, self.sequences, self.groups, self.kv_caches, self.dtype)
+        if self.adapters is not None:
+            self.adapters.begin_step(row_adapters)
+        try:
+            hidden = self.model(input_ids, positions, ctx)
+        finally:
+            if self.adapters is not None:
+                self.adapters.end_step()  # a direct model call later must not see this step's mapping
+        routing = self.routing.collect() if self.routing is not None else None
+        if any(self.sequences[c.seq_id].prompt_logprobs is not None for c in scheduled.chunks):
+            add_prompt_logprobs(self.model.compute_logits, hidden, scheduled.chunks, self.sequences)
+        if not sampled:
+            return RunnerOutput((), (), (), routing)
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=hidden.device)])
+        rows = [SamplingRow(s.params, s.prompt, s.output, s.generator) for _, s in sampled]
+        bad: dict[int, str] = {}  # rows whose grammar failed: their requests fail, the batch goes on
+        if self.grammars is not None and any(s.params.structured_outputs for _, s in sampled):
+            states, masks, bad = self.grammars.prepare(
+                [(s.params.structured_outputs, s.grammar, s.output) for _, s in sampled])
+            for (_, s), state, mask, row in zip(sampled, states, masks, rows):
+                s.grammar, row.token_bitmask = state, mask
+        seq_ids, tokens, logprobs, failed, prompt_lps = [], [], [], [], []
+        results = sample_isolated(self.sampler, logits, rows, self.eos_token_ids)
+        for i, ((seq_id, seq), r) in enumerate(zip(sampled, results)):
+            if i in bad or isinstance(r, str):  # this sequence's own sampling failed: only its request fails
+                failed.append((seq_id, bad.get(i) or str(r)))
+                continue
+            seq.output.append(r[0])
+            if (lps := take_prompt_logprobs(seq)) is not None:
+                prompt_lps.append((seq_id, lps))
+            seq_ids.append(seq_id)
+            tokens.append(r[0])
+            logprobs.append(r[1])
+        return RunnerOutput(tuple(seq_ids), tuple(tokens), tuple(logprobs), routing, tuple(failed), tuple(prompt_lps))
