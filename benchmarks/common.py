@@ -14,12 +14,14 @@ import torch
 CACHE = Path(os.environ.get("FORWARDPASS_BENCH_CACHE", Path(__file__).parent / ".cache"))
 # Runs write to benchmarks/results/local/ (gitignored), so a local run never overwrites the committed
 # figures; FORWARDPASS_BENCH_RECORD=1 writes benchmarks/results/ itself (to record new official numbers).
-RESULTS = Path(__file__).parent / "results" / ("" if os.environ.get("FORWARDPASS_BENCH_RECORD") == "1" else "local")
+RESULTS = Path(__file__).parent / "results" / (
+    "" if os.environ.get("FORWARDPASS_BENCH_RECORD") == "1" else "local")
 
 QWEN3_06B = {
-    "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-    "rope_theta": 1000000.0, "bos_token_id": 151643, "eos_token_id": 151645,
+    "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_theta": 1000000.0, "bos_token_id": 151643,
+    "eos_token_id": 151645,
 }
 
 
@@ -43,8 +45,8 @@ def qwen3_checkpoint(name: str = "qwen3-0.6b-random", **overrides) -> Path:
 
 
 def hf_generate_timer(model, ids: torch.Tensor):
-    """``timed(n)``: seconds transformers ``generate`` takes for exactly ``n`` greedy tokens per row of ``ids``
-    (equal-length rows, so no padding; EOS ignored, like ``ignore_eos=True`` on our side)."""
+    """``timed(n)``: seconds transformers ``generate`` takes for exactly ``n`` greedy tokens per row of
+    ``ids`` (equal-length rows, so no padding; EOS ignored, like ``ignore_eos=True`` on our side)."""
     kw = {"attention_mask": torch.ones_like(ids), "do_sample": False, "eos_token_id": None, "pad_token_id": 0}
 
     def timed(n: int) -> float:

@@ -22,9 +22,11 @@ from benchmarks.common import hf_generate_timer, median, qwen3_checkpoint, save
 def bench_forwardpass(path, prompt, new_tokens, runs):
     from forwardpass import LLM, SamplingParams
 
-    llm = LLM(path, max_model_len=1024, enable_prefix_caching=False, kv_cache_memory=512 << 20, cpu_kernels=True)
+    llm = LLM(path, max_model_len=1024, enable_prefix_caching=False, kv_cache_memory=512 << 20,
+              cpu_kernels=True)
     params = SamplingParams(temperature=0, max_tokens=new_tokens + 1, ignore_eos=True)
-    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
+    # warm-up
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     prefill, decode = [], []
     for _ in range(runs):
         llm.engine.stats.clear()
@@ -58,11 +60,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--bandwidth-gbs", type=float, default=37.5, help="measured read bandwidth of this machine")
+    ap.add_argument("--bandwidth-gbs", type=float, default=37.5,
+                    help="measured read bandwidth of this machine")
     ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args()
     path = qwen3_checkpoint()
-    prompt = torch.randint(1000, 100000, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(1000, 100000, (args.prompt_len,), generator=gen).tolist()
 
     fp_pre, fp_dec, wbytes = bench_forwardpass(path, prompt, args.new_tokens, args.runs)
     roof = args.bandwidth_gbs * 1e9 / wbytes
@@ -82,8 +86,8 @@ def main() -> None:
         print(f"{name:<14}{p:>15.1f}{d:>15.2f}")
     if "ratio" in result:
         print(f"{'ratio':<14}{result['ratio']['prefill']:>14.2f}x{result['ratio']['decode']:>14.2f}x")
-    print(f"decode roofline: {wbytes / 1e9:.2f} GB of weights / {args.bandwidth_gbs} GB/s = {roof:.1f} tok/s; "
-          f"forwardpass reaches {fp_dec / roof:.0%} of it")
+    print(f"decode roofline: {wbytes / 1e9:.2f} GB of weights / {args.bandwidth_gbs} GB/s = {roof:.1f} "
+          f"tok/s; forwardpass reaches {fp_dec / roof:.0%} of it")
     print(f"saved {save('decode', result)}")
 
 

@@ -2,7 +2,8 @@
 Qwen3 with the same *active* parameter count, and vs Hugging Face transformers on the same MoE
 checkpoint, all in one run.
 
-    python benchmarks/moe.py [--runs 3] [--prompt-len 64] [--new-tokens 32] [--batch 1 8] [--skip-hf] [--threads 1]
+    python benchmarks/moe.py [--runs 3] [--prompt-len 64] [--new-tokens 32] [--batch 1 8] [--skip-hf]
+                             [--threads 1]
 
 MoE: hidden 1024, 8 layers, 16 experts, top-2, moe_intermediate 768 (every layer sparse).
 Dense: the same model with one MLP of width 2 × 768 = 1536, so each token touches as many weights.
@@ -24,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import CACHE, hf_generate_timer, median, save
 
 SHAPE = {
-    "vocab_size": 32000, "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 64, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_theta": 1e6,
-    "bos_token_id": 1, "eos_token_id": 2,
+    "vocab_size": 32000, "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True, "rope_theta": 1e6, "bos_token_id": 1, "eos_token_id": 2,
 }
 MOE = {"num_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 768, "norm_topk_prob": True,
            "intermediate_size": 1536, "decoder_sparse_step": 1}
@@ -65,14 +66,17 @@ def active_params(spec) -> int:
 def bench_forwardpass(path, prompts, new_tokens, runs):
     from forwardpass import LLM, SamplingParams
 
-    llm = LLM(path, max_model_len=1024, enable_prefix_caching=False, kv_cache_memory=256 << 20, cpu_kernels=True)
+    llm = LLM(path, max_model_len=1024, enable_prefix_caching=False, kv_cache_memory=256 << 20,
+              cpu_kernels=True)
     params = SamplingParams(temperature=0, max_tokens=new_tokens + 1, ignore_eos=True)
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
+    # warm-up
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     rates = []
     for _ in range(runs):
         llm.engine.stats.clear()
         llm.generate(prompts, params, use_tqdm=False)
-        dec = [s for s in llm.engine.stats if s.num_decode_tokens == len(prompts) and not s.num_prefill_tokens]
+        dec = [s for s in llm.engine.stats
+               if s.num_decode_tokens == len(prompts) and not s.num_prefill_tokens]
         rates.append(sum(s.num_decode_tokens for s in dec) / sum(s.duration_s for s in dec))
     model = llm.engine.model
     total = sum(p.numel() for p in model.parameters())
@@ -105,11 +109,12 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--bandwidth-gbs", type=float, default=37.5, help="measured read bandwidth of this machine")
+    ap.add_argument("--bandwidth-gbs", type=float, default=37.5,
+                    help="measured read bandwidth of this machine")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads (on a shared, overloaded machine 1 thread avoids OpenMP barrier stalls "
-                         "that make 2-thread matmuls 10-100x slower)")
+                    help="torch threads (on a shared, overloaded machine 1 thread avoids OpenMP barrier "
+                         "stalls that make 2-thread matmuls 10-100x slower)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -123,9 +128,11 @@ def main() -> None:
         entry = {}
         for kind, path in paths.items():
             rate, total, active, routing = bench_forwardpass(path, prompts, args.new_tokens, args.runs)
-            entry[f"forwardpass_{kind}"] = {"decode_tok_s": rate, "total_params": total, "active_params": active,
+            entry[f"forwardpass_{kind}"] = {"decode_tok_s": rate, "total_params": total,
+                                            "active_params": active,
                                             "roofline_tok_s": batch * args.bandwidth_gbs * 1e9 / (4 * active)
-                                            if batch == 1 else None, **({"routing": routing} if routing else {})}
+                                            if batch == 1 else None,
+                                            **({"routing": routing} if routing else {})}
             rows.append((batch, f"forwardpass {kind}", rate, total, active))
         if not args.skip_hf:
             for kind in ("moe", "dense"):

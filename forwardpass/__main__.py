@@ -1,4 +1,5 @@
-"""``python -m forwardpass ...``: the ``forwardpass`` command (what ``torchrun -m forwardpass serve`` runs)."""
+"""``python -m forwardpass ...``: the ``forwardpass`` command (what
+``torchrun -m forwardpass serve`` runs)."""
 
 import sys
 

@@ -71,9 +71,37 @@ def log_mel_spectrogram(
 ) -> torch.Tensor:
     """``[n_mels, num_frames]`` log-mel features of mono 16 kHz ``audio`` (float samples in [-1, 1]),
     padded with silence or trimmed to ``num_frames`` 10 ms frames."""
+    return _log_mel(pad_or_trim(audio, num_frames * HOP_LENGTH), n_mels)
+
+
+def log_mel_frames(audio: np.ndarray, n_mels: int = 80) -> torch.Tensor:
+    """``[n_mels, len(audio) // 160 + 1]`` log-mel features of a whole clip, as faster-whisper computes them
+    for long-form transcription: 160 samples of silence appended, the 8-decade floor taken from the whole
+    clip's maximum. :func:`mel_window` cuts the encoder's windows out of it."""
+    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    return _log_mel(np.pad(audio, (0, HOP_LENGTH)), n_mels)
+
+
+def mel_window(
+    mel: torch.Tensor, start: int, num_frames: int = WHISPER_FRAMES, silence: bool = False
+) -> torch.Tensor:
+    """Frames ``start .. start + num_frames`` of ``mel``, padded to ``num_frames``: with zeros
+    (faster-whisper's
+    ``pad_or_trim`` of the features: the log-mel value 10^-4, not silence), or with ``silence`` with the
+    clip's floor, what the frames of appended silent audio are (openai-whisper appends 30 s of it;
+    transformers' feature
+    extractor pads the audio to the window)."""
+    window = mel[:, start : start + num_frames]
+    if window.shape[1] < num_frames:
+        value = float(mel.max()) - 2.0 if silence else 0.0  # the floor: 8 decades below the clip's loudest
+        window = torch.nn.functional.pad(window, (0, num_frames - window.shape[1]), value=value)
+    return window.contiguous()
+
+
+def _log_mel(audio: np.ndarray, n_mels: int) -> torch.Tensor:
     if n_mels not in (80, 128):
         raise AudioError(f"n_mels must be 80 or 128 (Whisper's filter banks), got {n_mels}")
-    wave_t = torch.from_numpy(pad_or_trim(audio, num_frames * HOP_LENGTH))
+    wave_t = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32))
     stft = torch.stft(wave_t, N_FFT, HOP_LENGTH, window=torch.hann_window(N_FFT), return_complex=True)
     power = stft[..., :-1].abs() ** 2  # the STFT gives num_frames + 1 frames; Whisper drops the last
     log_spec = torch.clamp(mel_filters(n_mels) @ power, min=1e-10).log10()

@@ -14,13 +14,15 @@ import logging
 import sys
 
 # Order is the order shown in --help. A module that does not exist (yet) is skipped.
-COMMANDS = ["generate", "chat", "serve", "models", "bench", "roofline", "image", "video", "transcribe", "explain"]
+COMMANDS = ["generate", "chat", "serve", "models", "bench", "roofline", "image", "video", "transcribe",
+            "explain"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     from forwardpass import __version__
 
-    parser = argparse.ArgumentParser(prog="forwardpass", description="Inference engine for generative models.")
+    parser = argparse.ArgumentParser(prog="forwardpass",
+                                     description="Inference engine for generative models.")
     parser.add_argument("--version", action="version", version=f"forwardpass {__version__}")
     parser.add_argument("--log-level", default=None, help=LOG_LEVEL_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

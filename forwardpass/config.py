@@ -26,7 +26,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     try:
         return _DTYPES[dtype]
     except KeyError:
-        raise ConfigError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16", param="dtype") from None
+        raise ConfigError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16",
+                          param="dtype") from None
 
 
 @dataclass
@@ -40,8 +41,8 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences in one forward pass at most
     max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decode tokens)
     # fairness: with every batch slot taken, a newcomer swaps out a sequence that generated this many
-    # tokens or more (see engine/scheduling/scheduler.py). Off (0) by default: offline batches want throughput,
-    # first come first served; `forwardpass serve` turns it on (--fair-share-tokens, default 32).
+    # tokens or more (see engine/scheduling/scheduler.py). Off (0) by default: offline batches want
+    # throughput, first come first served; `forwardpass serve` turns it on (--fair-share-tokens, default 32).
     fair_share_tokens: int = 0
     enable_prefix_caching: bool = True
     attention_backend: str = "sdpa"  # how attention scores are computed: "sdpa", "naive" or "flash"
@@ -69,9 +70,10 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False  # MoE: whole experts per rank instead of every expert split
     distributed_timeout_s: float = 60.0  # a collective that waits longer fails the engine (a hung rank)
-    # every kernel chosen so that a request's greedy tokens and logprobs are bitwise the same whatever else shares
-    # its steps (batch size, chunking, other requests): one matmul kernel for every batch size, every query's
-    # attention through the paged kernel; costs prefill speed (see models/prepare.py, benchmarks/batch_invariance.py)
+    # every kernel chosen so that a request's greedy tokens and logprobs are bitwise the same whatever else
+    # shares its steps (batch size, chunking, other requests): one matmul kernel for every batch size, every
+    # query's attention through the paged kernel; costs prefill speed (see models/prepare.py,
+    # benchmarks/batch_invariance.py)
     batch_invariant: bool = False
 
     def __post_init__(self) -> None:
@@ -81,20 +83,21 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}", param=name)
         if isinstance(self.fair_share_tokens, bool) or not isinstance(self.fair_share_tokens, int) \
                 or self.fair_share_tokens < 0:
-            raise ConfigError(f"fair_share_tokens must be an integer >= 0 (0: off), got {self.fair_share_tokens!r}",
-                              param="fair_share_tokens")
+            raise ConfigError("fair_share_tokens must be an integer >= 0 (0: off), got "
+                              f"{self.fair_share_tokens!r}", param="fair_share_tokens")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}", param="num_kv_blocks")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
-            raise ConfigError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}", param="kv_cache_memory")
+            raise ConfigError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}",
+                              param="kv_cache_memory")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}", param="max_model_len")
         if not self.distributed_timeout_s > 0:
             raise ConfigError(f"distributed_timeout_s must be > 0 seconds, got {self.distributed_timeout_s}",
                               param="distributed_timeout_s")
         if self.enable_expert_parallel and self.tensor_parallel_size < 2:
-            raise ConfigError("enable_expert_parallel needs tensor_parallel_size >= 2 (the ranks the experts are "
-                              "spread over)", param="enable_expert_parallel")
+            raise ConfigError("enable_expert_parallel needs tensor_parallel_size >= 2 (the ranks the experts "
+                              "are spread over)", param="enable_expert_parallel")
         if self.cpu_kernels not in (True, False, "auto"):
             raise ConfigError(f"cpu_kernels must be True, False or 'auto', got {self.cpu_kernels!r}",
                               param="cpu_kernels")
@@ -102,8 +105,8 @@ class EngineConfig:
             from forwardpass.quant import QUANTIZATIONS
 
             if self.quantization not in QUANTIZATIONS:
-                raise ConfigError(f"unknown quantization {self.quantization!r}; use {' or '.join(QUANTIZATIONS)}",
-                                  param="quantization")
+                raise ConfigError(f"unknown quantization {self.quantization!r}; use "
+                                  f"{' or '.join(QUANTIZATIONS)}", param="quantization")
             if not self.device.startswith("cpu"):
                 raise ConfigError("quantization (int8/int4 weights) is a CPU feature; on CUDA use bfloat16",
                                   param="quantization")
@@ -111,14 +114,15 @@ class EngineConfig:
         if self.quantization is not None and self.torch_dtype != torch.float32:
             raise ConfigError("quantization computes in float32: leave dtype at auto/float32", param="dtype")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ConfigError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; use {', '.join(KV_CACHE_DTYPES)}",
-                              param="kv_cache_dtype")
+            raise ConfigError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; use "
+                              f"{', '.join(KV_CACHE_DTYPES)}", param="kv_cache_dtype")
         kv = KV_CACHE_DTYPES[self.kv_cache_dtype]
         self.torch_kv_dtype = self.torch_dtype if kv is None else kv
 
 
 #: kv_cache_dtype values → the cache's dtype (None: the model's)
-KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
+KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "float16": torch.float16,
+                                                  "bfloat16": torch.bfloat16}
 
 
 DEFAULT_KV_CACHE_MEMORY = 1 << 30

@@ -34,7 +34,8 @@ class Var:
 
 VARS: dict[str, Var] = {v.name: v for v in (
     Var("FORWARDPASS_CPU_KERNEL", bool, True,
-        "0: no compiled CPU path (paged-decode kernel, fused ops, small-batch matmul), PyTorch and oneDNN only"),
+        "0: no compiled CPU path (paged-decode kernel, fused ops, small-batch matmul), PyTorch and oneDNN "
+        "only"),
     Var("FORWARDPASS_CPU_ISA", str, None,
         "avx2: every kernel choice sees an AVX2-only CPU (AVX-512, AMX flags hidden); read once a process",
         choices=("avx2",)),
@@ -54,7 +55,8 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("FORWARDPASS_HUGE_PAGES", bool, True,
         "0: the weights and KV cache stay on the allocator's pages, not moved to 2 MB pages (huge_pages.py)"),
     Var("FORWARDPASS_TP_WORKER_RUNNER", str, None,
-        "module:Class of a WorkerRunner subclass tensor-parallel workers run instead (fault-injection tests)"),
+        "module:Class of a WorkerRunner subclass tensor-parallel workers run instead (fault-injection "
+        "tests)"),
     Var("FORWARDPASS_API_KEY", str, None,
         "the key the server requires ('Authorization: Bearer KEY'); --api-key wins", secret=True),
 )}  # fmt: skip

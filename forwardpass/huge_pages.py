@@ -3,16 +3,16 @@
 Decode reads every weight and the whole live KV cache once per step, front to back. With 4 KB pages each page
 is a TLB miss and, because the hardware prefetchers stop at page boundaries, a restart of the memory stream;
 with 2 MB pages neither happens for 512 times as long. Measured on a Zen 4 core pair, 0.6B model: int8 batch-1
-decode 34.9 -> 37.4 tok/s with only its 6 MB+ tensors moved; the paged-decode kernel over a DRAM-resident cache
-+8%; a plain fp32 sum +5%.
+decode 34.9 -> 37.4 tok/s with only its 6 MB+ tensors moved; the paged-decode kernel over a DRAM-resident
+cache +8%; a plain fp32 sum +5%.
 
-Most Linux systems run transparent huge pages in ``madvise`` mode: memory gets them only where the process asks,
-before the pages are first touched. So the model's tensors are moved by allocating a 2 MB-aligned buffer, asking
-for huge pages on it, dropping whatever 4 KB pages malloc had already backed it with, then copying. Until that
-last step was added (2026-12-02) a 0.6B int8 model had 44% of its weight bytes on huge pages, not the 100% it
-has now, and an fp32 engine's KV cache none: after a model load most weight-sized blocks come recycled from
-malloc's heap. Where the kernel has no huge pages (or this is not Linux) the copy is plain memory, and nothing
-changes but the copy. ``FORWARDPASS_HUGE_PAGES=0`` turns it off.
+Most Linux systems run transparent huge pages in ``madvise`` mode: memory gets them only where the process
+asks, before the pages are first touched. So the model's tensors are moved by allocating a 2 MB-aligned
+buffer, asking for huge pages on it, dropping whatever 4 KB pages malloc had already backed it with, then
+copying. Until that last step was added (2026-12-02) a 0.6B int8 model had 44% of its weight bytes on huge
+pages, not the 100% it has now, and an fp32 engine's KV cache none: after a model load most weight-sized
+blocks come recycled from malloc's heap. Where the kernel has no huge pages (or this is not Linux) the copy is
+plain memory, and nothing changes but the copy. ``FORWARDPASS_HUGE_PAGES=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -48,30 +48,30 @@ def _madvise(addr: int, nbytes: int, advice: int = MADV_HUGEPAGE) -> bool:
 
 
 def _released_as_huge(addr: int, nbytes: int) -> bool:
-    """Ask for huge pages on ``[addr, addr + nbytes)`` (2 MB-aligned) and drop the pages it has now, so that the next
-    touch faults in huge ones (madvise alone does not replace pages that exist); its bytes read as zeros until
-    written. Whether both calls succeeded."""
+    """Ask for huge pages on ``[addr, addr + nbytes)`` (2 MB-aligned) and drop the pages it has now, so that
+    the next touch faults in huge ones (madvise alone does not replace pages that exist); its bytes read as
+    zeros until written. Whether both calls succeeded."""
     return _madvise(addr, nbytes) and _madvise(addr, nbytes, MADV_DONTNEED)
 
 
 def empty_on_huge_pages(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor whose data starts on a 2 MB boundary, huge pages asked for (not yet touched,
-    so the kernel can back it with them)."""
+    """An uninitialised CPU tensor whose data starts on a 2 MB boundary, huge pages asked for (not yet
+    touched, so the kernel can back it with them)."""
     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
     raw = torch.empty(nbytes + HUGE, dtype=torch.uint8)  # slack for the alignment
     offset = -raw.data_ptr() % HUGE
-    # Released too, not only advised: malloc hands out recycled memory (glibc's mmap threshold rises to the size of
-    # the last large block freed, up to 32 MB, so after a model load most weight-sized blocks come from its heap,
-    # already backed by 4 KB pages). The tensor is uninitialised, so nothing is lost.
+    # Released too, not only advised: malloc hands out recycled memory (glibc's mmap threshold rises to the
+    # size of the last large block freed, up to 32 MB, so after a model load most weight-sized blocks come
+    # from its heap, already backed by 4 KB pages). The tensor is uninitialised, so nothing is lost.
     _released_as_huge(raw.data_ptr() + offset, nbytes // HUGE * HUGE)
     return raw[offset : offset + nbytes].view(dtype).view(shape)  # the view keeps `raw` alive
 
 
 def rebacked_on_huge_pages(t: torch.Tensor, chunk: int = 32 * HUGE) -> bool:
-    """Put the memory of ``t`` (contiguous, already written, allocated by someone we cannot ask for huge pages, such
-    as oneDNN's packed weights) on huge pages in place: ``chunk`` bytes at a time, the 2 MB pages inside its span are
-    released and asked for again as huge pages, then their bytes are written back from a copy (so the extra memory
-    is one chunk, not a second tensor). Returns whether any were."""
+    """Put the memory of ``t`` (contiguous, already written, allocated by someone we cannot ask for huge
+    pages, such as oneDNN's packed weights) on huge pages in place: ``chunk`` bytes at a time, the 2 MB pages
+    inside its span are released and asked for again as huge pages, then their bytes are written back from a
+    copy (so the extra memory is one chunk, not a second tensor). Returns whether any were."""
     nbytes = t.numel() * t.element_size()
     start = t.data_ptr()
     lo = -(-start // HUGE) * HUGE
@@ -101,22 +101,23 @@ def _whole(t: torch.Tensor) -> bool:
 
 
 def move_model_to_huge_pages(model: nn.Module) -> int:
-    """Move the parameters and buffers of ``model`` into one buffer on huge pages, back to back in module order,
-    in place (parameters stay the same Parameter objects; a tensor two modules share, such as a tied embedding,
-    stays shared; a storage that some tensor only views part of stays where it is, so no view is cut off from it;
-    so do the tensors of a module that marks them ``keeps_own_memory``, views of memory another library owns).
-    Returns how many bytes moved.
+    """Move the parameters and buffers of ``model`` into one buffer on huge pages, back to back in module
+    order, in place (parameters stay the same Parameter objects; a tensor two modules share, such as a tied
+    embedding, stays shared; a storage that some tensor only views part of stays where it is, so no view is
+    cut off from it; so do the tensors of a module that marks them ``keeps_own_memory``, views of memory
+    another library owns). Returns how many bytes moved.
 
-    One buffer rather than one per tensor: a tensor of its own is 2 MB-aligned, but its last partial page (and a
-    tensor under 2 MB, such as a quantized weight's scales) would sit on 4 KB pages; a 0.6B int8 model had 9% of
-    its bytes there. Back to back, only the buffer's end can be partial. Measured on a Zen 4 core pair: summing
-    112 buffers of that model's layer-weight sizes, one parallel region each, 1.10x faster with whole pages than
-    with 4 KB-page tails; its batch-1 decode 1.026x (int8, 40 alternating pairs) and 1.045x (int4) against one
-    buffer per tensor. The copy is made tensor by tensor, each old one freed as its users move, so memory grows
-    by about one tensor at a time, not by the model."""
+    One buffer rather than one per tensor: a tensor of its own is 2 MB-aligned, but its last partial page (and
+    a tensor under 2 MB, such as a quantized weight's scales) would sit on 4 KB pages; a 0.6B int8 model had
+    9% of its bytes there. Back to back, only the buffer's end can be partial. Measured on a Zen 4 core pair:
+    summing 112 buffers of that model's layer-weight sizes, one parallel region each, 1.10x faster with whole
+    pages than with 4 KB-page tails; its batch-1 decode 1.026x (int8, 40 alternating pairs) and 1.045x (int4)
+    against one buffer per tensor. The copy is made tensor by tensor, each old one freed as its users move, so
+    memory grows by about one tensor at a time, not by the model."""
     if not enabled():
         return 0
-    slots: dict[int, list[tuple[nn.Module, str, bool]]] = {}  # storage address -> (module, name, is parameter)
+    # storage address -> (module, name, is parameter)
+    slots: dict[int, list[tuple[nn.Module, str, bool]]] = {}
     for module in model.modules():
         if getattr(module, "keeps_own_memory", False):
             continue
@@ -124,7 +125,8 @@ def move_model_to_huge_pages(model: nn.Module) -> int:
             for name, t in table.items():
                 if t is not None and t.device.type == "cpu":
                     slots.setdefault(t.untyped_storage().data_ptr(), []).append((module, name, kind))
-    chosen: list[tuple[list[tuple[nn.Module, str, bool]], torch.Tensor, int, int]] = []  # users, tensor, offset, size
+    # users, tensor, offset, size
+    chosen: list[tuple[list[tuple[nn.Module, str, bool]], torch.Tensor, int, int]] = []
     end = moved = 0
     for users in slots.values():
         views = [getattr(m, n) for m, n, _ in users]

@@ -1,16 +1,16 @@
 """Building the C++ kernels (torch ``cpp_extension``): one place for what every kernel needs.
 
-* **A name per source and flags**: the build folder is ``NAME_<hash of the source, its headers, flags and path>``, so a
-  changed kernel or flag never reuses (or silently re-versions) an old build, and "is it built?" is one
-  file check.
+* **A name per source and flags**: the build folder is
+  ``NAME_<hash of the source, its headers, flags and path>``, so a changed kernel or flag never reuses (or
+  silently re-versions) an old build, and "is it built?" is one file check.
 * **Portable flags**: exactly the instruction sets the intrinsics need (``-mavx2 -mfma``), never
   ``-march=native``: the build cache outlives the host (a VM moves, a home folder is shared), and code
   for a newer CPU would die with an illegal instruction on an older one.
 * **A stale lock is cleared**: torch waits for ever on the ``lock`` file of a build that was killed;
   a lock older than any real build is removed, with a log line.
 * **A visible wait**: a spinner, a pulsing bar and the elapsed time on a terminal; one log line elsewhere.
-* **Loaded once** (:class:`KernelLoader`): built and imported on first use, kept for the process; a kernel that
-  cannot be built is said once in the log and its caller's fallback path is used from then on.
+* **Loaded once** (:class:`KernelLoader`): built and imported on first use, kept for the process; a kernel
+  that cannot be built is said once in the log and its caller's fallback path is used from then on.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any
 
 from forwardpass import envs
 
-#: flags an AVX2-only CPU (AMD Zen 2/3, Intel before Skylake-SP) lacks: what ``FORWARDPASS_CPU_ISA=avx2`` hides
+#: flags an AVX2-only CPU (AMD Zen 2/3, Intel before Skylake-SP) lacks: what
+#: ``FORWARDPASS_CPU_ISA=avx2`` hides
 WIDER_THAN_AVX2 = ("avx512", "amx")
 
 
@@ -36,9 +37,9 @@ WIDER_THAN_AVX2 = ("avx512", "amx")
 def cpu_flags() -> frozenset[str]:
     """The host CPU's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere, which selects the AVX2 build).
 
-    ``FORWARDPASS_CPU_ISA=avx2`` reports an AVX2-only CPU (every ``avx512*`` and ``amx*`` flag dropped), so that
-    every kernel choice made from the flags (builds, GEMM paths, row thresholds) is the one an AMD Zen 3 would
-    make: how the suite is run on an AVX-512 or AMX host for the machines CI may land on."""
+    ``FORWARDPASS_CPU_ISA=avx2`` reports an AVX2-only CPU (every ``avx512*`` and ``amx*`` flag dropped), so
+    that every kernel choice made from the flags (builds, GEMM paths, row thresholds) is the one an AMD Zen 3
+    would make: how the suite is run on an AVX-512 or AMX host for the machines CI may land on."""
     flags: frozenset[str] = frozenset()
     try:
         with open("/proc/cpuinfo") as f:
@@ -115,7 +116,8 @@ class CppKernel:
 class KernelLoader:
     """One compiled kernel of a process, loaded on first use: what every ``load_*_kernel`` function is.
 
-    * ``load()`` builds (if needed) and imports ``kernel`` the first time, and returns that module from then on;
+    * ``load()`` builds (if needed) and imports ``kernel`` the first time, and returns that module from then
+      on;
     * a failure (no compiler, a missing header, ``check`` refusing the module) is remembered and said once in
       the log, with ``fallback`` (what its caller does instead); ``load()`` returns None from then on, so a
       process never retries a failed build at every layer it quantizes or every engine it starts;

@@ -1,9 +1,9 @@
 """``build_engine_core(model, config)``: the engine core with the executor its config asks for.
 
-The one module above both the engine builder (``engine/scheduling/builder.py``) and tensor parallelism (``distributed/``):
-one rank builds in this process; ``tensor_parallel_size > 1`` first starts the worker ranks
-(``distributed/driver.py::start_parallel_executor``), then builds rank 0's engine around their executor, and stops
-them if that build fails.
+The one module above both the engine builder (``engine/scheduling/builder.py``) and tensor parallelism
+(``distributed/``): one rank builds in this process; ``tensor_parallel_size > 1`` first starts the worker
+ranks (``distributed/driver.py::start_parallel_executor``), then builds rank 0's engine around their executor,
+and stops them if that build fails.
 """
 
 from __future__ import annotations

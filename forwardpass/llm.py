@@ -61,8 +61,8 @@ class LLM:
 
     def __getattr__(self, name: str) -> Any:
         if name == "engine" and self.__dict__.get("task") == "embed":
-            raise ValidationError("this LLM embeds (task='embed'); use llm.embed(texts), or load a generative "
-                                  "model to generate", param="task")
+            raise ValidationError("this LLM embeds (task='embed'); use llm.embed(texts), or load a "
+                                  "generative model to generate", param="task")
         raise AttributeError(name)
 
     def get_tokenizer(self):
@@ -77,8 +77,9 @@ class LLM:
         it an input longer than the model's maximum is an error. See ``forwardpass/embed/``.
         """
         if self.embedder is None:
-            raise ValidationError("embed() needs an embedding model: load an encoder (e.g. a sentence-transformers "
-                                  "BertModel directory) with LLM(model, task='embed')", param="task")
+            raise ValidationError("embed() needs an embedding model: load an encoder (e.g. a "
+                                  "sentence-transformers BertModel directory) with LLM(model, task='embed')",
+                                  param="task")
         from forwardpass.embed.offline import embed_prompts
 
         return embed_prompts(self.embedder, prompts, truncate_prompt_tokens=truncate_prompt_tokens,
@@ -105,8 +106,8 @@ class LLM:
         try:
             for prompt, p, lora, mm in zip(prompts, params, loras, media):
                 rid = str(next(self._ids))
-                self.engine.add_request(rid, prompt, p or self.engine.default_sampling_params(), lora_request=lora,
-                                        multi_modal_data=mm)
+                self.engine.add_request(rid, prompt, p or self.engine.default_sampling_params(),
+                                        lora_request=lora, multi_modal_data=mm)
                 ids.append(rid)
             return self._run(ids, use_tqdm)
         except BaseException:
@@ -166,10 +167,11 @@ class LLM:
                 elif "prompt" in p:
                     p = p["prompt"]
                 else:
-                    raise ValidationError("a prompt dict needs 'prompt' or 'prompt_token_ids'", param="prompts")
+                    raise ValidationError("a prompt dict needs 'prompt' or 'prompt_token_ids'",
+                                          param="prompts")
             if not isinstance(p, (str, list)):
-                raise ValidationError(f"a prompt must be a string or a list of token ids, got {type(p).__name__}",
-                                      param="prompts")
+                raise ValidationError("a prompt must be a string or a list of token ids, got "
+                                      f"{type(p).__name__}", param="prompts")
             out.append(p)
         if not out:
             raise ValidationError("no prompts given", param="prompts")

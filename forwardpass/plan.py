@@ -1,11 +1,12 @@
 """The execution plan: how a model computes, decided once, before it is built.
 
-An engine resolves one :class:`ExecutionPlan` from its ``EngineConfig``, the machine (CPU flags, device) and the
-checkpoint (its format), loading the compiled kernels the plan names first (``models/prepare.py::resolve_plan``).
-The model is then built inside :func:`building_with_plan`: each layer reads the plan once, in its constructor, and
-keeps what it needs (a linear layer its weight method, a norm its fused op, the decoder its decode-stack switch).
-After the weights are loaded each module post-processes its own weights once (``process_weights_after_loading``:
-packing, quantizing); nothing assigns kernels to a model from outside afterwards.
+An engine resolves one :class:`ExecutionPlan` from its ``EngineConfig``, the machine (CPU flags, device) and
+the checkpoint (its format), loading the compiled kernels the plan names first
+(``models/prepare.py::resolve_plan``). The model is then built inside :func:`building_with_plan`: each layer
+reads the plan once, in its constructor, and keeps what it needs (a linear layer its weight method, a norm its
+fused op, the decoder its decode-stack switch). After the weights are loaded each module post-processes its
+own weights once (``process_weights_after_loading``: packing, quantizing); nothing assigns kernels to a model
+from outside afterwards.
 
 Models built outside an engine (tests, converters) get :data:`PLAIN`: fp32 weights, the PyTorch paths.
 """
@@ -22,22 +23,26 @@ import torch
 
 @dataclass(frozen=True)
 class CompiledKernels:
-    """The compiled CPU kernels an engine decided on (None: the PyTorch path), loaded before the model is built."""
+    """The compiled CPU kernels an engine decided on (None: the PyTorch path), loaded
+    before the model is built."""
 
     decode: Any = None  # the paged-decode attention kernel (attention/cpu_kernel.py)
-    fused_ops: Any = None  # its extension module: RMSNorm, q/k norm + rotary, SwiGLU, K/V store, the decode stack
+    # its extension module: RMSNorm, q/k norm + rotary, SwiGLU, K/V store, the decode stack
+    fused_ops: Any = None
     small_matmul: Any = None  # the small-batch fp32 matmul (layers/small_matmul.py)
     small_matmul_module: Any = None  # its module (``panels_view`` for packed weights)
 
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    """Everything that decides which code computes a model, in one frozen record (reported by :meth:`describe`)."""
+    """Everything that decides which code computes a model, in one frozen record (reported by
+    :meth:`describe`)."""
 
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
-    #: where the weights come from: "hf" (a Hugging Face directory) or "gguf" (a llama.cpp file, whose quantized
-    #: tensors every method keeps as stored: layers/weight_methods.py ``load_blocks``)
+    #: where the weights come from: "hf" (a Hugging Face directory), "gguf" (a llama.cpp file, whose
+    #: quantized tensors every method keeps as stored: layers/weight_methods.py ``load_blocks``) or
+    #: "ctranslate2" (a faster-whisper model.bin, read into float32: models/whisper_ct2.py)
     checkpoint_format: str = "hf"
     #: the projections' block format when quantizing at load ("q8_0", "q4_0"), else None (fp32 or the file's)
     quantized_format: str | None = None
@@ -52,7 +57,8 @@ class ExecutionPlan:
     kv_cache_dtype: torch.dtype = torch.float32
     #: the weights in one 2 MB-page-backed buffer after loading (huge_pages.py)
     huge_pages: bool = False
-    #: every kernel chosen so a row's result does not depend on the other rows of its step (``batch_invariant``)
+    #: every kernel chosen so a row's result does not depend on the other rows of its step
+    #: (``batch_invariant``)
     batch_invariant: bool = False
     #: makes each adapter-capable projection's LoRA slot at construction (None: no LoRA)
     lora_slot: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
@@ -107,7 +113,8 @@ def current_plan() -> ExecutionPlan:
 
 @contextlib.contextmanager
 def building_with_plan(plan: ExecutionPlan) -> Iterator[ExecutionPlan]:
-    """Build a model's modules with ``plan`` (as ``distributed.parallel_state.building_with`` for tensor parallel)."""
+    """Build a model's modules with ``plan`` (as ``distributed.parallel_state.building_with``
+    for tensor parallel)."""
     _current.append(plan)
     try:
         yield plan

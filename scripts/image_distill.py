@@ -67,7 +67,8 @@ def flow_sigma(sched: LCMScheduler, t: int) -> float:
 @torch.no_grad()
 def teacher_ode(pipe: ImagePipeline, x: torch.Tensor, sigma_from: float, ctx, mask, guidance: float,
                 steps: int) -> torch.Tensor:  # fmt: skip
-    """Integrate the guided flow ODE from σ = ``sigma_from`` to 0 with Euler (``ctx`` holds [uncond; cond])."""
+    """Integrate the guided flow ODE from σ = ``sigma_from`` to 0 with Euler (``ctx``
+    holds [uncond; cond])."""
     n = max(2, round(steps * sigma_from))
     sigmas = torch.linspace(sigma_from, 0.0, n + 1)
     for i in range(n):
@@ -126,7 +127,7 @@ def stage_student(data, args, work: Path) -> None:
         clean_caps = list(caps_all)
         for t in ts_list[1:]:  # re-noised teacher samples (t < 999), as the LCM sampler makes them
             sigma = flow_sigma(lcm, t)
-            for start in range(0, args.student_renoised, bs):
+            for _ in range(0, args.student_renoised, bs):
                 idx = torch.randint(0, len(clean), (bs,), generator=g)
                 caps = [clean_caps[i] for i in idx]
                 z = torch.randn(bs, 4, 8, 8, generator=g)

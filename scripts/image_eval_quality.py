@@ -78,7 +78,8 @@ def main() -> None:
         t0 = time.perf_counter()
         results[name] = recognition_stats(pipe, clf, n=args.n, **kw)
         print(f"{name}: {results[name]['rate']:.3f} recognized, mean p(requested digit) "
-              f"{results[name]['confidence']:.3f} ({time.perf_counter() - t0:.1f} s for {args.n})", flush=True)  # fmt: skip
+              f"{results[name]['confidence']:.3f} ({time.perf_counter() - t0:.1f} s for {args.n})",
+              flush=True)  # fmt: skip
     timing = {
         f"teacher_{steps_default}_steps_s_per_image": time_per_image(teacher),
         "student_4_steps_s_per_image": time_per_image(student, num_inference_steps=4),

@@ -53,14 +53,15 @@ def main() -> None:
         print(row, flush=True)
     pipe = ImagePipeline.from_pretrained(DEFAULT_MODEL_DIR)
     for g in (1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0):
-        for negative, mode, rescale in [(False, "replace", 0.0), (False, "replace", 0.7), (True, "replace", 0.0),
-                                        (True, "replace", 0.7), (True, "perp", 0.0)]:
+        for negative, mode, rescale in [(False, "replace", 0.0), (False, "replace", 0.7),
+                                        (True, "replace", 0.0), (True, "replace", 0.7), (True, "perp", 0.0)]:
             if g == 1.0 and (negative or rescale):
                 continue
             row = {"guidance": g, "rescale": rescale, "negative": "confusable digit" if negative else "none",
                    "negative_mode": mode,
-                   **judge(pipe, classifier, prompts, labels, negatives if negative else None, guidance_scale=g,
-                           guidance_rescale=rescale, negative_mode=mode, num_inference_steps=30)}
+                   **judge(pipe, classifier, prompts, labels, negatives if negative else None,
+                           guidance_scale=g, guidance_rescale=rescale, negative_mode=mode,
+                           num_inference_steps=30)}
             rows["guidance"].append(row)
             print(row, flush=True)
     OUT.write_text(json.dumps(rows, indent=1) + "\n")

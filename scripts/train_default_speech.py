@@ -392,8 +392,8 @@ def cmd_train(args) -> None:
         step += 1
         if step % 50 == 0:
             print(
-                f"step {step} loss {loss.item():.3f} ctc {ctc.item():.3f} lr {lr:.2e} {time.time() - t0:.0f} s",
-                flush=True,
+                f"step {step} loss {loss.item():.3f} ctc {ctc.item():.3f} lr {lr:.2e} {time.time() - t0:.0f} "
+                "s", flush=True,
             )
         if step % 500 == 0:
             err, _ = wer(model, tok, texts[val], audio[val])
@@ -466,7 +466,8 @@ def cmd_eval(args) -> None:
     digit_err, digit_pairs = wer(model, tok, [j[0] for j in jobs], digit_audio)
     digit_exact = sum(r == h for r, h in digit_pairs) / len(digit_pairs)
     print(
-        f"transformers greedy: digit strings WER {digit_err:.3f} over 100 utterances; exact-match {digit_exact:.3f}"
+        f"transformers greedy: digit strings WER {digit_err:.3f} over 100 utterances; exact-match "
+        f"{digit_exact:.3f}"
     )
     # the same clips through forwardpass's engine (its own front end, continuous batching)
     llm = LLM(str(args.out), max_num_seqs=32)

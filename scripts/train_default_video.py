@@ -113,8 +113,8 @@ def make_text(args, out: Path) -> tuple[PromptTokenizer, TinyTextEncoder]:
     state = image_te.state_dict()
     old = state["embed.weight"]
     g = torch.Generator().manual_seed(0)
-    # Small rows (0.1 x the old rows' std): at full scale the random words swamp the frozen encoder's output and
-    # the inflated model recognises only ~58% of its frames at step 0 (98% at 0.1; see the assets README).
+    # Small rows (0.1 x the old rows' std): at full scale the random words swamp the frozen encoder's output
+    # and the inflated model recognises only ~58% of its frames at step 0 (98% at 0.1; see the assets README).
     new_rows = (
         torch.randn(tok.get_vocab_size() - len(old), old.shape[1], generator=g)
         * old.std()

@@ -62,7 +62,8 @@ def main() -> None:
     )
     ap.add_argument("--frames", type=int, default=None, help="frames per clip (default: the model's)")
     ap.add_argument("--seeds", default="0,2,3,4,5,6,7",
-                    help="one batch of --clips prompts per seed, pooled (seed 1 chose the guidance scale)")  # fmt: skip
+                    help="one batch of --clips prompts per seed, pooled (seed 1 chose the guidance "
+                    "scale)")  # fmt: skip
     ap.add_argument("--out", default=str(DEFAULT_VIDEO_MODEL_DIR))
     args = ap.parse_args()
     torch.set_num_threads(1)

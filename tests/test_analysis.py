@@ -56,7 +56,8 @@ def fake_cache(tmp_path, monkeypatch):
 def _fake_overhead():
     from forwardpass.analysis.overhead import PATH, Overhead
 
-    return Overhead(per_step_s=1e-3, per_layer_s=1e-4, method=f"fake, {PATH}")  # a cached value of the current probe
+    # a cached value of the current probe
+    return Overhead(per_step_s=1e-3, per_layer_s=1e-4, method=f"fake, {PATH}")
 
 
 FAKE_OVERHEAD = _fake_overhead()
@@ -287,7 +288,8 @@ def test_this_machine_defaults_to_fp32():
     rep = analyze("qwen3-0.6b", fake_machine(), prefill_tokens=128, context=192, batches=(1, 16))
     assert (rep.weight_dtype, rep.act_dtype, rep.kv_dtype) == ("fp32", "fp32", "fp32")
     d1 = rep.decode_at(1)
-    # ~2.4 GB of fp32 weights per token at 37.5 GB/s → ~15.7 tok/s at most (read bandwidth measured on the development machine)
+    # ~2.4 GB of fp32 weights per token at 37.5 GB/s → ~15.7 tok/s at most (read bandwidth measured on the
+    # development machine)
     assert d1.total.weight_bytes == pytest.approx(2.38e9, rel=0.02)
     assert d1.tokens_per_s == pytest.approx(15.7, rel=0.08)
     assert d1.bound == "memory"
@@ -461,7 +463,8 @@ def test_cli_bad_input_is_a_clear_error(capsys, tmp_path):
 
 # ----- --measure ----------------------------------------------------------------------------------
 class FakeLLM:
-    """Stands in for forwardpass.LLM on a fake clock: prefill 0.5 ms per prompt token, decode 2 ms per step."""
+    """Stands in for forwardpass.LLM on a fake clock: prefill 0.5 ms per prompt token,
+    decode 2 ms per step."""
 
     instances: ClassVar[list] = []
     clock: ClassVar[list[float]] = [0.0]
@@ -605,7 +608,8 @@ def test_an_overhead_cached_from_another_probe_path_is_measured_again(tmp_path, 
     from forwardpass.analysis import overhead as ohmod
 
     path = tmp_path / "hardware.json"
-    old = ohmod.Overhead(per_step_s=2e-4, per_layer_s=5e-4, method="median of ... interleaved runs")  # module path
+    # module path
+    old = ohmod.Overhead(per_step_s=2e-4, per_layer_s=5e-4, method="median of ... interleaved runs")
     path.write_text(json.dumps({"overhead-cpu": old.to_dict()}))
     monkeypatch.setattr(ohmod, "measure_overhead", lambda device: FAKE_OVERHEAD)
     assert ohmod.this_machine_overhead("cpu", path=path).per_layer_s == FAKE_OVERHEAD.per_layer_s

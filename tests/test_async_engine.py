@@ -99,7 +99,8 @@ class BrokenEngine(EngineCore):
 def test_streamed_greedy_equals_llm_generate(ckpt):
     prompts = random_prompts(6, [5, 40, 17, 70], seed=3)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    expected = [o.outputs[0].token_ids for o in LLM(ckpt, **ENGINE_KW).generate(prompts, params, use_tqdm=False)]
+    expected = [o.outputs[0].token_ids
+                for o in LLM(ckpt, **ENGINE_KW).generate(prompts, params, use_tqdm=False)]
 
     async def main():
         engine = await started(ckpt)
@@ -123,7 +124,8 @@ def test_streamed_text_equals_llm_generate_with_stop_strings(ckpt, tmp_path):
     text = llm.generate("Once upon a time", plain, use_tqdm=False)[0].outputs[0].text
     stop = next(text[i:i + 2] for i in range(3, len(text) - 2) if "\ufffd" not in text[i:i + 2])
     cases = [("Once upon a time", plain), ("Once upon a time", plain.replace(stop=[stop])),
-             ("The quick brown fox", SamplingParams(n=2, temperature=0.9, seed=5, max_tokens=20, ignore_eos=True))]
+             ("The quick brown fox", SamplingParams(n=2, temperature=0.9, seed=5, max_tokens=20,
+                                                    ignore_eos=True))]
     expected = [[c.text for c in llm.generate(p, sp, use_tqdm=False)[0].outputs] for p, sp in cases]
 
     async def main():

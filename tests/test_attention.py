@@ -33,11 +33,13 @@ def test_key_padding_mask():
     out = attention(q, k, v, key_padding_mask=mask, backend="sdpa")
     alone = attention(q[1:], k[1:, :, :6], v[1:, :, :6], backend="naive")
     torch.testing.assert_close(out[1:], alone, atol=1e-5, rtol=0)
-    torch.testing.assert_close(out, attention(q, k, v, key_padding_mask=mask, backend="naive"), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out, attention(q, k, v, key_padding_mask=mask, backend="naive"), atol=1e-5,
+                               rtol=0)
 
 
 def _scattered_cache(lengths, hkv=2, d=16, block_size=4, num_blocks=64, seed=0):
-    """Write each sequence's K/V into randomly chosen, non-contiguous blocks; return tables and dense copies."""
+    """Write each sequence's K/V into randomly chosen, non-contiguous blocks; return
+    tables and dense copies."""
     g = torch.Generator().manual_seed(seed)
     cache = torch.zeros(2, num_blocks, block_size, hkv, d)
     perm = torch.randperm(num_blocks, generator=g).tolist()
@@ -77,8 +79,10 @@ def test_paged_chunked_prefill_matches_naive():
 
 
 @pytest.mark.parametrize("window", [0, 5])
-@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 16), (8, 8, 32), (6, 3, 16), (8, 4, 128), (4, 2, 12)])  # 12: not 8-wide
-@pytest.mark.parametrize("lengths", [[7, 13, 1, 20, 16, 37], [19]])  # one sequence: its heads split over threads
+# d=12: not 8-wide
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 16), (8, 8, 32), (6, 3, 16), (8, 4, 128), (4, 2, 12)])
+# one sequence: its heads split over threads
+@pytest.mark.parametrize("lengths", [[7, 13, 1, 20, 16, 37], [19]])
 def test_cpu_kernel_matches_naive(window, hq, hkv, d, lengths):
     from forwardpass.attention.cpu_kernel import load_paged_decode
 

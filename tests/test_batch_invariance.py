@@ -1,10 +1,11 @@
-"""The batch-invariant plan: a request's greedy tokens and logprobs are bitwise the same alone and inside batches.
+"""The batch-invariant plan: a request's greedy tokens and logprobs are bitwise the same alone and inside
+batches.
 
 The request's prompt (150 tokens) is longer than the step budget (96), so it is prefilled in chunks, and other
-requests listed before it take part of each step's budget: inside every batch its prompt is cut at other places
-than alone, its decode steps share the matmuls with 2 to 65 rows, and its attention runs next to other sequences
-of other lengths. The kernels' own row-invariance is checked where the plan relies on it, at sizes where the
-default plan switches kernels (32-64 rows for fp32, 16-48 for int8).
+requests listed before it take part of each step's budget: inside every batch its prompt is cut at other
+places than alone, its decode steps share the matmuls with 2 to 65 rows, and its attention runs next to other
+sequences of other lengths. The kernels' own row-invariance is checked where the plan relies on it, at sizes
+where the default plan switches kernels (32-64 rows for fp32, 16-48 for int8).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def _run(llm: LLM, target, others, lengths, n: int):
     prompts.insert(at, {"prompt_token_ids": target})
     params.insert(at, greedy)
     out = llm.generate(prompts, params, use_tqdm=False)[at].outputs[0]
-    return list(out.token_ids), [sorted((t, lp.logprob, lp.rank) for t, lp in d.items()) for d in out.logprobs]
+    return list(out.token_ids), [sorted((t, lp.logprob, lp.rank) for t, lp in d.items())
+                                 for d in out.logprobs]
 
 
 def _llm(quantization, batch_invariant):
@@ -68,8 +70,8 @@ def test_the_default_plan_is_not_batch_invariant():
 
 
 def test_the_plans_matmuls_are_row_invariant_where_the_default_switches_kernels():
-    """One row's result through the plan's matmul, alone and among 1..200 rows (the default plan takes oneDNN's
-    GEMM from 32-64 rows on for fp32, the GEMM / AMX paths from 16-48 rows for int8)."""
+    """One row's result through the plan's matmul, alone and among 1..200 rows (the default plan takes
+    oneDNN's GEMM from 32-64 rows on for fp32, the GEMM / AMX paths from 16-48 rows for int8)."""
     from forwardpass.config import EngineConfig
     from forwardpass.layers.linear import Linear
     from forwardpass.models.prepare import process_weights_after_loading, resolve_plan

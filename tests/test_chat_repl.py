@@ -23,8 +23,9 @@ PROMPT = re.escape("\x1b[?2004h")
 def chat(tmp_path):
     def spawn(*flags: str):
         # HOME stays: the compiled decode kernel is cached under it (a fresh HOME would rebuild it, ~30 s)
-        env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TERM": "xterm", "PYTHONUNBUFFERED": "1",
-               "OMP_NUM_THREADS": "1", "PROMPT_TOOLKIT_NO_CPR": "1", "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TERM": "xterm",
+               "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PROMPT_TOOLKIT_NO_CPR": "1",
+               "PYTHONPATH": str(REPO)}
         child = pexpect.spawn(sys.executable, ["-m", "forwardpass.cli", "chat", "--temperature", "0", *flags],
                               env=env, encoding="utf-8", timeout=60, dimensions=(40, 200))
         child.expect("/help for commands")

@@ -18,7 +18,8 @@ def test_version(capsys):
 
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
-    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"forwardpass {forwardpass.__version__}"
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == ("forwardpass "
+                                                                             f"{forwardpass.__version__}")
 
 
 def test_device_flag_on_every_generating_command(capsys):
@@ -52,8 +53,8 @@ def test_random_seed_by_default_when_sampling():
 
 def test_prompt_from_stdin():
     r = subprocess.run([sys.executable, "-m", "forwardpass.cli", "generate", "-", "--max-tokens", "2",
-                        "--temperature", "0"], input="Once upon a time", capture_output=True, text=True, check=False,
-                       cwd=REPO, timeout=120)
+                        "--temperature", "0"], input="Once upon a time", capture_output=True, text=True,
+                       check=False, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("Once upon a time")
 
@@ -103,14 +104,17 @@ def test_a_kernel_build_shows_progress_on_a_terminal_and_one_line_in_logs(caplog
 
     from forwardpass.kernel_build import compile_progress  # not a terminal: one log line
 
-    with caplog.at_level("WARNING"), compile_progress("the test kernel", 30, __import__("logging").getLogger("t")):
+    with caplog.at_level("WARNING"), compile_progress("the test kernel", 30,
+                                                      __import__("logging").getLogger("t")):
         pass
-    assert [r.getMessage() for r in caplog.records] == ["compiling the test kernel (once, ~30 s; cached afterwards)"]
+    assert [r.getMessage() for r in caplog.records] == ["compiling the test kernel (once, ~30 s; cached "
+                                                        "afterwards)"]
 
 
 def test_two_checkouts_build_their_kernels_apart(tmp_path):
-    """The build files name the source's path: two checkouts of the same code sharing one cache folder must not
-    share a build (each would rebuild it whenever the other had, ~1 min per switch); the same checkout reuses it."""
+    """The build files name the source's path: two checkouts of the same code sharing one cache folder must
+    not share a build (each would rebuild it whenever the other had, ~1 min per switch); the
+    same checkout reuses it."""
     from forwardpass.kernel_build import CppKernel
 
     a, b = tmp_path / "a" / "k.cpp", tmp_path / "b" / "k.cpp"

@@ -37,7 +37,8 @@ def _stream(url: str, n_tokens: int, seed: int) -> None:
 
 
 def _load(url: str, n_requests: int, n_tokens: int) -> list[threading.Thread]:
-    threads = [threading.Thread(target=_stream, args=(url, n_tokens, i), daemon=True) for i in range(n_requests)]
+    threads = [threading.Thread(target=_stream, args=(url, n_tokens, i), daemon=True)
+               for i in range(n_requests)]
     for t in threads:
         t.start()
     return threads
@@ -96,8 +97,8 @@ def test_dashboard_in_a_real_browser(server):
             time.sleep(0.1)
         before = numbers()
         peak = dict(before)
-        # Four long requests take the four seats (--max-num-seqs 4); once the page shows them running, two more
-        # wait for seconds, until the first of them ends.
+        # Four long requests take the four seats (--max-num-seqs 4); once the page shows them running, two
+        # more wait for seconds, until the first of them ends.
         threads = _load(server.url, 4, 320)
         deadline = time.monotonic() + 30
         while numbers()["requests-running"] < 4:
@@ -108,10 +109,10 @@ def test_dashboard_in_a_real_browser(server):
         while any(t.is_alive() for t in threads):
             now = numbers()
             peak = {k: max(peak[k], v) for k, v in now.items()}
-            # the picture worth keeping: seats full, a queue, blocks owned. Only once the page has shown the queue:
-            # on a loaded machine a screenshot can block for seconds, and one taken at the first running request
-            # once spanned the whole wait, so the page was never read while requests waited (a CI failure: its
-            # screenshot showed 2 waiting and 52 blocks, the readings before it 0 and 12)
+            # the picture worth keeping: seats full, a queue, blocks owned. Only once the page has shown the
+            # queue: on a loaded machine a screenshot can block for seconds, and one taken at the first
+            # running request once spanned the whole wait, so the page was never read while requests waited (a
+            # CI failure: its screenshot showed 2 waiting and 52 blocks, the readings before it 0 and 12)
             if not shot_taken and now["requests-waiting"] > 0 and now["kv-blocks-used"] > 0:
                 time.sleep(0.6)  # the canvases drawn
                 driver.save_screenshot(str(shots / "dashboard-busy.png"))
@@ -120,7 +121,8 @@ def test_dashboard_in_a_real_browser(server):
         for t in threads:
             t.join()
         assert peak["requests-running"] > 0 and peak["kv-blocks-used"] > 0 and peak["tokens-per-s"] > 0, peak
-        assert peak["requests-waiting"] > 0, (peak, driver.find_element("id", "status").text, console_errors(driver))
+        assert peak["requests-waiting"] > 0, (peak, driver.find_element("id", "status").text,
+                                              console_errors(driver))
         deadline = time.monotonic() + 20
         while any(numbers().values()):
             assert time.monotonic() < deadline, f"the numbers did not return to idle: {numbers()}"

@@ -1,8 +1,8 @@
-"""The decode step's layers in one C++ call (``forwardpass/models/llama_decode_stack.py``): the same kernels as the
-modules in the same order, so the tokens *and* their log-probabilities are bitwise those of the module path,
-for every weight format and the Llama family's switches (q/k norms, qkv bias, sliding windows, rope scaling,
-batches of sequences at different lengths); and the engine builds it only where every layer is exactly what
-it computes."""
+"""The decode step's layers in one C++ call (``forwardpass/models/llama_decode_stack.py``): the same kernels
+as the modules in the same order, so the tokens *and* their log-probabilities are bitwise those of the module
+path, for every weight format and the Llama family's switches (q/k norms, qkv bias, sliding windows, rope
+scaling, batches of sequences at different lengths); and the engine builds it only where every layer is
+exactly what it computes."""
 
 from __future__ import annotations
 
@@ -71,9 +71,11 @@ def test_large_batches_and_mixed_steps_take_the_modules(ops, checkpoint_factory)
     llm = LLM(checkpoint_factory("qwen3"), num_kv_blocks=32, cpu_kernels=True)
     stack = llm.engine.model.model.decode_stack
     x, cos = torch.zeros(4, 64), torch.zeros(4, 32)
-    ctx = AttentionContext(kv_caches=[], groups=[], layer_group=[], num_decode=4, decode_kernel=ops.paged_decode)
+    ctx = AttentionContext(kv_caches=[], groups=[], layer_group=[], num_decode=4,
+                           decode_kernel=ops.paged_decode)
     assert stack.applies(x, cos, ctx)
-    assert not stack.applies(x, cos, AttentionContext([], [], [], num_decode=3, decode_kernel=ops.paged_decode))
+    assert not stack.applies(x, cos, AttentionContext([], [], [], num_decode=3,
+                                                      decode_kernel=ops.paged_decode))
     assert not stack.applies(x, cos, None)  # no cache: scoring / parity runs
     rows = stack.max_rows + 1
     big = AttentionContext([], [], [], num_decode=rows, decode_kernel=ops.paged_decode)
@@ -88,17 +90,19 @@ def test_not_built_where_a_layer_differs(ops, checkpoint_factory, tmp_path):
         return getattr(LLM(path, num_kv_blocks=32, **kw).engine.model.model, "decode_stack", None)
 
     assert stack_of(checkpoint_factory("qwen3"), cpu_kernels=False) is None  # the PyTorch path
-    assert stack_of(checkpoint_factory("qwen3"), cpu_kernels=True, kv_cache_dtype="bfloat16") is None  # no kernel for it
+    # no kernel for it
+    assert stack_of(checkpoint_factory("qwen3"), cpu_kernels=True, kv_cache_dtype="bfloat16") is None
     assert stack_of(checkpoint_factory("qwen3"), cpu_kernels=True, enable_lora=True, max_lora_rank=8) is None
     assert stack_of(make_moe_checkpoint(tmp_path / "moe", "qwen3_moe_k2_norm"), cpu_kernels=True) is None
     assert stack_of(make_attention_checkpoint(tmp_path / "g2", "gemma2"), cpu_kernels=True) is None
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_large_quantized_batches_run_in_the_stack_where_the_kernel_takes_them(ops, checkpoint_factory, quantization):
-    """On AVX-512 VNNI CPUs the kernel multiplies batches of any size (the tile layout's small-batch kernel, its GEMM
-    from gemm_rows on: quant/csrc/tiles.h, vnni_gemm.h); the stack takes 32+ rows too, still bitwise the modules.
-    Elsewhere such batches run the modules (they take another GEMM: AMX, oneDNN)."""
+def test_large_quantized_batches_run_in_the_stack_where_the_kernel_takes_them(ops, checkpoint_factory,
+                                                                              quantization):
+    """On AVX-512 VNNI CPUs the kernel multiplies batches of any size (the tile layout's small-batch kernel,
+    its GEMM from gemm_rows on: quant/csrc/tiles.h, vnni_gemm.h); the stack takes 32+ rows too, still bitwise
+    the modules. Elsewhere such batches run the modules (they take another GEMM: AMX, oneDNN)."""
     from forwardpass.quant.weight import QuantizedWeight
 
     llm = LLM(checkpoint_factory("qwen3"), quantization=quantization, num_kv_blocks=256, block_size=16,

@@ -205,7 +205,8 @@ def test_spec_counts_match_transformers_and_the_cache(ckpt, hf):
     assert spec.params == sum(p.numel() for p in hf.parameters())
     states = [s for s in layer_specs(spec, 8, torch.float32) if isinstance(s, StateSpec)]
     assert spec.state_bytes_per_sequence(4) == sum(s.page_bytes_per_layer for s in states)
-    # what the cache grows by per token: CSA entries (32 + 16 values) every 4 tokens in two layers, HCA every 8
+    # what the cache grows by per token: CSA entries (32 + 16 values) every 4 tokens
+    # in two layers, HCA every 8
     assert spec.kv_bytes_per_token(2) == (2 * 48 / 4 + 32 / 8) * 2
 
 
@@ -291,9 +292,10 @@ def test_unsupported_configs_are_refused(extra, param):
 
 
 def test_packed_weights_match_transformers(tmp_path):
-    """A model wide enough for packed fp32 weights (whole 64-row panels) on the compiled CPU path: the plan packs its
-    projections and keeps the grouped ``wo_a`` plain (read as a matrix), and greedy decoding equals transformers'.
-    (Packing used to replace ``wo_a``'s weight after the model was built: its first step failed on ``.view``.)"""
+    """A model wide enough for packed fp32 weights (whole 64-row panels) on the compiled CPU path: the plan
+    packs its projections and keeps the grouped ``wo_a`` plain (read as a matrix), and greedy decoding equals
+    transformers'. (Packing used to replace ``wo_a``'s weight after the model was built: its first step
+    failed on ``.view``.)"""
     from forwardpass.attention import cpu_kernel
     from forwardpass.layers.packed import PackedWeight
 

@@ -1,5 +1,5 @@
-"""Unit checks of the diffusion building blocks: DiT patching and adaLN-Zero, text-encoder padding, VAE shapes,
-config/weight round trips."""
+"""Unit checks of the diffusion building blocks: DiT patching and adaLN-Zero, text-encoder padding, VAE
+shapes, config/weight round trips."""
 
 from __future__ import annotations
 

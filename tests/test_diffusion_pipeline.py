@@ -34,7 +34,8 @@ def write_tiny_pipeline(root, *, student: bool = True):
     tok = build_word_tokenizer(WORDS)
     (root / "tokenizer").mkdir(parents=True)
     tok.save(str(root / "tokenizer" / "tokenizer.json"))
-    TinyTextEncoder(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+    TinyTextEncoder(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=1,
+                    num_attention_heads=2,
                     max_position_embeddings=8).save_pretrained(root / "text_encoder")  # fmt: skip
     for name in ["transformer", "student_transformer"] if student else ["transformer"]:
         dit = DiTTransformer2DModel(
@@ -147,7 +148,8 @@ def test_cfg_formula_at_scale_one_is_conditional(pipe):
 @pytest.mark.parametrize("guidance,expected_batch", [(3.0, 12), (1.0, 6), (0.0, 6)])
 def test_denoiser_calls_and_batch_sizes(pipe, guidance, expected_batch):
     calls = count_calls(pipe)
-    out = pipe(["seven", "3"], num_images_per_prompt=3, guidance_scale=guidance, num_inference_steps=5, seed=0,
+    out = pipe(["seven", "3"], num_images_per_prompt=3, guidance_scale=guidance, num_inference_steps=5,
+               seed=0,
                output_type="np")  # fmt: skip
     assert calls == [expected_batch] * 5  # one call per step: 2·B with CFG, B without
     assert out.images.shape == (6, 32, 32, 1)
@@ -215,7 +217,8 @@ class PointMassDenoiser(nn.Module):
     LCMScheduler(), LCMScheduler(prediction_type="sample"),
 ])  # fmt: skip
 def test_every_scheduler_drives_a_flow_model(pipe, sched):
-    """With the exact velocity of a point mass, every scheduler must land on it: the VP ↔ flow mapping is right."""
+    """With the exact velocity of a point mass, every scheduler must land on it: the VP ↔
+    flow mapping is right."""
     c = torch.linspace(-1, 1, 4 * 8 * 8).view(1, 4, 8, 8)
     pipe.transformer = PointMassDenoiser(c)
     pipe.scheduler = sched
@@ -344,7 +347,8 @@ def test_cli_image(tiny_dir, tmp_path, capsys):
     assert Image.open(out).size == (32, 32)
     grid = tmp_path / "grid.png"
     assert main(["image", "seven", "--model", str(tiny_dir), "--steps", "2", "--num-images", "4",
-                 "--negative-prompt", "3", "--guidance", "2", "-o", str(grid), "--no-progress"]) == 0  # fmt: skip
+                 "--negative-prompt", "3", "--guidance", "2", "-o", str(grid),
+                 "--no-progress"]) == 0  # fmt: skip
     assert Image.open(grid).size[0] > 32 * 2
     assert main(["image", "seven", "--model", str(tiny_dir), "--few-step", "--size", "16x24", "-o",
                  str(tmp_path / "s.png"), "--no-progress"]) == 0  # fmt: skip

@@ -47,12 +47,14 @@ def _pipe(model: str, scheduler: str | None) -> ImagePipeline:
 
 @pytest.mark.parametrize("model,scheduler,steps", SETTINGS)
 def test_every_scheduler_draws_recognisable_digits(model, scheduler, steps, classifier):
-    rate = recognition_rate(_pipe(model, scheduler), classifier, n=20, batch_size=20, num_inference_steps=steps)
+    rate = recognition_rate(_pipe(model, scheduler), classifier, n=20, batch_size=20,
+                            num_inference_steps=steps)
     assert rate >= 0.9, f"{model} + {scheduler or 'its own scheduler'} at {steps} steps: {rate:.0%}"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,scheduler,steps", SETTINGS + [("teacher", "ddim", 30), ("teacher", "lcm", 30)])
+@pytest.mark.parametrize("model,scheduler,steps",
+                         SETTINGS + [("teacher", "ddim", 30), ("teacher", "lcm", 30)])
 def test_every_scheduler_200_images(model, scheduler, steps, classifier):
     rate = recognition_rate(_pipe(model, scheduler), classifier, n=200, num_inference_steps=steps)
     assert rate >= 0.9, f"{model} + {scheduler or 'its own scheduler'} at {steps} steps: {rate:.1%}"
@@ -63,7 +65,8 @@ def test_swapped_scheduler_is_configured_for_the_flow_model():
     pipe = _pipe("teacher", "ddim")
     assert pipe.model_prediction == "flow"
     cfg = pipe.scheduler.config
-    assert cfg["clip_sample"] is False and cfg["rescale_betas_zero_snr"] and cfg["timestep_spacing"] == "trailing"
+    assert (cfg["clip_sample"] is False and cfg["rescale_betas_zero_snr"]
+            and cfg["timestep_spacing"] == "trailing")
     assert float(pipe.scheduler.alphas_cumprod[-1]) == 0.0  # starts at pure noise, as the flow schedule does
     pipe.set_scheduler("lcm", prediction_type="epsilon")  # an explicit setting wins
     assert pipe.scheduler.config["prediction_type"] == "epsilon"
@@ -109,7 +112,8 @@ def test_perp_negative_keeps_shared_strokes(classifier):
     assert pipe.defaults["negative_mode"] == "perp"
     n = 40
     negatives = [str(CONFUSABLE[d]) for d in eval_prompts(n)[1]]
-    kw = {"n": n, "batch_size": n, "num_inference_steps": 20, "guidance_scale": 5.0, "negative_prompt": negatives}
+    kw = {"n": n, "batch_size": n, "num_inference_steps": 20, "guidance_scale": 5.0,
+          "negative_prompt": negatives}
     perp = recognition_rate(pipe, classifier, negative_mode="perp", **kw)
     replace = recognition_rate(pipe, classifier, negative_mode="replace", **kw)
     assert perp >= 0.85 and perp > replace, (perp, replace)
@@ -123,7 +127,8 @@ def test_untrained_size_is_a_clear_error():
                 show_progress=False).images.shape == (1, 32, 32, 1)
 
 
-@pytest.mark.parametrize("n,shape", [(1, (1, 1)), (4, (2, 2)), (6, (2, 3)), (8, (2, 4)), (16, (4, 4)), (7, (1, 7))])
+@pytest.mark.parametrize("n,shape", [(1, (1, 1)), (4, (2, 2)), (6, (2, 3)), (8, (2, 4)), (16, (4, 4)),
+                                     (7, (1, 7))])
 def test_grid_has_no_empty_cell(n, shape):
     assert grid_shape(n) == shape
 

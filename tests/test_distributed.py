@@ -72,7 +72,8 @@ def assert_logprobs_close(a: list[list[dict]], b: list[list[dict]]) -> None:
 
 
 def check_parity(path, prompts, hf: bool = True, **tp_options) -> LLM:
-    """TP=2 greedy tokens equal TP=1's (and HF's), log-probs close, each rank holding about half the weights."""
+    """TP=2 greedy tokens equal TP=1's (and HF's), log-probs close, each rank holding
+    about half the weights."""
     # a second round whose prompt starts with the first prompt: it is served from the prefix cache
     again = [prompts[0][:20] + [7, 8, 9]]
     ref = LLM(str(path), **{**ENGINE, "distributed_timeout_s": 60})

@@ -1,5 +1,5 @@
-"""``forwardpass/envs.py``: every ``FORWARDPASS_*`` variable is registered with a type, default and doc, read at call
-time, and read nowhere else."""
+"""``forwardpass/envs.py``: every ``FORWARDPASS_*`` variable is registered with a type, default and doc, read
+at call time, and read nowhere else."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def _is_getenv(node: ast.expr) -> bool:
 
 def env_reads(tree: ast.Module) -> list[str]:
     """The variable names a module reads from the environment (``os.environ.get(N)``, ``os.getenv(N)``,
-    ``os.environ[N]``, ``N in os.environ``), where ``N`` is a string or a module-level constant holding one."""
+    ``os.environ[N]``, ``N in os.environ``), where ``N`` is a string or a module-level
+    constant holding one."""
     consts = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
               and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
               for target in node.targets if isinstance(target, ast.Name)}  # fmt: skip
@@ -65,7 +66,8 @@ def test_the_detector_finds_every_kind_of_read():
         "'FORWARDPASS_D' in os.environ\nenviron.get(f'FORWARDPASS_E{1}')\nos.environ.get('HOME')\n"
         "os.environ['FORWARDPASS_F'] = '1'\n"  # a write, not a read
     )
-    assert env_reads(tree) == ["FORWARDPASS_A", "FORWARDPASS_B", "FORWARDPASS_C", "FORWARDPASS_D", "FORWARDPASS_E",
+    assert env_reads(tree) == ["FORWARDPASS_A", "FORWARDPASS_B", "FORWARDPASS_C", "FORWARDPASS_D",
+                               "FORWARDPASS_E",
                                "HOME"]  # fmt: skip
 
 

@@ -51,7 +51,8 @@ def test_json_has_the_documented_fields(cli_json):
     assert "unhurriedly" in "".join(t["text"] for t in ex["tokens"])
     assert any(t["split"] for t in ex["tokens"])  # "unhurriedly" is several tokens in this vocabulary
     assert len(ex["layers"]) == ex["engine"]["layers"] + 1
-    plan = ex["execution_plan"]  # the plain engine's: fp32 weights, packed or on the small-batch kernel where compiled
+    # the plain engine's: fp32 weights, packed or on the small-batch kernel where compiled
+    plan = ex["execution_plan"]
     assert (plan["device"], plan["dtype"]) == ("cpu", "float32")
     assert plan["weights"]["dense"] == ("fp32+small-matmul" if plan["small_matmul"] else "fp32")
     fp32 = ("fp32-packed", "fp32+small-matmul") if plan["small_matmul"] else ("fp32",)
@@ -89,7 +90,8 @@ def test_top_p_pool_is_the_smallest_set_reaching_top_p():
 
 
 def test_drawn_tokens_equal_generate_with_the_same_seed(cli_json, llm):
-    params = SamplingParams(max_tokens=N, temperature=0.8, top_k=TOP_K, top_p=TOP_P, seed=SEED, ignore_eos=True)
+    params = SamplingParams(max_tokens=N, temperature=0.8, top_k=TOP_K, top_p=TOP_P, seed=SEED,
+                            ignore_eos=True)
     out = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0]
     drawn = [cli_json["prefill"]["token"], *(d["token"] for d in cli_json["decode"])]
     assert drawn == list(out.token_ids)
@@ -114,7 +116,8 @@ def test_views_are_the_models_own_forward(llm):
 
 
 def test_greedy_pool_is_one_token_and_overhead_bound_shows(llm):
-    ex = explain(PROMPT, engine=llm.engine, max_tokens=3, temperature=0, hardware=get_hardware("h100"), overhead=OH)
+    ex = explain(PROMPT, engine=llm.engine, max_tokens=3, temperature=0, hardware=get_hardware("h100"),
+                 overhead=OH)
     for d in [ex["prefill"], *ex["decode"]]:
         assert d["pool_size"] == 1 and d["candidates"][0]["token"] == d["token"]
         assert d["bound"] == "overhead"  # a 6-layer toy model on an H100: launches dominate
@@ -133,8 +136,9 @@ def _built_methods(model: torch.nn.Module) -> dict[str, set[str]]:
 
 
 def test_execution_plan_is_the_engines(llm):
-    """``execution_plan`` is the plan of the engine that ran the request: an int8 engine's q8_0 weights, the plain
-    engine's fp32 ones, each as its model's linear layers were built; the terminal view has it in one line."""
+    """``execution_plan`` is the plan of the engine that ran the request: an int8 engine's q8_0 weights, the
+    plain engine's fp32 ones, each as its model's linear layers were built; the terminal
+    view has it in one line."""
     import io
 
     from rich.console import Console
@@ -153,7 +157,8 @@ def test_execution_plan_is_the_engines(llm):
             assert plan["weights"] == {"projection": "q8_0", "lm_head": "q8_0", "dense": "fp32"}
             assert plan["isa"]["quant_matmul"] and plan["isa"]["quant_gemm"]
             assert not (plan["decode_kernel"] or plan["small_matmul"])  # cpu_kernels=False
-            assert any(isinstance(getattr(m, "weight", None), QuantizedWeight) for m in engine.model.modules())
+            assert any(isinstance(getattr(m, "weight", None), QuantizedWeight)
+                       for m in engine.model.modules())
             buf = io.StringIO()
             render(ex, out=Console(file=buf, width=400))
             line = next(x for x in buf.getvalue().splitlines() if x.startswith("execution plan:"))
@@ -174,11 +179,13 @@ def test_moe_routing_per_token_and_layer(tmp_path):
     from tests.helpers.moe_checkpoints import make_moe_checkpoint
 
     ckpt = make_moe_checkpoint(tmp_path / "moe", "qwen3_moe_k2_norm")
-    ex = explain([5, 9, 11, 4], model=ckpt, max_tokens=3, seed=1, ignore_eos=True, hardware=None, overhead=None)
+    ex = explain([5, 9, 11, 4], model=ckpt, max_tokens=3, seed=1, ignore_eos=True, hardware=None,
+                 overhead=None)
     assert ex["routing"], "an MoE model reports routing"
     for r in ex["routing"]:
         assert len(r["experts"]) == 4 + 3 - 1 and all(len(e) == 2 for e in r["experts"])
-        assert r["matches_engine"], (r["tokens_per_expert"], r["engine_tokens_per_expert"])  # the run's own counts
+        # the run's own counts
+        assert r["matches_engine"], (r["tokens_per_expert"], r["engine_tokens_per_expert"])
     assert [d["kv_entries"] for d in ex["decode"]] == [5, 6]
 
 
@@ -235,6 +242,6 @@ def test_terminal_view_shows_every_section(cli_json):
     buf = io.StringIO()
     render(cli_json, out=Console(file=buf, width=160))
     text = buf.getvalue()
-    for needle in ("prompt tokens", "prefill", "decode steps", "KV cache", "sampling funnel", "hidden-state norm",
-                   "attention of layer", "roofline", "draws reproduced: True"):
+    for needle in ("prompt tokens", "prefill", "decode steps", "KV cache", "sampling funnel",
+                   "hidden-state norm", "attention of layer", "roofline", "draws reproduced: True"):
         assert needle in text, needle

@@ -47,7 +47,8 @@ def test_flash_padding_softcap_scale_and_backend_name():
     kwargs = {"key_padding_mask": mask, "softcap": 5.0, "scale": 0.3}
     ref = attention(q, k, v, backend="naive", **kwargs)
     torch.testing.assert_close(attention(q, k, v, backend="flash", **kwargs), ref, atol=1e-5, rtol=0)
-    torch.testing.assert_close(flash_attention(q, k, v, causal=False, block_k=3, **kwargs), ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(flash_attention(q, k, v, causal=False, block_k=3, **kwargs), ref, atol=1e-5,
+                               rtol=0)
     assert "flash" in available_backends()
 
 
@@ -61,8 +62,10 @@ def test_flash_query_that_sees_nothing_outputs_zeros():
 def test_flash_sdpa_softcap_agree():
     q, k, v = rand(1, 4, 12, 16, seed=4) * 4, rand(1, 4, 12, 16, seed=5) * 4, rand(1, 4, 12, 16, seed=6)
     ref = attention(q, k, v, causal=True, softcap=2.0, backend="naive")
-    torch.testing.assert_close(attention(q, k, v, causal=True, softcap=2.0, backend="sdpa"), ref, atol=1e-5, rtol=0)
-    torch.testing.assert_close(attention(q, k, v, causal=True, softcap=2.0, backend="flash"), ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(attention(q, k, v, causal=True, softcap=2.0, backend="sdpa"), ref, atol=1e-5,
+                               rtol=0)
+    torch.testing.assert_close(attention(q, k, v, causal=True, softcap=2.0, backend="flash"), ref, atol=1e-5,
+                               rtol=0)
 
 
 _PEAK_SCRIPT = """
@@ -121,8 +124,8 @@ def test_flash_peak_memory_at_16k():
     Each measurement runs in a fresh process (the peak RSS is a high-water mark)."""
     grown, seconds, err = _peak("flash", 16384)
     naive_grown, _, _ = _peak("naive", 4096)
-    print(f"flash N=16384 d=64 causal: peak RSS growth {grown / 2**20:.1f} MiB, {seconds:.2f}s, max err {err:.2e}; "
-          f"naive N=4096 (64 MiB of scores): {naive_grown / 2**20:.1f} MiB")
+    print(f"flash N=16384 d=64 causal: peak RSS growth {grown / 2**20:.1f} MiB, {seconds:.2f}s, max err "
+          f"{err:.2e}; naive N=4096 (64 MiB of scores): {naive_grown / 2**20:.1f} MiB")
     assert naive_grown >= 60 * 2**20  # the measurement does see an N×N matrix
     assert grown < 64 * 2**20  # < 1/16 of the 1 GiB the scores would need
     assert err < 1e-5

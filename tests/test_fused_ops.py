@@ -1,6 +1,6 @@
-"""The compiled per-layer ops of a decode step (``forwardpass/layers/norm.py``, ``mlp.py``; taken from the execution plan) against the PyTorch modules
-they replace: RMSNorm, and q/k RMSNorm + rotary in place on the qkv projection; and the engine switching
-them on exactly when it uses the compiled decode kernel."""
+"""The compiled per-layer ops of a decode step (``forwardpass/layers/norm.py``, ``mlp.py``; taken from the
+execution plan) against the PyTorch modules they replace: RMSNorm, and q/k RMSNorm + rotary in place on the
+qkv projection; and the engine switching them on exactly when it uses the compiled decode kernel."""
 
 from __future__ import annotations
 

@@ -32,6 +32,13 @@ def gguf_files(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def gguf_cache(tmp_path, monkeypatch):
+    import os
+
+    from torch.utils.cpp_extension import get_default_build_root
+
+    # model directories in a fresh cache, compiled kernels where they already are (not rebuilt there)
+    build_root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", build_root)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     # numbers, not speed: one thread (two OpenMP threads on a loaded 2-core machine wait on each other)
     before = torch.get_num_threads()
@@ -82,10 +89,11 @@ def test_float_files_generate_what_transformers_generates(gguf_files, kind):
 def test_quantized_files_match_transformers_on_the_same_weights(gguf_files, kind, monkeypatch):
     """Asked for the dequantize-then-fp32 GEMM (``FORWARDPASS_QUANT_GEMM=fp32``, on every CPU), a prompt gives
     transformers' logits on the same dequantized weights to 1e-4; with this CPU's own large-batch path (int8
-    activations on AVX2 or VNNI, bf16 on AMX) within the rounding of its operands: measured 0.18% (AMX) and 0.5%
-    (AVX2) relative error, 96-100% top-1 agreement over 56 positions."""
+    activations on AVX2 or VNNI, bf16 on AMX) within the rounding of its operands: measured 0.18% (AMX) and
+    0.5% (AVX2) relative error, 96-100% top-1 agreement over 56 positions."""
     name = f"embedded-{kind}.gguf"
-    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "fp32")  # not bf16 or int8 activations: transformers' fp32 math
+    # not bf16 or int8 activations: transformers' fp32 math
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "fp32")
     ours = _our_model(gguf_files / name)
     down = ours.model.layers[0].mlp.down_proj.weight
     assert isinstance(down, QuantizedWeight) and down.fmt == kind

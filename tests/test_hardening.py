@@ -59,7 +59,8 @@ def test_break1_huge_top_k_is_a_validation_error_in_the_python_api(ckpt):
     with pytest.raises(ValidationError) as e:  # within the int64 cap but beyond the vocabulary
         llm.generate([[1, 2, 3]], SamplingParams(temperature=1.0, top_k=10**6, max_tokens=2))
     assert e.value.param == "top_k"
-    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=1.0, top_k=llm.engine.core.spec.vocab, max_tokens=2))
+    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=1.0, top_k=llm.engine.core.spec.vocab,
+                                                   max_tokens=2))
     assert len(out[0].outputs[0].token_ids) == 2
 
 
@@ -86,14 +87,16 @@ def test_break1_a_failing_request_fails_alone_mid_batch(ckpt):
         try:
             async def collect(prompt, params, rid):
                 out = None
-                async for out in engine.generate(prompt, params, rid):
-                    pass
+                async for last in engine.generate(prompt, params, rid):
+                    out = last
                 return out.outputs[0].token_ids
 
-            alone = [await collect(p, greedy if i % 2 else seeded, f"alone-{i}") for i, p in enumerate(prompts)]
+            alone = [await collect(p, greedy if i % 2 else seeded, f"alone-{i}")
+                     for i, p in enumerate(prompts)]
             poison = SamplingParams(temperature=1.0, seed=POISON_SEED, max_tokens=12, ignore_eos=True)
             tasks = [collect(p, greedy if i % 2 else seeded, f"batch-{i}") for i, p in enumerate(prompts)]
-            results = await asyncio.gather(collect([9, 9, 9], poison, "poison"), *tasks, return_exceptions=True)
+            results = await asyncio.gather(collect([9, 9, 9], poison, "poison"), *tasks,
+                                           return_exceptions=True)
             assert isinstance(results[0], ForwardpassError), results[0]
             assert "sampling failed for this request" in str(results[0])
             assert "injected per-request sampler fault" in str(results[0])
@@ -149,7 +152,8 @@ async def _newcomer_ttft(ckpt, fair_share_tokens: int, num_streams: int = 64) ->
         while min(progress) < 40:  # every slot is a long stream past its fair share
             await asyncio.sleep(0.01)
         t0 = time.monotonic()
-        newcomer = await engine.add_request([3, 4, 5, 6], SamplingParams(temperature=0.0, max_tokens=4), "new")
+        newcomer = await engine.add_request([3, 4, 5, 6], SamplingParams(temperature=0.0, max_tokens=4),
+                                            "new")
         async for _ in newcomer:
             break
         ttft = time.monotonic() - t0
@@ -186,7 +190,8 @@ def test_break5_swapped_streams_finish_identical(ckpt):
     kw = {"num_kv_blocks": 200, "block_size": 16, "max_num_seqs": 2}
     greedy = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     prompts = [[11 + i, 12, 13, 14 + i] for i in range(6)]
-    alone = [o.outputs[0].token_ids for o in LLM(str(ckpt), **kw, fair_share_tokens=0).generate(prompts, greedy)]
+    alone = [o.outputs[0].token_ids
+             for o in LLM(str(ckpt), **kw, fair_share_tokens=0).generate(prompts, greedy)]
     llm = LLM(str(ckpt), **kw, fair_share_tokens=8)
     out = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
     assert llm.engine.core.scheduler.num_swaps > 0
@@ -243,7 +248,8 @@ def test_break8_lora_rank_pattern_regex_is_restricted():
         _pattern_value({"(a+)+$": 4}, module, 8)
     assert time.monotonic() - t0 < 0.5
     assert _pattern_value({"q_proj": 4}, "model.layers.0.self_attn.q_proj", 8) == 4
-    assert _pattern_value({"layers.0.self_attn.q_proj": 2, "v_proj": 4}, "model.layers.1.self_attn.q_proj", 8) == 8
+    assert _pattern_value({"layers.0.self_attn.q_proj": 2, "v_proj": 4},
+                          "model.layers.1.self_attn.q_proj", 8) == 8
     assert _pattern_value({r"layers\.[0-3]\.self_attn\.q_proj": 2}, "model.layers.2.self_attn.q_proj", 8) == 2
 
 

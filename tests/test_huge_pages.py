@@ -36,7 +36,8 @@ def test_model_tensors_move_into_one_buffer_with_their_values_and_sharing():
     before = {k: v.clone() for k, v in m.state_dict().items()}
     param, table_ptr = m.embed.weight, m.table.data_ptr()
     moved = huge_pages.move_model_to_huge_pages(m)
-    assert moved == (4 << 20) + 16 * 16 * 4 + 16 * 4 + 6  # the embedding once (tied), the small Linear, `halves`
+    # the embedding once (tied), the small Linear, `halves`
+    assert moved == (4 << 20) + 16 * 16 * 4 + 16 * 4 + 6
     assert m.embed.weight is param and m.head.weight is m.embed.weight  # same Parameter, still tied
     # back to back in module order (the root module's own tensors first), each on a cache line, in one storage
     # starting on a huge page
@@ -50,7 +51,8 @@ def test_model_tensors_move_into_one_buffer_with_their_values_and_sharing():
     for k, v in m.state_dict().items():
         assert torch.equal(v, before[k]), k
     x = torch.tensor([1, 2, 3])
-    assert torch.equal(m.head(m.embed(x)), nn.functional.linear(before["embed.weight"][x], before["embed.weight"]))
+    assert torch.equal(m.head(m.embed(x)),
+                       nn.functional.linear(before["embed.weight"][x], before["embed.weight"]))
 
 
 class OwnMemory(nn.Module):
@@ -79,7 +81,8 @@ def _thp_mode() -> str:
 
 
 def _huge_fraction(addr: int, nbytes: int) -> float | None:
-    """AnonHugePages of the mapping that holds ``addr``, as a fraction of ``nbytes``; None where smaps does not say."""
+    """AnonHugePages of the mapping that holds ``addr``, as a fraction of ``nbytes``; None
+    where smaps does not say."""
     with open("/proc/self/smaps") as f:
         inside = False
         for line in f:
@@ -92,10 +95,11 @@ def _huge_fraction(addr: int, nbytes: int) -> float | None:
     return None
 
 
-@pytest.mark.skipif(sys.platform != "linux" or _thp_mode() != "madvise", reason="no huge pages asked for here")
+@pytest.mark.skipif(sys.platform != "linux" or _thp_mode() != "madvise",
+                    reason="no huge pages asked for here")
 def test_memory_already_on_4k_pages_gets_huge_pages_once_released():
-    # What empty_on_huge_pages does to the blocks malloc hands out: recycled ones already have their 4 KB pages,
-    # which madvise alone leaves in place (0% of this span became huge that way, 100% once released).
+    # What empty_on_huge_pages does to the blocks malloc hands out: recycled ones already have their 4 KB
+    # pages, which madvise alone leaves in place (0% of this span became huge that way, 100% once released).
     size = 16 << 20
     block = mmap.mmap(-1, size + huge_pages.HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # ours alone
     block.write(b"x" * len(block))  # every page touched: 4 KB pages, as in a block malloc recycles

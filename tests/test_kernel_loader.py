@@ -1,5 +1,5 @@
-"""``KernelLoader`` (forwardpass/kernel_build.py), what every ``load_*_kernel`` is: built once and kept, a failure
-remembered and said once, an environment switch read at each call, a check on the loaded module."""
+"""``KernelLoader`` (forwardpass/kernel_build.py), what every ``load_*_kernel`` is: built once and kept, a
+failure remembered and said once, an environment switch read at each call, a check on the loaded module."""
 
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ def test_not_ready_waits_without_loading():
 
 
 def test_paged_decode_waits_on_its_background_build(monkeypatch):
-    """``load_paged_decode(wait=False)``: the build starts in a process of its own, once; None until it is done."""
+    """``load_paged_decode(wait=False)``: the build starts in a process of its own, once;
+    None until it is done."""
     from forwardpass.attention import cpu_kernel
 
     build = SimpleNamespace(done=False, poll=lambda: 0 if build.done else None)

@@ -1,7 +1,8 @@
-"""``kv_cache_dtype``: paged K/V stored in float16 or bfloat16 under a float32 model. Stored values are the model's
-K/V rounded once; every reader (the PyTorch paths, the compiled store and decode kernel, the decode stack) widens
-them back exactly, so each path equals the float32 math on the rounded values; the engine's outputs stay close
-to a float32 cache's; half the bytes hold twice the blocks; and what cannot take it says so."""
+"""``kv_cache_dtype``: paged K/V stored in float16 or bfloat16 under a float32 model. Stored values are the
+model's K/V rounded once; every reader (the PyTorch paths, the compiled store and decode kernel, the decode
+stack) widens them back exactly, so each path equals the float32 math on the rounded values; the engine's
+outputs stay close to a float32 cache's; half the bytes hold twice the blocks; and what
+cannot take it says so."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def _rand(*shape, seed):
 
 
 def _half_cache(lengths, hkv, d, dtype, block_size=4, num_blocks=64):
-    """Each sequence's K/V written through write_kv into scattered blocks of a ``dtype`` cache; also the dense K/V
-    rounded the same way (what every reader must see)."""
+    """Each sequence's K/V written through write_kv into scattered blocks of a ``dtype`` cache; also the dense
+    K/V rounded the same way (what every reader must see)."""
     cache = torch.zeros(2, num_blocks, block_size, hkv, d, dtype=dtype)
     perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(1)).tolist()
     tables, dense = [], []
@@ -52,7 +53,8 @@ def test_pytorch_paths_read_the_rounded_values(dtype):
         torch.testing.assert_close(out[i], _naive(q[i], k, v), atol=1e-5, rtol=0)
     chunk = _rand(6, 4, 16, seed=4)  # the last 6 queries of the 20-token sequence
     k, v = dense[3]
-    ref = attention(chunk.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal=True,
+    ref = attention(chunk.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                    causal=True,
                     backend="naive")[0].transpose(0, 1)  # fmt: skip
     torch.testing.assert_close(paged_prefill_attention(chunk, cache, tables[3], 20), ref, atol=1e-5, rtol=0)
 
@@ -69,7 +71,8 @@ def ops():
 def test_compiled_store_rounds_like_torch(ops):
     cache_py = torch.zeros(2, 8, 4, 3, 20, dtype=torch.float16)  # D = 20: an 8-wide body and a 4-value tail
     cache_cpp = cache_py.clone()
-    qkv = _rand(5, 9 * 20, seed=5) * 70  # K and V as strided views of a projection, some values beyond fp16's step
+    # K and V as strided views of a projection, some values beyond fp16's step
+    qkv = _rand(5, 9 * 20, seed=5) * 70
     k, v = qkv[:, 3 * 20:6 * 20].view(5, 3, 20), qkv[:, 6 * 20:].view(5, 3, 20)
     slots = torch.tensor([3, 17, 0, 31, 9])
     write_kv(cache_py, k, v, slots)
@@ -78,7 +81,8 @@ def test_compiled_store_rounds_like_torch(ops):
 
 
 @pytest.mark.parametrize("window", [0, 5])
-@pytest.mark.parametrize("hq,hkv,d,lengths", [(8, 4, 128, [19]), (4, 2, 16, [7, 13, 1, 20, 37]), (4, 2, 12, [9, 3])])
+@pytest.mark.parametrize("hq,hkv,d,lengths",
+                         [(8, 4, 128, [19]), (4, 2, 16, [7, 13, 1, 20, 37]), (4, 2, 12, [9, 3])])
 def test_compiled_decode_reads_fp16_caches(ops, window, hq, hkv, d, lengths):
     cache, tables, dense = _half_cache(lengths, hkv=hkv, d=d, dtype=torch.float16)
     q = _rand(len(lengths), hq, d, seed=9)
@@ -115,7 +119,8 @@ def test_engine_outputs_stay_close_to_a_float32_cache(checkpoint_factory, kv):
 
 def test_half_the_bytes_hold_twice_the_blocks(checkpoint_factory):
     path = checkpoint_factory("qwen3")
-    blocks = {kv: LLM(path, kv_cache_memory=1 << 22, kv_cache_dtype=kv).engine.core.runner.kv_caches[0].shape[1]
+    blocks = {kv: LLM(path, kv_cache_memory=1 << 22,
+                      kv_cache_dtype=kv).engine.core.runner.kv_caches[0].shape[1]
               for kv in ("auto", "float16")}  # fmt: skip
     assert 2 * blocks["auto"] <= blocks["float16"] <= 2 * blocks["auto"] + 1  # the budget's remainder
 
@@ -127,5 +132,6 @@ def test_refused_where_it_does_not_apply(checkpoint_factory, tmp_path):
         LLM(checkpoint_factory("qwen3"), kv_cache_dtype="int8")
     assert err.value.param == "kv_cache_dtype"
     with pytest.raises(ConfigError, match="MLASpec") as err:  # latent caches: computed in the model's dtype
-        LLM(make_attention_checkpoint(tmp_path / "mla", "deepseek_v2"), num_kv_blocks=32, kv_cache_dtype="float16")
+        LLM(make_attention_checkpoint(tmp_path / "mla", "deepseek_v2"), num_kv_blocks=32,
+            kv_cache_dtype="float16")
     assert err.value.param == "kv_cache_dtype"

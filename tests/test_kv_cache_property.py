@@ -1,4 +1,5 @@
-"""Property-based test: random allocate / append / share / free / evict sequences keep the block pool consistent."""
+"""Property-based test: random allocate / append / share / free / evict sequences keep the
+block pool consistent."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ ops = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(ops=ops, num_blocks=st.integers(4, 16))
 def test_block_pool_invariants(ops, num_blocks):
-    kv = KVCacheManager([KVCacheGroup(FullAttentionSpec(BLOCK), (0,), num_blocks)], enable_prefix_caching=True)
+    kv = KVCacheManager([KVCacheGroup(FullAttentionSpec(BLOCK), (0,), num_blocks)],
+                        enable_prefix_caching=True)
     live: list[Sequence] = []
     for op, a, b in ops:
         if op == "admit":
@@ -60,7 +62,8 @@ def test_block_pool_invariants(ops, num_blocks):
         for seq in live:
             for i, blk in enumerate(kv.block_table(seq)[: seq.num_computed_tokens // BLOCK]):
                 tokens = tuple(seq.token_ids[i * BLOCK : (i + 1) * BLOCK])
-                assert contents.setdefault(blk, tokens) == tokens, "two sequences share a block with different tokens"
+                assert contents.setdefault(blk, tokens) == tokens, ("two sequences share a block with "
+                                                                    "different tokens")
     for seq in live:
         kv.free(seq)
     kv.check_invariants([])

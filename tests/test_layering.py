@@ -20,7 +20,7 @@ ENGINE = PACKAGE / "engine"
 ARCHITECTURE = REPO / "docs" / "architecture.md"
 SECTION = "## Layering rules"
 
-# ----- the rules, from the doc ------------------------------------------------------------------------------------
+# ----- the rules, from the doc ------------------------------------------------------------------------------
 _NOT = re.compile(r"(\w+) → not (\w+(?:, \w+)*)")  # layers → not models, engine
 _ONLY = re.compile(r"only (\w+) → (\w+(?:, \w+)*)")  # only server → fastapi, uvicorn
 
@@ -57,7 +57,7 @@ def doc_rules() -> list[Rule]:
     return [parse_rule(line) for line in section_lines(ARCHITECTURE.read_text())]
 
 
-# ----- the imports, from the code --------------------------------------------------------------------------------
+# ----- the imports, from the code ---------------------------------------------------------------------------
 def top_level(module: str) -> str:
     """The first name under ``forwardpass`` of a dotted module (``forwardpass.models.loading`` → ``models``),
     ``forwardpass`` for the root package's own names, the distribution for anything else (``fastapi``)."""
@@ -70,7 +70,8 @@ def top_level(module: str) -> str:
 
 
 def module_name(rel: str) -> tuple[str, bool]:
-    """``("forwardpass.layers.moe", False)`` for ``layers/moe.py``; ``(package, True)`` for an ``__init__.py``."""
+    """``("forwardpass.layers.moe", False)`` for ``layers/moe.py``; ``(package, True)``
+    for an ``__init__.py``."""
     parts = ("forwardpass", *Path(rel).with_suffix("").parts)
     if parts[-1] == "__init__":
         return ".".join(parts[:-1]), True
@@ -80,7 +81,8 @@ def module_name(rel: str) -> tuple[str, bool]:
 def imports(source: str, rel: str) -> list[tuple[int, str]]:
     """``(line, absolute module)`` for every import statement anywhere in the module at ``forwardpass/<rel>``:
     top level, functions, ``if TYPE_CHECKING:`` blocks. ``from X import y`` gives ``X.y`` (``y`` may be a
-    submodule: ``from forwardpass import envs``); relative imports are resolved against the module's package."""
+    submodule: ``from forwardpass import envs``); relative imports are resolved against
+    the module's package."""
     name, is_package = module_name(rel)
     package = name.split(".") if is_package else name.split(".")[:-1]
     found = []
@@ -91,7 +93,8 @@ def imports(source: str, rel: str) -> list[tuple[int, str]]:
             if node.level:
                 up = node.level - 1
                 if up >= len(package):
-                    raise ValueError(f"forwardpass/{rel}:{node.lineno}: relative import beyond the top-level package")
+                    raise ValueError(f"forwardpass/{rel}:{node.lineno}: relative import beyond the top-level "
+                                     "package")
                 base = package[: len(package) - up]
                 module = ".".join([*base, node.module] if node.module else base)
             else:
@@ -101,7 +104,8 @@ def imports(source: str, rel: str) -> list[tuple[int, str]]:
 
 
 def violations(rule: Rule, source: str, rel: str) -> list[str]:
-    """``forwardpass/<rel>:<line>: imports <module> (<package>)`` for each import of the module that breaks ``rule``."""
+    """``forwardpass/<rel>:<line>: imports <module> (<package>)`` for each import of the module
+    that breaks ``rule``."""
     name, _ = module_name(rel)
     own = top_level(name)
     out = []
@@ -121,9 +125,10 @@ def _modules() -> list[tuple[str, str]]:
     return [(p.relative_to(PACKAGE).as_posix(), p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))]
 
 
-# ----- the tests ---------------------------------------------------------------------------------------------------
+# ----- the tests --------------------------------------------------------------------------------------------
 def test_the_doc_states_the_rules_and_each_line_is_read():
-    """An emptied or missing section, or a rule line in another shape, fails here rather than checking nothing."""
+    """An emptied or missing section, or a rule line in another shape, fails here rather
+    than checking nothing."""
     lines = section_lines(ARCHITECTURE.read_text())
     assert lines, f"no rules found under {SECTION!r} in {ARCHITECTURE.relative_to(REPO)}"
     rules = [parse_rule(line) for line in lines]  # raises on a line it cannot read
@@ -141,13 +146,15 @@ def test_every_forwardpass_name_in_a_rule_exists():
     for rule in doc_rules():
         names = {rule.source} | (rule.targets if rule.kind == "not" else set())
         for n in names:
-            assert (PACKAGE / n).is_dir() or (PACKAGE / f"{n}.py").is_file(), f"{rule.text!r}: no forwardpass/{n}"
+            assert (PACKAGE / n).is_dir() or (PACKAGE / f"{n}.py").is_file(), (f"{rule.text!r}: no "
+                                                                               f"forwardpass/{n}")
 
 
 @pytest.mark.parametrize("rule", doc_rules(), ids=lambda r: r.text.replace("→", "->"))
 def test_every_module_obeys_the_rule(rule: Rule):
     found = [v for rel, source in _modules() for v in violations(rule, source, rel)]
-    assert found == [], f"{rule.text!r} (docs/architecture.md, Layering rules) is broken:\n" + "\n".join(found)
+    assert found == [], (f"{rule.text!r} (docs/architecture.md, Layering rules) is broken:\n"
+                         + "\n".join(found))
 
 
 FAKE = """\
@@ -172,18 +179,23 @@ def test_an_injected_violation_is_found():
     assert (rule.kind, rule.source, rule.targets) == ("not", "layers", {"models", "engine"})
     assert violations(rule, FAKE, "layers/fake.py") == [
         "forwardpass/layers/fake.py:6: imports forwardpass.models.llama (models)",  # relative, two levels up
-        "forwardpass/layers/fake.py:9: imports forwardpass.engine.scheduling.sequence.Sequence (engine)",  # type-only
-        "forwardpass/layers/fake.py:11: imports forwardpass.engine.scheduling.core (engine)",  # inside a function
+        # type-only
+        "forwardpass/layers/fake.py:9: imports forwardpass.engine.scheduling.sequence.Sequence (engine)",
+        # inside a function
+        "forwardpass/layers/fake.py:11: imports forwardpass.engine.scheduling.core (engine)",
         "forwardpass/layers/fake.py:12: imports forwardpass.models.loading._checkpoint_names (models)",
     ]
     assert violations(rule, FAKE, "attention/fake.py") == []  # the rule is about layers/ only
     assert violations(rule, "from ... import engine\nfrom .. import engine\n", "layers/sub/__init__.py") == [
-        "forwardpass/layers/sub/__init__.py:1: imports forwardpass.engine (engine)"  # 2: forwardpass.layers.engine
+        # 2: forwardpass.layers.engine
+        "forwardpass/layers/sub/__init__.py:1: imports forwardpass.engine (engine)"
     ]
     only = parse_rule("- only server → fastapi, uvicorn")
-    assert violations(only, FAKE, "layers/fake.py") == ["forwardpass/layers/fake.py:13: imports fastapi.responses (fastapi)"]
+    assert violations(only, FAKE, "layers/fake.py") == ["forwardpass/layers/fake.py:13: imports "
+                                                        "fastapi.responses (fastapi)"]
     assert violations(only, FAKE, "server/fake.py") == []
-    assert violations(only, "from forwardpass.server import fastapi\n", "engine/fake.py") == []  # ours, not theirs
+    # ours, not theirs
+    assert violations(only, "from forwardpass.server import fastapi\n", "engine/fake.py") == []
     with pytest.raises(ValueError):
         parse_rule("- layers must not import models")
 
@@ -194,8 +206,8 @@ def test_engine_files_stay_small():
 
 
 def test_only_the_spec_reads_model_config_keys():
-    """Models, engine, analyzer read ``ModelSpec``; config.json keys are resolved in loader/spec.py and in the spec
-    modules of the families (``models/*_spec.py``), nowhere else."""
+    """Models, engine, analyzer read ``ModelSpec``; config.json keys are resolved in loader/spec.py and in the
+    spec modules of the families (``models/*_spec.py``), nowhere else."""
     for sub in ("engine", "models", "analysis", "layers", "attention"):
         for path in (PACKAGE / sub).glob("*.py"):
             if sub == "models" and path.name.endswith("_spec.py"):  # a family's spec derivation
@@ -221,8 +233,11 @@ def test_the_repository_stands_alone():
 
 
 def test_the_builder_and_tensor_parallelism_do_not_import_each_other():
-    """``engine/scheduling/builder.py`` builds around the executor it is handed (``engine/scheduling/executor.py``); ``forwardpass/launch.py``,
-    above both, starts the tensor-parallel ranks (the rule ``engine → not distributed`` covers the builder's side)."""
-    found = [f"forwardpass/{rel}:{line}: imports {module}" for rel, source in _modules() if rel.startswith("distributed/")
-             for line, module in imports(source, rel) if module.startswith("forwardpass.engine.scheduling.builder")]
+    """``engine/scheduling/builder.py`` builds around the executor it is handed
+    (``engine/scheduling/executor.py``); ``forwardpass/launch.py``, above both, starts the tensor-parallel
+    ranks (the rule ``engine → not distributed`` covers the builder's side)."""
+    found = [f"forwardpass/{rel}:{line}: imports {module}"
+             for rel, source in _modules() if rel.startswith("distributed/")
+             for line, module in imports(source, rel)
+             if module.startswith("forwardpass.engine.scheduling.builder")]
     assert not found, found

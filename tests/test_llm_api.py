@@ -49,8 +49,8 @@ def test_text_prompts_and_outputs(llm):
 def test_n_samples_and_seed(llm):
     params = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=1234, ignore_eos=True)
     a = llm.generate(["hello"], params, use_tqdm=False)[0]
-    b = llm.generate(["hello", "other prompt in the batch"], [params, SamplingParams(temperature=1.0, seed=5)],
-                     use_tqdm=False)[0]
+    b = llm.generate(["hello", "other prompt in the batch"],
+                     [params, SamplingParams(temperature=1.0, seed=5)], use_tqdm=False)[0]
     assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]  # same seed, same tokens
     assert len({tuple(c.token_ids) for c in a.outputs}) > 1  # the n samples differ
     c = llm.generate(["hello"], SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=99, ignore_eos=True),
@@ -59,7 +59,8 @@ def test_n_samples_and_seed(llm):
 
 
 def test_stop_strings_and_stop_tokens(llm):
-    base = llm.generate(["Once"], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), use_tqdm=False)[0]
+    base = llm.generate(["Once"], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+                        use_tqdm=False)[0]
     text, ids = base.outputs[0].text, base.outputs[0].token_ids
     stop = text[5:8]
     assert stop and stop in text
@@ -69,7 +70,8 @@ def test_stop_strings_and_stop_tokens(llm):
     out = llm.generate(["Once"], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[ids[3]]),
                        use_tqdm=False)[0]
     c = out.outputs[0]
-    assert c.finish_reason == "stop" and c.stop_reason == ids[3] and c.token_ids == ids[: ids.index(ids[3]) + 1]
+    assert (c.finish_reason == "stop" and c.stop_reason == ids[3]
+            and c.token_ids == ids[: ids.index(ids[3]) + 1])
 
 
 def test_logprobs(llm):
@@ -85,7 +87,8 @@ def test_chat_uses_template(llm):
     out = llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=4),
                    use_tqdm=False)[0]
     tok = llm.get_tokenizer()
-    expected = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}]), add_special_tokens=False)
+    expected = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}]),
+                          add_special_tokens=False)
     assert out.prompt_token_ids == expected
 
 

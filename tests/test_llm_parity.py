@@ -24,7 +24,8 @@ def test_greedy_matches_transformers(variant):
     name, path, llm = variant
     hf = hf_model(path)
     prompts = random_prompts(2, [PROMPT_LENGTHS[0], PROMPT_LENGTHS[3]], seed=1)
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
+                        use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 32), name
         assert out.outputs[0].finish_reason == "length"
@@ -37,7 +38,8 @@ def test_prefill_logits_match_transformers(variant):
     prompt = random_prompts(1, [PROMPT_LENGTHS[3]], seed=2)[0]
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0].float()
-        ours = llm.engine.model.compute_logits(llm.engine.model(torch.tensor(prompt), torch.arange(len(prompt))))
+        ours = llm.engine.model.compute_logits(llm.engine.model(torch.tensor(prompt),
+                                                                torch.arange(len(prompt))))
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
     # The engine's own path (paged KV cache, chunked prefill) on the last position, via logprobs.
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=20), use_tqdm=False)[0]
@@ -60,7 +62,8 @@ def test_chunked_prefill_equals_whole(checkpoint_factory):
     path = checkpoint_factory("llama")
     prompts = random_prompts(6, PROMPT_LENGTHS, seed=4)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    whole = LLM(path, num_kv_blocks=128, max_num_batched_tokens=4096).generate(prompts, params, use_tqdm=False)
+    whole = LLM(path, num_kv_blocks=128, max_num_batched_tokens=4096).generate(prompts, params,
+                                                                                use_tqdm=False)
     small = LLM(path, num_kv_blocks=128, max_num_batched_tokens=7)
     chunked = small.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in whole] == [o.outputs[0].token_ids for o in chunked]

@@ -82,8 +82,8 @@ def test_matches_peft_merged_model(llm, adapters, name):
             manager.end_step()
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
     # and the engine's own path on the last position, through logprobs
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=10), lora_request=request,
-                       use_tqdm=False)[0]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=10),
+                       lora_request=request, use_tqdm=False)[0]
     ref_lp = torch.log_softmax(ref[-1], -1)
     for tid, lp in out.outputs[0].logprobs[0].items():
         assert abs(lp.logprob - ref_lp[tid].item()) < 1e-4
@@ -103,7 +103,8 @@ def test_mixed_batch_equals_each_alone(llm, adapters):
 
     manager.begin_step = spy
     try:
-        together = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, lora_request=loras, use_tqdm=False)]
+        together = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, lora_request=loras,
+                                                                 use_tqdm=False)]
     finally:
         del manager.begin_step
     assert any(ids == {a.lora_int_id, b.lora_int_id} and n_base > 0 for ids, n_base in seen), seen
@@ -174,16 +175,19 @@ def test_clear_errors(base, llm, adapters, tmp_path, checkpoint_factory):
 
     def refused(path, match, lora_id=50):
         with pytest.raises(LoRAAdapterError, match=match):
-            llm.generate([[5, 6, 7]], GREEDY, lora_request=LoRARequest("bad", lora_id, str(path)), use_tqdm=False)
+            llm.generate([[5, 6, 7]], GREEDY, lora_request=LoRARequest("bad", lora_id, str(path)),
+                         use_tqdm=False)
 
     small = LLM(base, enable_lora=True, max_lora_rank=8, num_kv_blocks=16)
     with pytest.raises(LoRAAdapterError, match="max_lora_rank=8"):
         small.generate([[5, 6, 7]], GREEDY, lora_request=adapters["r16_rs"][0], use_tqdm=False)
     refused(_edited_copy(src, tmp_path / "dora", use_dora=True), "DoRA")
     refused(_edited_copy(src, tmp_path / "mts", modules_to_save=["lm_head"]), "modules_to_save")
-    refused(_edited_copy(src, tmp_path / "tgt", target_modules=["q_proj", "query_key_value"]), "query_key_value")
+    refused(_edited_copy(src, tmp_path / "tgt", target_modules=["q_proj", "query_key_value"]),
+            "query_key_value")
     refused(tmp_path / "nowhere", "not a directory")
-    # logits are computed from the LM head's weight directly: an adapter there would be ignored, so it is refused
+    # logits are computed from the LM head's weight directly: an adapter there would be
+    # ignored, so it is refused
     head = tmp_path / "head_adapter"
     make_adapter(base, head, 8, 16, False, 4, targets=["q_proj", "lm_head"])
     refused(head, "lm_head")
@@ -214,7 +218,8 @@ def test_parse_lora_specs():
     from forwardpass.lora.cli import parse_lora_specs
 
     reqs = parse_lora_specs(["a=/x/y", "b = /z"])
-    assert reqs["a"] == LoRARequest("a", 1, "/x/y") and reqs["b"].lora_int_id == 2 and reqs["b"].lora_path == "/z"
+    assert (reqs["a"] == LoRARequest("a", 1, "/x/y") and reqs["b"].lora_int_id == 2
+            and reqs["b"].lora_path == "/z")
     for bad in (["a"], ["=p"], ["a=p", "a=q"]):
         with pytest.raises(LoRAAdapterError):
             parse_lora_specs(bad)
@@ -226,8 +231,8 @@ def test_generate_cli_with_lora(base, adapters, tmp_path, capsys):
 
     model = copy_with_tokenizer(base, tmp_path / "model")
     a, b = adapters["r8"][0], adapters["r16_rs"][0]
-    common = ["generate", "once upon a time", "--model", str(model), "--max-tokens", "6", "--temperature", "0",
-              "--ignore-eos"]
+    common = ["generate", "once upon a time", "--model", str(model), "--max-tokens", "6", "--temperature",
+              "0", "--ignore-eos"]
     assert main(common) == 0
     plain = capsys.readouterr().out
     assert main([*common, "--lora", f"a={a.lora_path}", "--lora", f"b={b.lora_path}"]) == 0
@@ -270,7 +275,8 @@ def test_an_adapter_that_cannot_be_reloaded_fails_only_its_requests(base, adapte
     llm = LLM(base, enable_lora=True, max_loras=2, max_lora_rank=16, num_kv_blocks=64)
     prompts = random_prompts(3, [20, 30, 25], seed=12)
     alone = {"base": llm.generate([prompts[0]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids,
-             "good": llm.generate([prompts[2]], GREEDY, lora_request=good, use_tqdm=False)[0].outputs[0].token_ids}
+             "good": llm.generate([prompts[2]], GREEDY, lora_request=good,
+                                  use_tqdm=False)[0].outputs[0].token_ids}
     engine = llm.engine
     engine.add_request("base", prompts[0], GREEDY)
     engine.add_request("doomed", prompts[1], GREEDY, lora_request=doomed)  # validated and loaded here

@@ -43,7 +43,8 @@ def test_absorbed_decode_equals_expanded(backend):
     for n in lengths:  # each sequence's latents in scattered blocks
         table = [perm.pop() for _ in range(-(-n // bs))]
         pos = torch.arange(n)
-        write_latent(cache, torch.randn(n, rank + rope, generator=g), torch.tensor(table)[pos // bs] * bs + pos % bs)
+        write_latent(cache, torch.randn(n, rank + rope, generator=g),
+                     torch.tensor(table)[pos // bs] * bs + pos % bs)
         tables.append(table + [0] * (5 - len(table)))
     tables_t = torch.tensor(tables)
     kv_b = torch.randn(heads * (nope + v_dim), rank, generator=g) * 0.2
@@ -89,7 +90,8 @@ def test_deepseek_v3_serves_from_a_budget_only_the_latent_cache_fits(ckpt):
     spec = load_model_spec(path)
     max_len, per_token = 128, spec.kv_bytes_per_token(4)  # 3 layers x 40 floats
     budget = 16 * 16 * int(per_token)  # 16 blocks of 16 tokens of latents
-    expanded_per_token = spec.layers * spec.heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim + spec.v_head_dim) * 4
+    expanded_per_token = (spec.layers * spec.heads
+                          * (spec.qk_nope_head_dim + spec.qk_rope_head_dim + spec.v_head_dim) * 4)
     assert expanded_per_token * max_len > budget  # expanded K/V of one max-length sequence would not fit
     llm = LLM(path, kv_cache_memory=budget, block_size=16, max_model_len=max_len, max_num_batched_tokens=32)
     assert llm.engine.core.kv.num_blocks == 16
@@ -103,10 +105,10 @@ def test_deepseek_v3_serves_from_a_budget_only_the_latent_cache_fits(ckpt):
 
 
 BASE_CFG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 64,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128,
-            "vocab_size": 512, "max_position_embeddings": 256, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
-            "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8, "num_experts_per_tok": 2,
-            "n_group": 4, "topk_group": 2, "moe_intermediate_size": 32}
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+            "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 256, "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8,
+            "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "moe_intermediate_size": 32}
 
 
 @pytest.mark.parametrize("extra,param", [

@@ -34,7 +34,8 @@ def moe_checkpoint(tmp_path_factory):
 
 
 # ----- kernels ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 8, 2), (37, 8, 1), (29, 16, 2), (13, 8, 8), (5, 16, 3)])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k",
+                         [(1, 8, 2), (37, 8, 1), (29, 16, 2), (13, 8, 8), (5, 16, 3)])
 def test_grouped_equals_reference(num_tokens, num_experts, top_k):
     g = torch.Generator().manual_seed(num_tokens * 100 + top_k)
     hidden, inter = 48, 24
@@ -57,7 +58,8 @@ def test_route_matches_transformers_routers(top_k, norm):
     from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
-    cfg = transformers.Qwen3MoeConfig(hidden_size=32, num_experts=8, num_experts_per_tok=top_k, norm_topk_prob=norm)
+    cfg = transformers.Qwen3MoeConfig(hidden_size=32, num_experts=8, num_experts_per_tok=top_k,
+                                      norm_topk_prob=norm)
     router = Qwen3MoeTopKRouter(cfg)
     torch.nn.init.normal_(router.weight, std=0.5)
     x = torch.randn(21, 32, generator=torch.Generator().manual_seed(top_k))
@@ -90,7 +92,8 @@ def test_greedy_and_logits_match_transformers(variant):
     name, path, llm = variant
     hf = hf_model(path)
     prompts = random_prompts(2, PROMPT_LENGTHS, seed=1)
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
+                        use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         assert out.outputs[0].token_ids == hf_greedy(hf, prompt, NEW_TOKENS), name
     llm.engine.check_invariants()

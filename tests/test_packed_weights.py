@@ -1,7 +1,8 @@
-"""fp32 weights packed once for oneDNN and read in place by our small-batch kernel (``forwardpass/layers/packed.py``):
-the panels hold exactly the weight, the kernel on them equals ``x @ W.T`` in float64 for both builds, a row's result
-does not depend on its batch, large batches take oneDNN on the same buffer, and an engine built with its compiled CPU
-path packs its projections and tied LM head and generates what the plain weights do."""
+"""fp32 weights packed once for oneDNN and read in place by our small-batch kernel
+(``forwardpass/layers/packed.py``): the panels hold exactly the weight, the kernel on them equals ``x @ W.T``
+in float64 for both builds, a row's result does not depend on its batch, large batches take oneDNN on the same
+buffer, and an engine built with its compiled CPU path packs its projections and tied LM head and generates
+what the plain weights do."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def _packed(w, module):
     return pw
 
 
-# N: one panel, several, an odd count; K: 1, not a multiple of oneDNN's 16-k padding, longer than a 64/256-k chunk
+# N: one panel, several, an odd count; K: 1, not a multiple of oneDNN's 16-k padding,
+# longer than a 64/256-k chunk
 @pytest.mark.parametrize("n,k", [(64, 1), (128, 40), (192, 17), (320, 300), (256, 1030)])
 def test_the_panels_hold_exactly_the_weight(build, n, k):
     w = _rand(n, k, seed=n + k)
@@ -56,8 +58,8 @@ def test_the_panels_hold_exactly_the_weight(build, n, k):
             pw.rows(torch.tensor([0, bad]))
 
 
-# rows: every register-block tail of both builds (1..6 of the AVX-512 build's 6-row blocks, the chunked K from 7 on)
-# up to MAX_ROWS, and past it (oneDNN's GEMM on the same buffer)
+# rows: every register-block tail of both builds (1..6 of the AVX-512 build's 6-row blocks, the chunked K from
+# 7 on) up to MAX_ROWS, and past it (oneDNN's GEMM on the same buffer)
 @pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 32, 33, 64, 65, 130])
 @pytest.mark.parametrize("n,k", [(64, 1), (192, 17), (256, 1030)])
 @pytest.mark.parametrize("bias", [False, True])
@@ -126,8 +128,8 @@ def test_a_weight_stays_plain_where_the_layout_does_not_check_out(build):
 
 
 def test_packing_is_switched_off_by_the_environment(build, monkeypatch, checkpoint_factory):
-    """``FORWARDPASS_PACKED_WEIGHTS=0`` is read when the plan is resolved: its projections' method is then plain fp32.
-    A layer built with the packing method packs its own weight once, after loading."""
+    """``FORWARDPASS_PACKED_WEIGHTS=0`` is read when the plan is resolved: its projections' method is then
+    plain fp32. A layer built with the packing method packs its own weight once, after loading."""
     from forwardpass.attention import cpu_kernel
     from forwardpass.config import EngineConfig
     from forwardpass.plan import CompiledKernels, ExecutionPlan, building_with_plan
@@ -147,7 +149,8 @@ def test_packing_is_switched_off_by_the_environment(build, monkeypatch, checkpoi
     assert isinstance(layer.method, PackedFp32Method)
     layer.weight.data = _rand(128, 32, seed=6)
     layer.process_weights_after_loading()
-    assert isinstance(layer.weight, PackedWeight) and torch.equal(layer.weight.unpacked(), _rand(128, 32, seed=6))
+    assert isinstance(layer.weight, PackedWeight) and torch.equal(layer.weight.unpacked(),
+                                                                  _rand(128, 32, seed=6))
     with pytest.raises(RuntimeError, match="where it was packed"):
         layer.to(torch.float64)
 
@@ -158,7 +161,8 @@ def test_an_engine_packs_its_weights_and_generates_what_plain_weights_do(checkpo
     if cpu_kernel.load_paged_decode() is None:
         pytest.skip("no C++ toolchain: the engine uses the PyTorch path")
     # hidden 128: q/k/v, o, gate/up, down and the tied embedding are whole panels
-    path = checkpoint_factory("qwen3", hidden_size=128, intermediate_size=256, head_dim=32, tie_word_embeddings=True)
+    path = checkpoint_factory("qwen3", hidden_size=128, intermediate_size=256, head_dim=32,
+                              tie_word_embeddings=True)
     prompts = random_prompts(3, lengths=[5, 70, 130], seed=7)  # the 130-token prompt's prefill takes oneDNN
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
     runs = {}
@@ -174,7 +178,8 @@ def test_an_engine_packs_its_weights_and_generates_what_plain_weights_do(checkpo
                         llm.generate(prompts, params, use_tqdm=False)]  # fmt: skip
         llm.engine.check_invariants()
     for (tokens, lps), (plain_tokens, plain_lps) in zip(runs[True], runs[False]):
-        assert tokens == plain_tokens  # the sums run in another order: greedy tokens agree, log-probs to rounding
+        # the sums run in another order: greedy tokens agree, log-probs to rounding
+        assert tokens == plain_tokens
         got = torch.tensor([next(iter(d.values())).logprob for d in lps])
         want = torch.tensor([next(iter(d.values())).logprob for d in plain_lps])
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4)

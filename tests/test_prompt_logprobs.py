@@ -68,7 +68,8 @@ def test_chunked_prefill_and_a_cached_prefix_give_the_same_list(path, prompts, r
 def test_preemption_leaves_them_complete_and_once(path, prompts, reference):
     llm = LLM(path, num_kv_blocks=14, max_num_seqs=8, max_model_len=128)
     many = prompts * 3
-    outs = llm.generate(many, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, prompt_logprobs=3),
+    outs = llm.generate(many, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                                             prompt_logprobs=3),
                         use_tqdm=False)
     assert llm.engine.scheduler.num_preemptions > 0
     check(outs, many, reference * 3)
@@ -84,7 +85,8 @@ def test_delta_outputs_carry_them_once_cumulative_outputs_always():
     state = proc.add_request("r", None, [5, 6], SamplingParams(max_tokens=3, prompt_logprobs=0))
     cursor = [(0, 0)]
     first = (None, TokenLogprobs(6, -1.5, 2, []))
-    deltas = [TokenDelta("r", 0, (t,), None, prompt_logprobs=first if i == 0 else None) for i, t in enumerate((1, 2))]
+    deltas = [TokenDelta("r", 0, (t,), None, prompt_logprobs=first if i == 0 else None)
+              for i, t in enumerate((1, 2))]
     streamed = []
     for d in deltas:
         proc.process([d])

@@ -114,18 +114,20 @@ def test_bf16_dequantization_is_torchs_rounding(kernel, fmt):
     for n, k in [(37, 70), (130, 33), (64, 256)]:
         qs, d = formats.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(k)) * 0.1, fmt)
         got = getattr(kernel, f"{fmt}_dequantize_bf16")(qs, d, k)
-        assert torch.equal(got.view(torch.int16), formats.dequantize(qs, d, fmt, k).bfloat16().view(torch.int16))
+        assert torch.equal(got.view(torch.int16),
+                           formats.dequantize(qs, d, fmt, k).bfloat16().view(torch.int16))
 
 
 def test_gemm_path_follows_the_cpu(monkeypatch):
     """Large quantized matmuls multiply in bf16 only where the CPU has bf16 hardware (elsewhere torch emulates
-    it, hundreds of times slower than fp32), on our AMX kernel where it has AMX; the environment variable wins,
-    except that it cannot send a CPU without AMX to the AMX kernel."""
+    it, hundreds of times slower than fp32), on our AMX kernel where it has AMX; the environment variable
+    wins, except that it cannot send a CPU without AMX to the AMX kernel."""
     monkeypatch.delenv("FORWARDPASS_QUANT_GEMM", raising=False)
     monkeypatch.delenv("FORWARDPASS_QUANT_ISA", raising=False)  # (which would override the flags given here)
     sapphire_rapids = frozenset({"avx2", "fma"} | AMX_CPU_FLAGS)
     assert gemm_path(sapphire_rapids) == "amx"
-    assert gemm_path(frozenset({"avx2", "amx_bf16", "amx_tile"})) == "bf16"  # AMX without AVX-512 BF16: oneDNN
+    # AMX without AVX-512 BF16: oneDNN
+    assert gemm_path(frozenset({"avx2", "amx_bf16", "amx_tile"})) == "bf16"
     assert gemm_path(frozenset({"avx2", "avx512f", "avx512_bf16"})) == "bf16"  # AVX512-BF16 without VNNI
     zen4 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"})
     assert gemm_path(zen4) == "vnni"  # the int8 GEMM beats oneDNN's bf16 one there
@@ -141,7 +143,8 @@ def test_gemm_path_follows_the_cpu(monkeypatch):
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "fp32")  # dequantize + fp32 GEMM: asked for, on every CPU
     assert gemm_path(sapphire_rapids) == "fp32" and gemm_path(zen3) == "fp32"
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "avx2")
-    assert gemm_path(zen4) == "vnni"  # the VNNI build is the one this CPU runs: its GEMM, not the AVX2 kernel's
+    # the VNNI build is the one this CPU runs: its GEMM, not the AVX2 kernel's
+    assert gemm_path(zen4) == "vnni"
     monkeypatch.setenv("FORWARDPASS_QUANT_ISA", "avx2")
     assert gemm_path(zen4) == "avx2"
     monkeypatch.delenv("FORWARDPASS_QUANT_ISA")
@@ -153,8 +156,9 @@ def test_gemm_path_follows_the_cpu(monkeypatch):
 
 
 def test_cpu_isa_avx2_reports_an_avx2_only_cpu(monkeypatch):
-    """``FORWARDPASS_CPU_ISA=avx2`` (how the suite runs on an AVX-512 host for the AVX2-only machines CI may land
-    on): the detected flags lose every AVX-512 and AMX flag, so every choice made from them is an AVX2 CPU's."""
+    """``FORWARDPASS_CPU_ISA=avx2`` (how the suite runs on an AVX-512 host for the AVX2-only machines CI may
+    land on): the detected flags lose every AVX-512 and AMX flag, so every choice made from them is an AVX2
+    CPU's."""
     from forwardpass.quant.kernel import host_isa
 
     monkeypatch.delenv("FORWARDPASS_QUANT_GEMM", raising=False)
@@ -195,16 +199,17 @@ def test_vnni_gemm_equals_reference(kernel, fmt):
         got = getattr(kernel, f"{fmt}_gemm_tiles")(x, *to_tiles(qs, d, fmt))
         assert got.shape == (m, n) and got.dtype == torch.float32
         assert torch.equal(got, reference.quant_gemm_exact(x, qs, d, fmt))
-        torch.testing.assert_close(got, reference.quant_matmul(x, qs, d, fmt), rtol=1e-5, atol=1e-5 * math.sqrt(k))
+        torch.testing.assert_close(got, reference.quant_matmul(x, qs, d, fmt), rtol=1e-5,
+                                   atol=1e-5 * math.sqrt(k))
 
 
 @needs_amx
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_amx_kernel_equals_bf16_reference(fmt):
-    """The AMX kernel multiplies exactly the bf16 GEMM path's operands (weights dequantized and rounded to bf16,
-    activations rounded to bf16) with fp32 accumulation: equal to that product in float64 up to the order of
-    the fp32 additions. Shapes: rows not a multiple of the 16-row tiles or the 32-row groups, columns not a
-    multiple of the 32-row weight panels, K with a padded last block, a panel split across threads."""
+    """The AMX kernel multiplies exactly the bf16 GEMM path's operands (weights dequantized and rounded to
+    bf16, activations rounded to bf16) with fp32 accumulation: equal to that product in float64 up to the
+    order of the fp32 additions. Shapes: rows not a multiple of the 16-row tiles or the 32-row groups, columns
+    not a multiple of the 32-row weight panels, K with a padded last block, a panel split across threads."""
     amx = load_amx_kernel()
     assert amx is not None, "this CPU has AMX but the kernel did not build"
     g = torch.Generator().manual_seed(7)
@@ -272,15 +277,17 @@ def test_quantized_model_equals_reference_model(kernel, quantization, gemm, monk
     that the reference model has no AMX kernel: it multiplies the same bf16 operands with oneDNN, whose fp32
     additions come in another order (close, not equal)."""
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", gemm)
-    # tile-layout weights take their GEMM from 1024 rows; from 32 here, so both paths run at these lengths (and the
-    # AVX2 tile kernel, which takes every batch, its pieces of 32 rows)
+    # tile-layout weights take their GEMM from 1024 rows; from 32 here, so both paths run at these lengths
+    # (and the AVX2 tile kernel, which takes every batch, its pieces of 32 rows)
     monkeypatch.setattr(weight_module, "TILES_GEMM_ROWS", 32)
     monkeypatch.setattr(weight_module, "AVX2_TILES_PIECE", 32)
     fast = _embedded(quantization)
     emb = fast.model.embed_tokens
-    assert isinstance(emb.weight, QuantizedWeight) and emb.weight.fmt == "q8_0"  # tied head: 8 bits in both modes
+    # tied head: 8 bits in both modes
+    assert isinstance(emb.weight, QuantizedWeight) and emb.weight.fmt == "q8_0"
     down = fast.model.layers[0].mlp.down_proj.weight
-    assert down.fmt == ("q8_0" if quantization == "int8" else "q4_0") and down.bf16_gemm == (gemm in ("bf16", "amx"))
+    assert down.fmt == ("q8_0" if quantization == "int8" else "q4_0")
+    assert down.bf16_gemm == (gemm in ("bf16", "amx"))
     assert (down._amx is not None) == (gemm == "amx") and (down._vnni is not None) == (gemm == "vnni")
     assert not any(p.dim() == 2 and "proj" in n for n, p in fast.named_parameters())  # no fp32 copy left
     rows = down.gemm_rows  # short: the int8 kernel; long: the dequantized GEMM
@@ -288,7 +295,8 @@ def test_quantized_model_equals_reference_model(kernel, quantization, gemm, monk
     a, b = _logits(fast, short), _logits(fast, long)
     ref = _embedded(quantization, kernel_path=False)
     assert (a.argmax(-1) == _logits(ref, short).argmax(-1)).float().mean() > 0.95
-    if gemm == "vnni" or down._kernel_takes_all:  # the reference model: long batches in the kernel's operations too
+    # the reference model: long batches in the kernel's operations too
+    if gemm == "vnni" or down._kernel_takes_all:
         with monkeypatch.context() as m:
             m.setattr(weight_module, "GEMM_ROWS", 1 << 30)
             m.setattr(reference, "quant_matmul", reference.quant_gemm_exact)
@@ -469,9 +477,10 @@ def test_step_cost_counts_quantized_bytes():
     from forwardpass.engine.scheduling.cost import StepCostModel
     from forwardpass.loader.spec import ModelSpec
 
-    spec = ModelSpec.from_config({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 256,
-                                     "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
-                                     "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 4096,
+    spec = ModelSpec.from_config({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+                                  "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                                  "vocab_size": 4096,
                                      "tie_word_embeddings": True})  # fmt: skip
     fp32 = StepCostModel(spec, 4)
     body = spec.params - spec.embedding_params - spec.lm_head_params

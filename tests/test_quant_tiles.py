@@ -1,6 +1,6 @@
-"""The tile layout of quantized weights (forwardpass/quant/tiles.py, csrc/tile_layout.h): the same bytes reordered 16
-rows at a time, converted both ways exactly, and multiplied by both builds' kernels (csrc/tiles.h, tiles_avx2.h)
-with the VNNI GEMM's float operations."""
+"""The tile layout of quantized weights (forwardpass/quant/tiles.py, csrc/tile_layout.h): the same bytes
+reordered 16 rows at a time, converted both ways exactly, and multiplied by both builds' kernels
+(csrc/tiles.h, tiles_avx2.h) with the VNNI GEMM's float operations."""
 
 import logging
 
@@ -15,7 +15,8 @@ from forwardpass.quant.weight import QuantizedWeight
 from tests.helpers.isa import builds
 
 FORMATS = ["q8_0", "q4_0"]
-# rows: under one tile, one tile, a tile and a short one, several; K: padded blocks (33, 70, 1000) and whole ones
+# rows: under one tile, one tile, a tile and a short one, several; K: padded blocks (33, 70, 1000) and whole
+# ones
 SHAPES = [(1, 32), (15, 70), (16, 64), (17, 33), (37, 256), (130, 1000)]
 
 
@@ -90,7 +91,8 @@ def test_tile_kernels_are_the_gemms_float_operations(tile_kernel, fmt, m):
     g = torch.Generator().manual_seed(m)
     for n, k in SHAPES:
         qs, d = _quantized(n, k, fmt, seed=n)
-        if fmt == "q8_0":  # the extreme value too: a GGUF file may hold -128, which our quantizer never writes
+        # the extreme value too: a GGUF file may hold -128, which our quantizer never writes
+        if fmt == "q8_0":
             qs.view(-1)[::7] = -128
         tq, td = to_tiles(qs, d, fmt)
         x = torch.randn(m, k, generator=g)
@@ -118,16 +120,19 @@ def test_quantized_weight_holds_tiles_where_our_kernels_multiply_it(fmt):
     qw = QuantizedWeight.from_float(w, fmt)
     qs, d = formats.quantize(w, fmt)
     path = gemm_path(cpu_flags())  # the tile layout wherever our kernels do every batch size's work
-    assert qw.tiles == (qw._kernel is not None and (path == "vnni" or (qw._kernel.isa == "avx2" and path != "amx")))
+    avx2_tiles = qw._kernel is not None and qw._kernel.isa == "avx2" and path != "amx"
+    assert qw.tiles == (qw._kernel is not None and (path == "vnni" or avx2_tiles))
     assert all(map(torch.equal, qw.gguf_layout(), (qs, d)))
     assert torch.equal(qw.dequantize(), formats.dequantize(qs, d, fmt, 70))
     ids = torch.tensor([[36, 3], [16, 16]])
     assert torch.equal(qw.rows(ids), formats.dequantize(qs, d, fmt, 70)[ids])
-    exact = reference.quant_gemm_exact if qw.tiles else reference.exact_for(getattr(qw._kernel, "isa", "avx2"))
+    isa = getattr(qw._kernel, "isa", "avx2")
+    exact = reference.quant_gemm_exact if qw.tiles else reference.exact_for(isa)
     for m in (1, 3, 40):  # the small-batch kernel, and (the VNNI build) its GEMM from gemm_rows on
         x = torch.randn(m, 70, generator=torch.Generator().manual_seed(m))
         got = qw.matmul(x)
-        if qw._kernel is not None and (qw._vnni is not None or m < qw.gemm_rows):  # else the reference or a float GEMM
+        # else the reference or a float GEMM
+        if qw._kernel is not None and (qw._vnni is not None or m < qw.gemm_rows):
             assert torch.equal(got, exact(x, qs, d, fmt))
         want = reference.quant_matmul(x, qs, d, fmt)  # (a bf16 GEMM, on CPUs that take one, rounds more)
         assert (got - want).norm() < 1e-2 * want.norm()
@@ -135,7 +140,8 @@ def test_quantized_weight_holds_tiles_where_our_kernels_multiply_it(fmt):
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_a_request_reads_the_same_alone_or_among_forty(vnni_kernel, checkpoint_factory, quantization, monkeypatch):
+def test_a_request_reads_the_same_alone_or_among_forty(vnni_kernel, checkpoint_factory, quantization,
+                                                       monkeypatch):
     """On the tile layout the small-batch kernel and the GEMM make the same float operations, so a request's
     tokens and log-probabilities do not depend on how many others share its steps (the GEMM made to take 32+
     rows here, so that the 40-sequence steps cross over)."""
@@ -163,9 +169,9 @@ def test_a_request_reads_the_same_alone_or_among_forty(vnni_kernel, checkpoint_f
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_avx2_build_multiplies_every_batch_with_its_tile_kernel(fmt, monkeypatch):
-    """Where a CPU has AVX2 and no bf16 hardware, the tile kernel outruns dequantizing for oneDNN's fp32 GEMM at
-    every batch size, so prefill chunks take it too, a piece of AVX2_TILES_PIECE rows at a time: the same float
-    operations for every row count, so a row's result does not depend on the batch it is in."""
+    """Where a CPU has AVX2 and no bf16 hardware, the tile kernel outruns dequantizing for oneDNN's fp32 GEMM
+    at every batch size, so prefill chunks take it too, a piece of AVX2_TILES_PIECE rows at a time: the same
+    float operations for every row count, so a row's result does not depend on the batch it is in."""
     from forwardpass.quant import weight as weight_module
 
     try:
@@ -187,5 +193,6 @@ def test_the_avx2_build_multiplies_every_batch_with_its_tile_kernel(fmt, monkeyp
     assert torch.equal(qw.matmul(x.view(4, 25, 70)).view(100, -1), got)  # 3-D input: the same path
     monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "bf16")  # bf16 hardware: its GEMM keeps large batches
     assert not QuantizedWeight.from_float(w, fmt)._kernel_takes_all
-    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "fp32")  # asked for: dequantize + fp32 GEMM, transformers' math
+    # asked for: dequantize + fp32 GEMM, transformers' math
+    monkeypatch.setenv("FORWARDPASS_QUANT_GEMM", "fp32")
     assert not QuantizedWeight.from_float(w, fmt)._kernel_takes_all

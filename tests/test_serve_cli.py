@@ -76,7 +76,8 @@ def test_banner_access_log_and_throughput_line(tmp_path):
     assert "KV cache" in text and "context 1024 tokens" in text and f"{srv.url}/v1" in text
     assert "chat page" in text
     assert '"POST /v1/completions HTTP/1.1" 200' in text  # the access log
-    assert "Avg prompt throughput" in text and "Avg generation throughput" in text and "KV cache usage" in text
+    assert ("Avg prompt throughput" in text and "Avg generation throughput" in text
+            and "KV cache usage" in text)
 
 
 def test_model_without_weights_is_one_line(capsys, tmp_path):

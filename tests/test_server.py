@@ -60,8 +60,9 @@ def test_models_list(client, server):
 
 
 def test_models_list_reports_the_execution_plan(http, server):
-    """Each model entry carries the engine's execution plan (a field OpenAI clients ignore), the one the engine
-    logged once at start-up: this plain engine's fp32 weights, on the small-batch kernel where it was compiled."""
+    """Each model entry carries the engine's execution plan (a field OpenAI clients ignore), the one the
+    engine logged once at start-up: this plain engine's fp32 weights, on the small-batch kernel
+    where it was compiled."""
     import ast
 
     (entry,) = http.get("/v1/models").json()["data"]
@@ -91,8 +92,8 @@ def test_completion_batch_of_prompts_and_token_ids(client):
     assert sorted(c.index for c in r.choices) == [0, 1, 2, 3]
     assert r.usage.prompt_tokens == 5 and r.usage.completion_tokens == 12
     chunks = list(client.completions.create(model=MODEL, prompt=[[5, 6, 7], [8, 9]], max_tokens=3, n=2,
-                                            temperature=0, stream=True, stream_options={"include_usage": True},
-                                            extra_body=NO_EOS))
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_body=NO_EOS))
     streamed = {i: "" for i in range(4)}
     for c in chunks:
         for ch in c.choices:
@@ -127,7 +128,8 @@ def test_streaming_chat_with_usage_equals_non_streaming(client):
 
 
 def test_streaming_completion(client):
-    kw = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 10, "temperature": 0, "extra_body": NO_EOS}
+    kw = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 10, "temperature": 0,
+          "extra_body": NO_EOS}
     full = client.completions.create(**kw)
     chunks = list(client.completions.create(**kw, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
@@ -139,8 +141,8 @@ def test_n_2(client):
                                        max_tokens=8, temperature=1.0, seed=3, extra_body=NO_EOS)
     assert [c.index for c in r.choices] == [0, 1]
     assert r.usage.completion_tokens == 16
-    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=2,
-                                                 max_tokens=8, temperature=1.0, seed=3, stream=True,
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                 n=2, max_tokens=8, temperature=1.0, seed=3, stream=True,
                                                  extra_body=NO_EOS))
     streamed = {0: "", 1: ""}
     for c in chunks:
@@ -150,7 +152,8 @@ def test_n_2(client):
 
 
 def test_stop_strings(client):
-    kw = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "extra_body": NO_EOS}
+    kw = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0,
+          "extra_body": NO_EOS}
     text = client.completions.create(**kw).choices[0].text
     candidates = [text[i:i + 2] for i in range(2, len(text) - 2) if "\ufffd" not in text[i:i + 2]]
     assert candidates, text
@@ -163,22 +166,25 @@ def test_stop_strings(client):
 
 
 def test_logprobs(client):
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
-                                       temperature=0, logprobs=True, top_logprobs=3, extra_body=NO_EOS)
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=5, temperature=0, logprobs=True, top_logprobs=3,
+                                       extra_body=NO_EOS)
     content = r.choices[0].logprobs.content
     assert len(content) == 5
     for item in content:
         assert item.logprob <= 0 and len(item.top_logprobs) == 3
         assert item.top_logprobs[0].logprob == pytest.approx(item.logprob)  # greedy picks the best
         assert item.bytes == list(item.token.encode())
-    c = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, logprobs=2, extra_body=NO_EOS)
+    c = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, logprobs=2,
+                                  extra_body=NO_EOS)
     lp = c.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
     assert all(len(t) <= 2 for t in lp.top_logprobs)
 
 
 def test_seed_reproducibility(client):
-    kw = {"model": MODEL, "prompt": "A seed", "max_tokens": 12, "temperature": 1.0, "top_p": 0.95, "extra_body": NO_EOS}
+    kw = {"model": MODEL, "prompt": "A seed", "max_tokens": 12, "temperature": 1.0, "top_p": 0.95,
+          "extra_body": NO_EOS}
     a = client.completions.create(**kw, seed=1234).choices[0].text
     b = client.completions.create(**kw, seed=1234).choices[0].text
     c = client.completions.create(**kw, seed=99).choices[0].text
@@ -242,7 +248,8 @@ def test_caps_on_n_logprobs_and_stop(http):
     assert_error(http.post("/v1/completions", json={"prompt": "x", "n": 17}), 400, param="n")
     assert_error(http.post("/v1/completions", json={"prompt": "x", "logprobs": 21}), 400, param="logprobs")
     msgs = [{"role": "user", "content": "x"}]
-    assert_error(http.post("/v1/chat/completions", json={"messages": msgs, "logprobs": True, "top_logprobs": 50}),
+    assert_error(http.post("/v1/chat/completions",
+                           json={"messages": msgs, "logprobs": True, "top_logprobs": 50}),
                  400, param="top_logprobs")
     assert_error(http.post("/v1/completions", json={"prompt": "x", "stop": [str(i) for i in range(9)]}),
                  400, param="stop")

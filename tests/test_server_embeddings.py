@@ -1,6 +1,6 @@
-"""``forwardpass serve --task embed``: ``/v1/embeddings`` through the openai client on the real MiniLM weights, its
-error cases through httpx, and (in process) that compute stays off the event loop and a failing request fails
-alone."""
+"""``forwardpass serve --task embed``: ``/v1/embeddings`` through the openai client on the real MiniLM
+weights, its error cases through httpx, and (in process) that compute stays off the event loop and a failing
+request fails alone."""
 
 from __future__ import annotations
 
@@ -162,7 +162,8 @@ async def _with_app(runner, body, embedders: list | None = None):
     app = build_embedding_app(embedder, ServerConfig(models={"m": None}))
     await embedder.start()
     try:
-        # the app answers a 500 for an unexpected error and re-raises it for the server's log; a test wants the 500
+        # the app answers a 500 for an unexpected error and re-raises it for the server's
+        # log; a test wants the 500
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             return await body(client)

@@ -32,12 +32,12 @@ pytestmark = pytest.mark.timeout(240)
 KEY = "sk-hardening"
 HOSTILE_TEMPLATE = (
     "{%- set c = messages[-1]['content'] -%}"
-    "{%- if c == 'LOOP' -%}{%- for i in range(100000) -%}{%- for j in range(100000) -%}{%- endfor -%}{%- endfor -%}"
-    "{%- elif c == 'WIDE' -%}{{ '{:>999999999}'.format('x') }}"
+    "{%- if c == 'LOOP' -%}{%- for i in range(100000) -%}{%- for j in range(100000) -%}{%- endfor -%}{%- "
+    "endfor -%}{%- elif c == 'WIDE' -%}{{ '{:>999999999}'.format('x') }}"
     "{%- elif c == 'INDENT' -%}{{ messages | tojson(indent=100000000) }}"
     "{%- elif c == 'BIG' -%}{{ 'x' * 1000000000 }}"
-    "{%- else -%}{%- for m in messages -%}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}{%- endif -%}"
+    "{%- else -%}{%- for m in messages -%}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{%- "
+    "endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}{%- endif -%}"
 )
 
 
@@ -88,11 +88,13 @@ def _raw(body: bytes, **headers: str) -> dict:
 HOSTILE: list[tuple[str, str, dict]] = [
     ("break1_top_k_2^63", "/v1/completions", {"json": {"prompt": "hi", "temperature": 1, "top_k": 2**63}}),
     ("break1_top_k_10^30", "/v1/completions", {"json": {"prompt": "hi", "temperature": 1, "top_k": 10**30}}),
-    ("break1_top_k_over_vocab", "/v1/completions", {"json": {"prompt": "hi", "temperature": 1, "top_k": 100000}}),
+    ("break1_top_k_over_vocab", "/v1/completions",
+     {"json": {"prompt": "hi", "temperature": 1, "top_k": 100000}}),
     ("break1_seed_2^64", "/v1/completions", {"json": {"prompt": "hi", "seed": 2**64}}),
     ("break2_loop", "/v1/chat/completions", {"json": {"messages": [{"role": "user", "content": "LOOP"}]}}),
     ("break2_wide", "/v1/chat/completions", {"json": {"messages": [{"role": "user", "content": "WIDE"}]}}),
-    ("break2_indent", "/v1/chat/completions", {"json": {"messages": [{"role": "user", "content": "INDENT"}]}}),
+    ("break2_indent", "/v1/chat/completions",
+     {"json": {"messages": [{"role": "user", "content": "INDENT"}]}}),
     ("break2_big", "/v1/chat/completions", {"json": {"messages": [{"role": "user", "content": "BIG"}]}}),
     ("break5_n_x_prompts", "/v1/completions", {"json": {"prompt": ["a"] * 32, "n": 16}}),
     ("break6_surrogate_chat", "/v1/chat/completions",
@@ -323,7 +325,8 @@ def test_noisy_neighbour(http, server):
     request gets a 4xx, /health stays 200 throughout, no block leaked."""
     prompts = [f"Story {i}: once upon a time" for i in range(8)]
     body = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
-    alone = [http.post("/v1/completions", json={**body, "prompt": p}).json()["choices"][0]["text"] for p in prompts]
+    alone = [http.post("/v1/completions", json={**body, "prompt": p}).json()["choices"][0]["text"]
+             for p in prompts]
 
     def stream(p: str) -> str:
         with httpx.stream("POST", server.url + "/v1/completions", headers=server.headers(), timeout=120,
@@ -406,15 +409,17 @@ def test_rss_flat_over_5000_requests(http, server):
 @pytest.fixture(scope="module")
 def faulty(checkpoint_factory, tmp_path_factory):
     model = make_served_model(tmp_path_factory.mktemp("faulty"), checkpoint_factory("qwen3"))
-    with ServerProcess(model, "--num-kv-blocks", "128", "--engine-factory", "tests.helpers.server:FaultInjectingEngine",
-                       "--watchdog-timeout", "2", "--request-timeout", "4", "--shutdown-timeout", "1") as srv:
+    with ServerProcess(model, "--num-kv-blocks", "128", "--engine-factory",
+                       "tests.helpers.server:FaultInjectingEngine", "--watchdog-timeout", "2",
+                       "--request-timeout", "4", "--shutdown-timeout", "1") as srv:
         yield srv
 
 
 def test_break8_request_timeout_fails_a_hung_request(faulty):
     with httpx.Client(base_url=faulty.url, timeout=60) as c:
         t0 = time.monotonic()
-        with c.stream("POST", "/v1/completions", json={"prompt": "slow", "max_tokens": 200, "seed": SLOW_STEP_SEED,
+        with c.stream("POST", "/v1/completions",
+                      json={"prompt": "slow", "max_tokens": 200, "seed": SLOW_STEP_SEED,
                                                        "stream": True, "ignore_eos": True}) as r:
             events = sse_lines(r)
         assert 3.5 < time.monotonic() - t0 < 10
@@ -429,7 +434,8 @@ def test_break8_stuck_engine_makes_health_503_then_recovers(faulty):
     with httpx.Client(base_url=faulty.url, timeout=60) as c:
         results = {}
         t = threading.Thread(target=lambda: results.setdefault("r", c.post(
-            "/v1/completions", json={"prompt": "stuck", "max_tokens": 3, "seed": STUCK_ENGINE_SEED})), daemon=True)
+            "/v1/completions", json={"prompt": "stuck", "max_tokens": 3, "seed": STUCK_ENGINE_SEED})),
+                             daemon=True)
         t0 = time.monotonic()
         t.start()
         seen_503 = None
@@ -454,7 +460,8 @@ def test_break9_shutdown_ends_streams_with_error_and_done(faulty):  # last: stop
 
     def consume():
         with httpx.stream("POST", faulty.url + "/v1/completions", timeout=60, json={
-                "prompt": "slow", "max_tokens": 200, "seed": SLOW_STEP_SEED, "stream": True, "ignore_eos": True,
+                "prompt": "slow", "max_tokens": 200, "seed": SLOW_STEP_SEED, "stream": True,
+                "ignore_eos": True,
         }) as r:
             got["events"] = sse_lines(r)
 

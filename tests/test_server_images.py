@@ -45,7 +45,8 @@ def error_of(r: httpx.Response, status: int) -> dict:
 
 def test_images_generate_b64_png(app):
     r = call(app, "POST", "/v1/images/generations",
-             json={"prompt": "a handwritten 7", "n": 2, "size": "32x32", "num_inference_steps": 2, "seed": 3})  # fmt: skip
+             json={"prompt": "a handwritten 7", "n": 2, "size": "32x32", "num_inference_steps": 2,
+                   "seed": 3})  # fmt: skip
     assert r.status_code == 200, r.text
     data = r.json()["data"]
     assert len(data) == 2
@@ -90,7 +91,8 @@ def _wait(app, vid: str, timeout: float = 120) -> dict:
 
 def test_video_job_lifecycle(app):
     r = call(app, "POST", "/v1/videos",
-             json={"prompt": "a handwritten 3 moving left", "num_frames": 8, "num_inference_steps": 2, "seed": 0})  # fmt: skip
+             json={"prompt": "a handwritten 3 moving left", "num_frames": 8, "num_inference_steps": 2,
+                   "seed": 0})  # fmt: skip
     assert r.status_code == 200, r.text
     job = r.json()
     assert (

@@ -22,8 +22,8 @@ LONG = {"prompt": "hello", "max_tokens": 400, "ignore_eos": True, "temperature":
 @pytest.fixture(scope="module")
 def server(checkpoint_factory, tmp_path_factory):
     model = make_served_model(tmp_path_factory.mktemp("served"), checkpoint_factory("qwen3"))
-    with ServerProcess(model, "--max-num-seqs", "1", "--max-queued-requests", "1", "--max-request-bytes", "4096",
-                       "--num-kv-blocks", "64",
+    with ServerProcess(model, "--max-num-seqs", "1", "--max-queued-requests", "1", "--max-request-bytes",
+                       "4096", "--num-kv-blocks", "64",
                        "--fair-share-tokens", "0", api_key=KEY) as srv:  # the running stream keeps its slot
         yield srv
 
@@ -47,7 +47,8 @@ def test_missing_or_wrong_key_is_401(server):
 def test_right_key_works_with_the_openai_client(server):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
-    assert client.completions.create(model="test-model", prompt="hi", max_tokens=2).usage.completion_tokens >= 1
+    ok = client.completions.create(model="test-model", prompt="hi", max_tokens=2)
+    assert ok.usage.completion_tokens >= 1
     bad = openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()

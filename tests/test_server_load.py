@@ -114,8 +114,8 @@ def test_load_200_requests_at_concurrency_32_and_metrics_agree(server):
                 assert r.status_code == 200, r.text
                 return r.json()["usage"]
             usage = None
-            async with client.stream("POST", "/v1/completions",
-                                     json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+            async with client.stream("POST", "/v1/completions", json={
+                    **body, "stream": True, "stream_options": {"include_usage": True}}) as r:
                 assert r.status_code == 200
                 async for line in r.aiter_lines():
                     if line.startswith("data: {"):
@@ -126,7 +126,8 @@ def test_load_200_requests_at_concurrency_32_and_metrics_agree(server):
 
     async def load():
         sem = asyncio.Semaphore(32)
-        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=httpx.Limits(max_connections=64)) as c:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120,
+                                     limits=httpx.Limits(max_connections=64)) as c:
             return await asyncio.gather(*(one(c, sem, i) for i in range(200)))
 
     usages = asyncio.run(load())
@@ -145,13 +146,13 @@ def test_load_200_requests_at_concurrency_32_and_metrics_agree(server):
 
 def test_bench_serve_against_the_server(server, tmp_path):
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "forwardpass.cli", "bench", "serve", "--base-url", server.url, "--num-prompts", "12",
-           "--max-concurrency", "4", "--request-rate", "50", "--input-len", "20", "--output-len", "6",
-           "--save-result", str(out), "--no-progress"]
+    cmd = [sys.executable, "-m", "forwardpass.cli", "bench", "serve", "--base-url", server.url,
+           "--num-prompts", "12", "--max-concurrency", "4", "--request-rate", "50", "--input-len", "20",
+           "--output-len", "6", "--save-result", str(out), "--no-progress"]
     p = subprocess.run(cmd, check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
-    for label in ("Successful requests:", "Mean TTFT (ms):", "P99 ITL (ms):", "Median TPOT (ms):", "Mean E2E (ms):",
-                  "Output token throughput"):
+    for label in ("Successful requests:", "Mean TTFT (ms):", "P99 ITL (ms):", "Median TPOT (ms):",
+                  "Mean E2E (ms):", "Output token throughput"):
         assert label in p.stdout
     res = json.loads(out.read_text())
     assert res["successful_requests"] == 12 and res["failed_requests"] == 0

@@ -36,7 +36,8 @@ THINK = r"<think>[a-z]{2,8}( [a-z]{2,8}){1,4}</think>\n\n[A-Z][a-z]{2,8}"
 # This server parses reasoning, so constraints start after </think>, which the embedded model never writes;
 # without thinking they apply from the first token.
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
-CALL = ('root ::= "Sure. <tool_call>{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"" [a-z]{2,8} '
+CALL = ('root ::= '
+        '"Sure. <tool_call>{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"" [a-z]{2,8} '
         '"\\", \\"unit\\": \\"celsius\\"}}</tool_call>"')
 
 
@@ -66,10 +67,12 @@ def test_reasoning_splitter_units():
 def test_tool_parsers_units():
     text = 'ok <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call> <tool_call>not json</tool_call>'
     content, calls = parse_tool_calls(text)
-    assert [c["function"]["name"] for c in calls] == ["f"] and json.loads(calls[0]["function"]["arguments"]) == {"x": 1}
+    assert [c["function"]["name"] for c in calls] == ["f"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"x": 1}
     assert content == "ok  <tool_call>not json</tool_call>"
     st = ToolCallStreamer()
-    parts = ["hi <tool", '_call>{"name": "g", ', '"arguments": {"a": ', '[1, {"b": 2}]}', "}</tool_", "call> bye"]
+    parts = ["hi <tool", '_call>{"name": "g", ', '"arguments": {"a": ', '[1, {"b": 2}]}', "}</tool_",
+             "call> bye"]
     out = [st.feed(d) for d in parts] + [st.feed("", True)]
     assert "".join(c for c, _ in out) == "hi  bye"
     deltas = [c for _, cs in out for c in cs]
@@ -85,7 +88,8 @@ def test_tool_parsers_units():
 def test_reasoning_content_split_and_streamed(client):
     # enable_thinking false: the grammar covers the whole output, so it can make the model write <think>
     kw = {"model": MODEL, "messages": MSG, "temperature": 1.0, "max_tokens": 60, "seed": 3,
-          "extra_body": {"structured_outputs": {"regex": THINK}, "chat_template_kwargs": {"enable_thinking": False}}}
+          "extra_body": {"structured_outputs": {"regex": THINK},
+                         "chat_template_kwargs": {"enable_thinking": False}}}
     r = client.chat.completions.create(**kw)
     m = r.choices[0].message
     assert re.fullmatch(r"[a-z]{2,8}( [a-z]{2,8}){1,4}", m.reasoning_content), m
@@ -104,10 +108,10 @@ def test_plain_answer_has_no_reasoning_and_template_kwargs_pass(client):
     assert r.choices[0].message.reasoning_content is None and r.choices[0].message.content
 
 
-# ----- tools -------------------------------------------------------------------------------------------------
+# ----- tools ------------------------------------------------------------------------------------------------
 def test_auto_tool_call_parsed_and_streamed(client):
-    kw = {"model": MODEL, "messages": MSG, "tools": [WEATHER], "temperature": 1.0, "max_tokens": 80, "seed": 5,
-              "extra_body": {"structured_outputs": {"grammar": CALL}, **NO_THINK}}
+    kw = {"model": MODEL, "messages": MSG, "tools": [WEATHER], "temperature": 1.0, "max_tokens": 80,
+          "seed": 5, "extra_body": {"structured_outputs": {"grammar": CALL}, **NO_THINK}}
     r = client.chat.completions.create(**kw)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.content == "Sure.", c
@@ -141,9 +145,9 @@ def test_required_and_named_tool_choice_are_enforced(client, choice):
             jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
     if isinstance(choice, dict):  # a named call streams its arguments as they are generated
         calls, finish = [], None
-        for chunk in client.chat.completions.create(model=MODEL, messages=MSG, tools=[WEATHER], tool_choice=choice,
-                                                    temperature=0.8, max_tokens=120, seed=6, stream=True,
-                                                    extra_body=NO_THINK):
+        for chunk in client.chat.completions.create(model=MODEL, messages=MSG, tools=[WEATHER],
+                                                    tool_choice=choice, temperature=0.8, max_tokens=120,
+                                                    seed=6, stream=True, extra_body=NO_THINK):
             for ch in chunk.choices:
                 calls += ch.delta.tool_calls or []
                 finish = ch.finish_reason or finish
@@ -163,7 +167,8 @@ def test_tool_choice_errors(server):
 
 def test_tool_messages_reach_the_template(client):
     msgs = [*MSG, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "bath"}'}}]},
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "bath"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "rain"}]
     r = client.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER], tool_choice="none",
                                        max_tokens=4, temperature=0.0)
@@ -177,13 +182,15 @@ def test_routes_without_v1_props_cors_and_invocations(server):
     a = httpx.post(server.url + "/chat/completions", headers=h, json=body, timeout=60).json()
     b = httpx.post(server.url + "/v1/chat/completions", headers=h, json=body, timeout=60).json()
     assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
-    assert httpx.post(server.url + "/completions", headers=h, json={"prompt": "a", "max_tokens": 2}).status_code == 200
+    assert httpx.post(server.url + "/completions", headers=h,
+                      json={"prompt": "a", "max_tokens": 2}).status_code == 200
     assert httpx.get(server.url + "/models", headers=h).json()["data"][0]["id"] == MODEL
     inv = httpx.post(server.url + "/invocations", headers=h, json=body, timeout=60).json()
     assert inv["object"] == "chat.completion"
     assert httpx.post(server.url + "/invocations", headers=h, json={"prompt": "a", "max_tokens": 2}).json()[
         "object"] == "text_completion"
-    assert httpx.post(server.url + "/invocations", headers=h, json={"prompt": "a", "bogus": 1}).status_code == 400
+    assert httpx.post(server.url + "/invocations", headers=h,
+                      json={"prompt": "a", "bogus": 1}).status_code == 400
     props = httpx.get(server.url + "/props", headers=h).json()
     assert props["default_generation_settings"]["n_ctx"] == 1024 and "/" not in props["model_path"]
     pre = httpx.options(server.url + "/v1/chat/completions", headers={

@@ -56,15 +56,15 @@ def test_response_format_json_schema(client, name):
 
 
 def test_response_format_json_object_and_completions(client):
-    r = client.chat.completions.create(model=MODEL, messages=MSG, temperature=0.7, max_tokens=200, n=2, seed=3,
-                                       response_format={"type": "json_object"})
+    r = client.chat.completions.create(model=MODEL, messages=MSG, temperature=0.7, max_tokens=200, n=2,
+                                       seed=3, response_format={"type": "json_object"})
     for c in r.choices:
         if c.finish_reason == "stop":
             assert isinstance(json.loads(c.message.content), dict)
     schema = SCHEMAS["weather_tool_args"]
-    r = client.completions.create(model=MODEL, prompt="Weather:", temperature=0.8, max_tokens=120, n=2, seed=4,
-                                  extra_body={"response_format": {"type": "json_schema",
-                                                                  "json_schema": {"name": "w", "schema": schema}}})
+    r = client.completions.create(model=MODEL, prompt="Weather:", temperature=0.8, max_tokens=120, n=2,
+                                  seed=4, extra_body={"response_format": {
+                                      "type": "json_schema", "json_schema": {"name": "w", "schema": schema}}})
     _check_json(r.choices, schema)
 
 
@@ -82,8 +82,8 @@ def test_structured_outputs_forms(client):
                                        extra_body={"structured_outputs": {"grammar": grammar}})
     assert all(re.fullmatch(r"yes|no|maybe [0-9]", c.message.content) for c in r.choices)
     schema = SCHEMAS["weather_tool_args"]
-    r = client.chat.completions.create(model=MODEL, messages=MSG, temperature=0.8, max_tokens=150, n=2, seed=9,
-                                       extra_body={"structured_outputs": {"json": schema}})
+    r = client.chat.completions.create(model=MODEL, messages=MSG, temperature=0.8, max_tokens=150, n=2,
+                                       seed=9, extra_body={"structured_outputs": {"json": schema}})
     _check_json(r.choices, schema)
 
 
@@ -95,8 +95,8 @@ def test_guided_fields_and_streaming(client):
                                   extra_body={"guided_regex": "[0-9]{4}"})
     assert re.fullmatch("[0-9]{4}", r.choices[0].text)
     schema = SCHEMAS["weather_tool_args"]
-    stream = client.chat.completions.create(model=MODEL, messages=MSG, temperature=0.8, max_tokens=150, seed=12,
-                                            stream=True, extra_body={"guided_json": schema})
+    stream = client.chat.completions.create(model=MODEL, messages=MSG, temperature=0.8, max_tokens=150,
+                                            seed=12, stream=True, extra_body={"guided_json": schema})
     text, finish = "", None
     for chunk in stream:
         for c in chunk.choices:
@@ -123,9 +123,10 @@ def test_logit_bias_and_allowed_token_ids(client, server):
                                   logit_bias={str(tok): 100})
     assert r.choices[0].text == httpx.post(server.url + "/detokenize",
                                            json={"tokens": [tok] * 5}).json()["prompt"]
-    r = client.completions.create(model=MODEL, prompt="Hello", temperature=1.0, max_tokens=8, seed=2, logprobs=0,
-                                  extra_body={"allowed_token_ids": [tok, tok + 1]})
-    allowed = {httpx.post(server.url + "/detokenize", json={"tokens": [t]}).json()["prompt"] for t in (tok, tok + 1)}
+    r = client.completions.create(model=MODEL, prompt="Hello", temperature=1.0, max_tokens=8, seed=2,
+                                  logprobs=0, extra_body={"allowed_token_ids": [tok, tok + 1]})
+    allowed = {httpx.post(server.url + "/detokenize", json={"tokens": [t]}).json()["prompt"]
+               for t in (tok, tok + 1)}
     assert all(t in allowed for t in r.choices[0].logprobs.tokens), (r.choices[0].text, allowed)
 
 
@@ -142,7 +143,8 @@ def test_logit_bias_and_allowed_token_ids(client, server):
     ({"response_format": {"type": "json_schema"}}, None, "json_schema"),
 ])
 def test_bad_constraints_are_400(server, body, param, words):
-    r = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, "messages": MSG, **body}, timeout=60)
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, "messages": MSG, **body},
+                   timeout=60)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert words in err["message"], err
@@ -150,9 +152,10 @@ def test_bad_constraints_are_400(server, body, param, words):
         assert err["param"] == param, err
 
 
-# ----- standard OpenAI parameters and vLLM extensions, one test each ------------------------------------------
+# ----- standard OpenAI parameters and vLLM extensions, one test each ----------------------------------------
 def test_stream_options_without_stream_is_400(server):
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "a", "stream_options": {"include_usage": True}})
+    r = httpx.post(server.url + "/v1/completions",
+                   json={"prompt": "a", "stream_options": {"include_usage": True}})
     assert r.status_code == 400 and "stream_options" in r.json()["error"]["message"]
 
 
@@ -166,14 +169,14 @@ def test_return_tokens_as_token_ids(client):
     r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, logprobs=1, temperature=0.0,
                                   extra_body={"return_tokens_as_token_ids": True})
     assert all(re.fullmatch(r"token_id:\d+", t) for t in r.choices[0].logprobs.tokens)
-    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2, logprobs=True, temperature=0.0,
-                                       extra_body={"return_tokens_as_token_ids": True})
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2, logprobs=True,
+                                       temperature=0.0, extra_body={"return_tokens_as_token_ids": True})
     assert all(c.token.startswith("token_id:") for c in r.choices[0].logprobs.content)
 
 
 def test_continuous_usage_stats(client):
-    chunks = list(client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0.0, stream=True,
-                                            stream_options={"include_usage": True,
+    chunks = list(client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0.0,
+                                            stream=True, stream_options={"include_usage": True,
                                                             "continuous_usage_stats": True}))
     counts = [c.usage.completion_tokens for c in chunks if c.choices]
     assert counts == sorted(counts) and counts[-1] == 4 and chunks[-1].usage.completion_tokens == 4
@@ -207,7 +210,8 @@ def test_custom_roles_and_extra_message_fields_reach_the_template(server):
     bad = [{"role": "no spaces allowed", "content": "x"}, {"role": "user", "content": "x", "bad-name": 1},
            {"role": "user", "content": "x", **{f"f{i}": i for i in range(17)}}]
     for m in bad:
-        r = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, "messages": [m], "max_tokens": 1})
+        r = httpx.post(server.url + "/v1/chat/completions",
+                       json={"model": MODEL, "messages": [m], "max_tokens": 1})
         assert r.status_code == 400 and "messages" in (r.json()["error"]["param"] or ""), (m, r.text)
 
 
@@ -218,7 +222,8 @@ def test_continue_final_message_and_chat_echo(client, server):
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
     assert r["choices"][0]["message"]["content"].startswith("It is raining in")
     # the prompt ends with the assistant's text, not with a closed turn
-    toks = httpx.post(server.url + "/tokenize", json={"messages": msgs, "add_generation_prompt": False}).json()
+    toks = httpx.post(server.url + "/tokenize",
+                      json={"messages": msgs, "add_generation_prompt": False}).json()
     assert r["usage"]["prompt_tokens"] < toks["count"]
     bad = httpx.post(server.url + "/v1/chat/completions", json={**body, "add_generation_prompt": True})
     assert bad.status_code == 400
@@ -236,7 +241,8 @@ def test_vllm_metric_names(client, server):
     client.completions.create(model=MODEL, prompt="Hello there", max_tokens=4, temperature=0.0)
     text = httpx.get(server.url + "/metrics").text
     for name in ("time_per_output_token_seconds", "request_prompt_tokens", "request_generation_tokens",
-                 "request_prefill_time_seconds", "request_decode_time_seconds", "request_inference_time_seconds"):
+                 "request_prefill_time_seconds", "request_decode_time_seconds",
+                 "request_inference_time_seconds"):
         for prefix in ("vllm:", "forwardpass:"):
             assert f"{prefix}{name}_count{{" in text, name
     assert "vllm:prefix_cache_queries_total{" in text and "vllm:prefix_cache_hits_total{" in text
@@ -251,7 +257,8 @@ def test_completion_echo_with_logprobs_lists_the_prompt_first(client):
     r = client.completions.create(echo=True, extra_body={"prompt_logprobs": 2}, **kw).choices[0]
     n_prompt = len(r.prompt_logprobs)
     lp = r.logprobs
-    assert lp.tokens[n_prompt:] == plain.logprobs.tokens and lp.token_logprobs[n_prompt:] == plain.logprobs.token_logprobs
+    assert (lp.tokens[n_prompt:] == plain.logprobs.tokens
+            and lp.token_logprobs[n_prompt:] == plain.logprobs.token_logprobs)
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and r.prompt_logprobs[0] is None
     assert "".join(lp.tokens[:n_prompt]) == "Hello there, friend"
     for i in range(1, n_prompt):  # the echoed entries are the prompt_logprobs of the same tokens
@@ -259,7 +266,8 @@ def test_completion_echo_with_logprobs_lists_the_prompt_first(client):
         assert entry["logprob"] == pytest.approx(lp.token_logprobs[i]) and len(lp.top_logprobs[i]) <= 2
     assert lp.text_offset[n_prompt] == len("Hello there, friend") and lp.text_offset[0] == 0
     chunks = [c.choices[0] for c in client.completions.create(echo=True, stream=True, **kw) if c.choices]
-    assert functools.reduce(operator.iadd, (c.logprobs.token_logprobs for c in chunks if c.logprobs), []) == lp.token_logprobs
+    assert functools.reduce(operator.iadd, (c.logprobs.token_logprobs for c in chunks if c.logprobs),
+                            []) == lp.token_logprobs
 
 
 def test_prompt_logprobs_in_chat(client):
@@ -268,8 +276,9 @@ def test_prompt_logprobs_in_chat(client):
     prompt_lps = r.model_extra["prompt_logprobs"]
     assert prompt_lps[0] is None and len(prompt_lps) == r.usage.prompt_tokens
     assert all(1 <= len(d) <= 2 and all(v["logprob"] <= 0 for v in d.values()) for d in prompt_lps[1:])
-    stream = [c for c in client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2, temperature=0.0,
-                                                        stream=True, extra_body={"prompt_logprobs": 1})]
+    stream = [c for c in client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2,
+                                                        temperature=0.0, stream=True,
+                                                        extra_body={"prompt_logprobs": 1})]
     carried = [c.model_extra["prompt_logprobs"] for c in stream if c.model_extra.get("prompt_logprobs")]
     assert carried == [prompt_lps]  # once, on one chunk
 
@@ -279,5 +288,6 @@ def test_completion_echo(client):
     plain = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=3, temperature=0.0)
     assert r.choices[0].text == "Hello there" + plain.choices[0].text
     text = "".join(c.choices[0].text for c in client.completions.create(
-        model=MODEL, prompt="Hello there", max_tokens=3, temperature=0.0, echo=True, stream=True) if c.choices)
+        model=MODEL, prompt="Hello there", max_tokens=3, temperature=0.0, echo=True, stream=True)
+        if c.choices)
     assert text == r.choices[0].text

@@ -45,7 +45,8 @@ def ckpt(tmp_path_factory):
 
 # ----- the KV cache manager alone ------------------------------------------------------------------
 def _seq(seq_id, n_prompt):
-    return Sequence(request_id=str(seq_id), prompt_token_ids=list(range(3, 3 + n_prompt)), params=SP(max_tokens=1000))
+    return Sequence(request_id=str(seq_id), prompt_token_ids=list(range(3, 3 + n_prompt)),
+                    params=SP(max_tokens=1000))
 
 
 def test_window_group_frees_blocks_behind_the_window():
@@ -84,8 +85,9 @@ def test_windowed_groups_switch_prefix_caching_off_with_a_log_line(caplog):
 
 
 def test_layer_specs_group_full_and_sliding_layers():
-    spec = ModelSpec(name="m", architecture="Gemma2ForCausalLM", model_type="gemma2", hidden=64, layers=4, heads=4,
-                     kv_heads=2, head_dim=16, intermediate=128, vocab=512, layer_windows=(16, None, 16, None))
+    spec = ModelSpec(name="m", architecture="Gemma2ForCausalLM", model_type="gemma2", hidden=64, layers=4,
+                     heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512,
+                     layer_windows=(16, None, 16, None))
     groups = plan_groups(layer_specs(spec, 8, torch.float32), None, 32)
     assert sorted(g.layer_ids for g in groups) == [(0, 2), (1, 3)]
     assert {type(g.spec).__name__ for g in groups} == {"FullAttentionSpec", "SlidingWindowSpec"}
@@ -120,7 +122,8 @@ def test_long_generation_runs_inside_a_pool_that_fits_only_if_blocks_are_freed(c
     path = ckpt("mistral_w16")
     llm = LLM(path, num_kv_blocks=24, block_size=8, max_num_batched_tokens=16, max_num_seqs=4)
     core = llm.engine.core
-    assert core.max_model_len == 512  # admitted with max_position_embeddings, though 24 blocks hold 192 tokens
+    # admitted with max_position_embeddings, though 24 blocks hold 192 tokens
+    assert core.max_model_len == 512
     prompts = random_prompts(4, [30, 12, 25, 7], seed=7)
     params = SamplingParams(temperature=0, max_tokens=160, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -133,8 +136,8 @@ def test_long_generation_runs_inside_a_pool_that_fits_only_if_blocks_are_freed(c
 
 
 def test_windowed_sequences_preempted_and_recomputed_still_match(ckpt):
-    """A pool of 8 blocks: four decoding sequences of three live blocks each cannot all run; preemption recomputes
-    them from scratch with fresh tables, and the tokens do not change."""
+    """A pool of 8 blocks: four decoding sequences of three live blocks each cannot all run; preemption
+    recomputes them from scratch with fresh tables, and the tokens do not change."""
     path = ckpt("mistral_w16")
     llm = LLM(path, num_kv_blocks=8, block_size=8, max_num_batched_tokens=16, max_num_seqs=4)
     prompts = random_prompts(4, [30, 12, 25, 7], seed=8)
@@ -168,8 +171,9 @@ def test_flash_backend_gives_the_same_greedy_tokens(ckpt):
 
 
 # ----- bad input -------------------------------------------------------------------------------------
-BASE_CFG = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 256}
+BASE_CFG = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512,
+            "max_position_embeddings": 256}
 
 
 @pytest.mark.parametrize("extra,param", [

@@ -1,6 +1,7 @@
 """The compiled small-batch fp32 matmul (``forwardpass/layers/small_matmul.py``) against its reference,
 ``x @ W.T`` in float64, for both builds (AVX-512 where this CPU runs it, AVX2/FMA), and ``linear`` taking
-it for decode-sized batches only. The engine using it: tests/test_fused_ops.py, with the other compiled ops."""
+it for decode-sized batches only. The engine using it: tests/test_fused_ops.py, with
+the other compiled ops."""
 
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ def _rand(*shape, seed):
 # 16-row thread tile, K not a multiple of the vector width (8 or 16); up to the engine's MAX_ROWS and past it.
 # From 17 rows on the AVX-512 build takes its broadcast kernel: blocks of 2, 3 and 4 vectors of 16 rows, a
 # last block with fewer (100 = 64 + 36, 130 = 2·64 + 2), weight rows not a multiple of its 12/8/6-row blocks
-@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (1, 7, 5), (2, 33, 100), (3, 64, 1024), (4, 17, 31), (5, 100, 17),
-                                   (7, 48, 520), (16, 300, 256), (17, 40, 1536), (32, 65, 1000), (33, 9, 64),
-                                   (64, 50, 512), (100, 70, 300), (130, 13, 48)])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (1, 7, 5), (2, 33, 100), (3, 64, 1024), (4, 17, 31),
+                                   (5, 100, 17), (7, 48, 520), (16, 300, 256), (17, 40, 1536), (32, 65, 1000),
+                                   (33, 9, 64), (64, 50, 512), (100, 70, 300), (130, 13, 48)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_kernel_equals_the_reference(kernel, m, n, k, bias):
     x, w = _rand(m, k, seed=m), _rand(n, k, seed=n + 1)

@@ -98,7 +98,8 @@ def test_plan_groups_pays_state_slots_first(ckpt):
     spec = load_model_spec(ckpt("nemotron_h"))
     specs = layer_specs(spec, 8, torch.float32)
     kinds = [type(s).__name__ if s else None for s in specs]
-    assert kinds == ["StateSpec", None, "FullAttentionSpec", None, "StateSpec"]  # MoE and MLP layers cache nothing
+    # MoE and MLP layers cache nothing
+    assert kinds == ["StateSpec", None, "FullAttentionSpec", None, "StateSpec"]
     state = specs[0]
     assert state.state_size == spec.ssm.conv_dim * 3 + 8 * 16 * 16  # conv window + SSM state
     full_page = specs[2].page_bytes_per_layer
@@ -171,9 +172,9 @@ def test_state_models_match_transformers_alone_and_batched(ckpt, oracle, variant
     with torch.no_grad():
         ref = hf(torch.tensor([PROMPTS[2]])).logits[0].float()
         ours = llm.engine.model.compute_logits(llm.engine.model(torch.tensor(PROMPTS[2]), torch.arange(70)))
-    # fp32 both, summed in other orders; Qwen3-Next's delta rule most of all (our chunked form and transformers'
-    # differ in chunk size and in the triangular solve): up to 1.3e-4 on logits of magnitude ~5.6 measured on a
-    # Zen 4 CPU, 3e-6 for the others
+    # fp32 both, summed in other orders; Qwen3-Next's delta rule most of all (our chunked form and
+    # transformers' differ in chunk size and in the triangular solve): up to 1.3e-4 on logits of magnitude
+    # ~5.6 measured on a Zen 4 CPU, 3e-6 for the others
     torch.testing.assert_close(ours, ref, atol=3e-4 if variant == "qwen3_next" else 1e-4, rtol=0)
 
 
@@ -262,8 +263,10 @@ def test_roofline_counts_state_bytes_constant_and_kv_only_for_attention(ckpt, va
     attention = spec.attention_layers
     assert spec.kv_bytes_per_token(2) == 2 * attention * spec.kv_dim * 2
     state = spec.state_bytes_per_sequence(4)
-    assert state == sum(s.page_bytes_per_layer for s in layer_specs(spec, 8, torch.float32) if isinstance(s, StateSpec))
-    short, long = (analyze(spec, "h100", prefill_tokens=256, context=c, batches=(1, 8)) for c in (4096, 65536))
+    assert state == sum(s.page_bytes_per_layer for s in layer_specs(spec, 8, torch.float32)
+                        if isinstance(s, StateSpec))
+    short, long = (analyze(spec, "h100", prefill_tokens=256, context=c, batches=(1, 8))
+                   for c in (4096, 65536))
     state_ops = [o for o in short.decode[1].ops if o.name.endswith(".scan")]
     assert state_ops and sum(o.kv_read_bytes for o in state_ops) == 8 * state  # each sequence's state, once
     grow = long.decode[0].total.kv_read_bytes - short.decode[0].total.kv_read_bytes
@@ -282,24 +285,28 @@ def test_mixer_cost_vs_context_and_its_plot(tmp_path):
     assert plot_mixer_cost(tmp_path / "mixers.png").stat().st_size > 0
 
 
-MAMBA2_CFG = {"architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 2,
-              "vocab_size": 512, "num_heads": 8, "head_dim": 16, "state_size": 16, "n_groups": 2, "expand": 2}
+MAMBA2_CFG = {"architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2", "hidden_size": 64,
+              "num_hidden_layers": 2, "vocab_size": 512, "num_heads": 8, "head_dim": 16, "state_size": 16,
+              "n_groups": 2, "expand": 2}
 
 
 @pytest.mark.parametrize("cfg,param", [
     ({**MAMBA2_CFG, "num_heads": 4}, "num_heads"),  # heads * head_dim != expand * hidden
     ({**MAMBA2_CFG, "state_size": "16"}, "state_size"),
     ({**MAMBA2_CFG, "n_groups": 3}, "n_groups"),
-    ({"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 64, "vocab_size": 512,
-      "num_attention_heads": 4, "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16,
+    ({"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 64,
+      "vocab_size": 512, "num_attention_heads": 4, "mamba_num_heads": 8, "mamba_head_dim": 16,
+      "ssm_state_size": 16,
       "hybrid_override_pattern": "M*X"}, "layers_block_type"),  # X: no such layer
-    ({"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 64, "vocab_size": 512,
-      "num_attention_heads": 4, "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16,
-      "hybrid_override_pattern": "M*E", "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_latent_size": 16},
+    ({"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 64,
+      "vocab_size": 512, "num_attention_heads": 4, "mamba_num_heads": 8, "mamba_head_dim": 16,
+      "ssm_state_size": 16, "hybrid_override_pattern": "M*E", "n_routed_experts": 8, "num_experts_per_tok": 2,
+      "moe_latent_size": 16},
      "moe_latent_size"),  # latent MoE projections are not implemented
-    ({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 64, "vocab_size": 512,
-      "num_attention_heads": 4, "intermediate_size": 64, "linear_num_key_heads": 3, "linear_num_value_heads": 4,
-      "linear_key_head_dim": 16, "linear_value_head_dim": 16, "layer_types": ["linear_attention"]},
+    ({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 64,
+      "vocab_size": 512, "num_attention_heads": 4, "intermediate_size": 64, "linear_num_key_heads": 3,
+      "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+      "layer_types": ["linear_attention"]},
      "linear_num_value_heads"),
 ])
 def test_bad_state_configs_name_the_field(cfg, param):

@@ -1,4 +1,5 @@
-"""Structured output (xgrammar): every constraint form, validated on real-world schemas with the embedded model.
+"""Structured output (xgrammar): every constraint form, validated on real-world schemas with the embedded
+model.
 
 The embedded model (forwardpass/assets/llm) was never taught JSON: at temperature >= 0.7 whatever it writes
 is the grammar's doing, so every completed output must parse and validate. ``max_tokens`` truncation is
@@ -38,7 +39,8 @@ SCHEMAS = {
         "quantity": {"type": "integer", "minimum": 1, "maximum": 99},
         "price": {"type": "number", "minimum": 0}}, "required": ["sku", "quantity", "price"],
         "additionalProperties": False}},
-        "properties": {"id": {"type": "integer"}, "items": {"type": "array", "items": {"$ref": "#/$defs/item"},
+        "properties": {"id": {"type": "integer"},
+                       "items": {"type": "array", "items": {"$ref": "#/$defs/item"},
                                                              "minItems": 1, "maxItems": 3},
                        "status": {"enum": ["pending", "shipped", "delivered"]}},
         "required": ["id", "items", "status"], "additionalProperties": False},
@@ -50,7 +52,8 @@ SCHEMAS = {
         "notes": {"anyOf": [{"type": "string", "maxLength": 20}, {"type": "null"}]}},
         "required": ["title", "tags", "priority", "done", "notes"], "additionalProperties": False},
     "weather_tool_args": {"type": "object", "properties": {
-        "location": {"type": "string", "maxLength": 30}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "location": {"type": "string", "maxLength": 30},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
         "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["location", "unit"],
         "additionalProperties": False},
     "tree": {"$defs": {"node": {"type": "object", "properties": {
@@ -143,7 +146,8 @@ def test_chunked_prefill_and_preemption_keep_the_grammar():
                 max_num_seqs=8, seed=0)
     regex = r"[a-z]{3,6}( [a-z]{3,6}){4,8}\."
     prompt = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
-    outs = small.generate([prompt] * 6, _params({"regex": regex}, n=2, seed=21, max_tokens=80), use_tqdm=False)
+    outs = small.generate([prompt] * 6, _params({"regex": regex}, n=2, seed=21, max_tokens=80),
+                          use_tqdm=False)
     for out in outs:
         for c in out.outputs:
             assert c.finish_reason == "stop" and re.fullmatch(regex, c.text), c.text
@@ -209,7 +213,8 @@ def test_bitmask_logit_bias_and_allowed_ids_in_the_sampler():
 
 
 def test_mask_overhead_per_step_is_small(llm):
-    """Mask build (matcher fill) + apply per step, measured on the embedded model (reported, loosely bounded)."""
+    """Mask build (matcher fill) + apply per step, measured on the embedded model
+    (reported, loosely bounded)."""
     from forwardpass.structured.backend import GrammarBackend
 
     backend = llm.engine.core.runner.grammars
@@ -227,7 +232,8 @@ def test_mask_overhead_per_step_is_small(llm):
         x = logits.clone()
         apply_token_bitmask(x, torch.stack(masks))  # type: ignore[arg-type]
     per_step = (time.perf_counter() - t0) / steps
-    print(f"mask build + apply for {B} constrained rows, vocab {backend.vocab_size}: {per_step * 1e3:.3f} ms/step")
+    print(f"mask build + apply for {B} constrained rows, vocab {backend.vocab_size}: {per_step * 1e3:.3f} "
+          "ms/step")
     assert per_step < 0.05
 
 

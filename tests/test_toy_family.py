@@ -1,8 +1,9 @@
-"""A new architecture added from outside ``forwardpass/``: this module defines a toy family (its spec derivation, its
-model with a layer and a cache kind of its own, that kind's metadata builder), registers it through the public
-registry, writes a random checkpoint (config.json + safetensors) and generates through ``forwardpass.LLM``. No file
-of the package is edited for it: the engine asks the family's derivation for the spec, the model's layers for their
-caches, and each cache kind for its metadata builder (docs/adding-a-model.md walks through the same steps).
+"""A new architecture added from outside ``forwardpass/``: this module defines a toy family (its spec
+derivation, its model with a layer and a cache kind of its own, that kind's metadata builder), registers it
+through the public registry, writes a random checkpoint (config.json + safetensors) and generates through
+``forwardpass.LLM``. No file of the package is edited for it: the engine asks the family's derivation for the
+spec, the model's layers for their caches, and each cache kind for its metadata builder
+(docs/adding-a-model.md walks through the same steps).
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ from forwardpass.models.registry import register_model, unregister_model
 
 ARCH = "ToyForCausalLM"
 CONFIG = {
-    "architectures": [ARCH], "model_type": "toy", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 96, "max_position_embeddings": 128,
+    "architectures": [ARCH], "model_type": "toy", "hidden_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 96,
+    "max_position_embeddings": 128,
     "rms_norm_eps": 1e-6, "toy_attention_temperature": 0.5,  # the family's own key
 }
 
 
-# ----- the family's spec: its own key, read by its own derivation --------------------------------------------------
+# ----- the family's spec: its own key, read by its own derivation -------------------------------------------
 @dataclass(frozen=True)
 class ToySpec:
     """The toy family's sub-spec (``ModelSpec.family``): attention logits are divided by ``temperature``."""
@@ -52,7 +54,7 @@ def toy_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     return decoder_spec(cfg, name, family=ToySpec(temperature))  # the common keys from the core
 
 
-# ----- its cache kind and that kind's metadata builder -------------------------------------------------------------
+# ----- its cache kind and that kind's metadata builder ------------------------------------------------------
 class ToyMetadataBuilder(GroupMetadataBuilder):
     """The paged builder, counting the metadata it builds (each step, per group of this kind)."""
 
@@ -70,13 +72,14 @@ class ToyKVSpec(FullAttentionSpec):
     metadata_builder_cls: ClassVar[Any] = ToyMetadataBuilder
 
 
-# ----- its model: a Llama-like decoder with its own attention layer ------------------------------------------------
+# ----- its model: a Llama-like decoder with its own attention layer -----------------------------------------
 class ToyCachedAttention(CachedAttention):
     """Paged attention (reused) whose cache is the toy kind."""
 
-    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
-        return {self.layer_idx: ToyKVSpec(block_size=block_size, num_kv_heads=spec.kv_heads, head_dim=spec.head_dim,
-                                          dtype=dtype)}
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int,
+                      dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+        return {self.layer_idx: ToyKVSpec(block_size=block_size, num_kv_heads=spec.kv_heads,
+                                          head_dim=spec.head_dim, dtype=dtype)}
 
 
 class ToyLayer(nn.Module):
@@ -128,7 +131,7 @@ class ToyForCausalLM(nn.Module):
             load_into(param, source, name)
 
 
-# ----- the test ----------------------------------------------------------------------------------------------------
+# ----- the test ---------------------------------------------------------------------------------------------
 @pytest.fixture
 def toy_dir(tmp_path):
     register_model(ARCH, ToyForCausalLM, spec=toy_spec, model_types=("toy",))
@@ -137,7 +140,8 @@ def toy_dir(tmp_path):
         gen = torch.Generator().manual_seed(0)
         weights = {}
         for name, param in model.named_parameters():
-            values = 1.0 + 0.1 * torch.randn(param.shape, generator=gen) if name.endswith("norm.weight") else \
+            values = 1.0 + 0.1 * torch.randn(param.shape, generator=gen) \
+                if name.endswith("norm.weight") else \
                 0.3 * torch.randn(param.shape, generator=gen)
             weights[name] = values.contiguous()
         (tmp_path / "config.json").write_text(json.dumps(CONFIG))
@@ -163,7 +167,8 @@ def reference_greedy(model: ToyForCausalLM, prompt: list[int], n: int) -> list[i
 
 def test_a_toy_family_registered_from_a_test_module_runs_through_the_engine(toy_dir):
     spec = load_model_spec(toy_dir)
-    assert spec.architecture == ARCH and spec.family == ToySpec(0.5)  # the family's derivation read its own key
+    # the family's derivation read its own key
+    assert spec.architecture == ARCH and spec.family == ToySpec(0.5)
     specs = layer_specs(spec, 8, torch.float32)
     assert [type(s) for s in specs] == [ToyKVSpec, ToyKVSpec]  # the layers declared their caches
 

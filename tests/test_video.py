@@ -53,7 +53,8 @@ def test_video_dit_backends_agree_with_the_naive_reference(mode):
 
 
 def test_full_attention_mixes_frames_and_factorized_is_per_position_in_time():
-    """A change in frame 0 reaches frame 3 in both layouts; in factorized, through the temporal attention only."""
+    """A change in frame 0 reaches frame 3 in both layouts; in factorized, through the
+    temporal attention only."""
     for mode in ("full", "factorized"):
         model = VideoDiTModel(**SMALL, attention_mode=mode).eval()
         _randomise(model, 2)
@@ -81,7 +82,8 @@ def pipe():
 
 
 def test_shapes_and_output_types(pipe):
-    np_out = pipe(["a handwritten 3 moving left", "seven moving up"], num_frames=8, num_inference_steps=2, seed=0,
+    np_out = pipe(["a handwritten 3 moving left", "seven moving up"], num_frames=8, num_inference_steps=2,
+                  seed=0,
                   output_type="np", show_progress=False).frames  # fmt: skip
     assert np_out.shape == (2, 8, 32, 32, 1) and 0 <= np_out.min() and np_out.max() <= 1
     pil = pipe("two moving down", num_frames=4, num_inference_steps=1, seed=0, num_videos_per_prompt=2,
@@ -93,7 +95,8 @@ def test_shapes_and_output_types(pipe):
 
 def test_seeds_are_reproducible(pipe):
     def run(seed, framewise=False):
-        return pipe("a handwritten 5 moving right", num_frames=4, num_inference_steps=2, seed=seed, output_type="np",
+        return pipe("a handwritten 5 moving right", num_frames=4, num_inference_steps=2, seed=seed,
+                    output_type="np",
                     framewise=framewise, show_progress=False).frames  # fmt: skip
 
     np.testing.assert_array_equal(run(7), run(7))
@@ -122,7 +125,8 @@ class CountingTransformer(torch.nn.Module):
     ],
 )
 def test_cfg_call_count(pipe, guidance, negative, framewise, passes, batch):
-    """CFG: one denoiser call per step on a 2× batch [negative | prompt] (frame by frame: one per frame per step)."""
+    """CFG: one denoiser call per step on a 2× batch [negative | prompt] (frame by frame:
+    one per frame per step)."""
     counting = CountingTransformer(pipe.transformer)
     inner, pipe.transformer = pipe.transformer, counting
     try:

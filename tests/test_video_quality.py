@@ -59,15 +59,16 @@ def test_clip_metrics_on_known_clips():
 
 
 def test_analyzer_flops_match_the_model():
-    """Oracle: the analyzer's matmul FLOPs = torch's FLOP counter on the real VideoDiTModel (naive attention, so
-    the attention matmuls are visible to the counter)."""
+    """Oracle: the analyzer's matmul FLOPs = torch's FLOP counter on the real VideoDiTModel (naive attention,
+    so the attention matmuls are visible to the counter)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from forwardpass.diffusion.video.dit import VideoDiTModel
 
     for mode in ("full", "factorized"):
         model = VideoDiTModel(hidden_size=256, num_layers=2, num_attention_heads=4, cross_attention_dim=256,
-                              mlp_ratio=4.0, attention_mode=mode, attention_backend="naive").eval()  # fmt: skip
+                              mlp_ratio=4.0, attention_mode=mode,
+                              attention_backend="naive").eval()  # fmt: skip
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             model(torch.randn(1, 4, 4, 8, 8), torch.tensor([500.0]), torch.randn(1, 10, 256))
         rep = video_dit_cost(4, 8, 8, hidden=256, depth=2, heads=4, text_len=10, mlp_ratio=4.0, cfg=False,
@@ -118,7 +119,8 @@ def _drift(n: int, steps: int, seeds: list[int]) -> dict[str, dict]:
     _, digits, dirs = eval_prompts(n)
     out = {}
     for name, framewise in (("whole", False), ("framewise", True)):
-        clips = [generate_clips(pipe, n, framewise=framewise, seed=seed, batch_size=n, num_inference_steps=steps)
+        clips = [generate_clips(pipe, n, framewise=framewise, seed=seed, batch_size=n,
+                                num_inference_steps=steps)
                  for seed in seeds]  # fmt: skip
         out[name] = clip_metrics(judge, np.concatenate(clips), digits * len(seeds), dirs * len(seeds))
     return out
@@ -128,17 +130,18 @@ def test_fast_drift_evaluation():
     """The fast version of scripts/video_eval_drift.py: 30 clips (3 per digit) × 5 seeds, 6 steps, the model's
     CFG 5, whole clip and frame by frame with the same model, prompts and seeds.
 
-    Shipped model here: whole clip keeps the digit in every frame in 60% of the 150 clips, frame by frame in 53%
-    (per seed 47/70/63/60/60% vs 53/47/50/57/60%: one seed alone does not separate them, hence the pool);
+    Shipped model here: whole clip keeps the digit in every frame in 60% of the 150 clips, frame by frame in
+    53% (per seed 47/70/63/60/60% vs 53/47/50/57/60%: one seed alone does not separate them, hence the pool);
     frames recognised 87% vs 76%. The full evaluation (350 clips, 10 steps; and 16-frame clips) is in
     forwardpass/assets/video/README.md. The margins leave room for another CPU's rounding (a few clips)."""
     res = _drift(30, 6, [0, 1, 2, 3, 4])
     for name, m in res.items():
         assert m["clips"] == 150 and len(m["frame_rate_by_position"]) == 8
-        assert m["frame_rate"] > 0.5, (name, m)  # the judge recognises generated digits far above chance (10%)
+        # the judge recognises generated digits far above chance (10%)
+        assert m["frame_rate"] > 0.5, (name, m)
     whole, framewise = res["whole"], res["framewise"]
-    print(f"kept: whole clip {whole['kept']:.1%} vs frame by frame {framewise['kept']:.1%}; frames recognised "
-          f"{whole['frame_rate']:.1%} vs {framewise['frame_rate']:.1%}")  # fmt: skip
+    print(f"kept: whole clip {whole['kept']:.1%} vs frame by frame {framewise['kept']:.1%}; frames "
+          f"recognised {whole['frame_rate']:.1%} vs {framewise['frame_rate']:.1%}")  # fmt: skip
     assert whole["kept"] >= framewise["kept"] + 0.03
     assert whole["frame_rate"] >= framewise["frame_rate"] + 0.05
     assert whole["consistency"] > framewise["consistency"]

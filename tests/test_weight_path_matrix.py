@@ -1,29 +1,33 @@
-"""The weight-path matrix (issue #38): every generating architecture × every weight path the execution plan can
-pick on this CPU, each built through the real engine path (``LLM`` → ``build_engine_core`` → ``resolve_plan`` +
-``prepare_model``) from a tiny random-weight checkpoint written by transformers' ``save_pretrained``.
+"""The weight-path matrix (issue #38): every generating architecture × every weight path the execution plan
+can pick on this CPU, each built through the real engine path (``LLM`` → ``build_engine_core`` →
+``resolve_plan`` + ``prepare_model``) from a tiny random-weight checkpoint written by transformers'
+``save_pretrained``.
 
 Paths (``docs/weight-paths.md`` has the table and the knobs):
 
 * ``fp32``: ``cpu_kernels=False``: plain fp32 weights, oneDNN / PyTorch matmuls, no compiled kernel;
-* ``fp32-packed``: ``cpu_kernels=True`` (``FORWARDPASS_PACKED_WEIGHTS`` on, its default): every projection's and
-  the LM head's weight packed once for oneDNN (``layers/packed.py``), decode steps on the small-batch kernel;
+* ``fp32-packed``: ``cpu_kernels=True`` (``FORWARDPASS_PACKED_WEIGHTS`` on, its default): every projection's
+  and the LM head's weight packed once for oneDNN (``layers/packed.py``), decode steps on the small-batch
+  kernel;
 * ``int8`` / ``int4``: ``quantization=`` with the compiled kernels: projections and expert stacks ``q8_0`` /
   ``q4_0`` blocks, the LM head (or tied embedding) ``q8_0``.
 
 Each cell checks that the plan chose the path and that it really applies (every plan-built layer's method and
-what its weight became after loading; no torch ``nn.Linear`` the plan cannot reach), then runs a few greedy steps
-through the engine: the fp32 paths must give transformers' greedy tokens; the quantized ones must give tokens
-with finite log-probs, and their teacher-forced top-1 agreement with transformers' fp32 tokens is reported at the
-end of the module (not asserted: random tiny models have close logits). The checkpoints' widths are chosen so
-that the projections' output sizes are whole 64-output panels, the only condition packing has
-(``layers/packed.py::PackedWeight.pack``); a weight that is not stays plain, and the test checks exactly that.
+what its weight became after loading; no torch ``nn.Linear`` the plan cannot reach), then runs a few greedy
+steps through the engine: the fp32 paths must give transformers' greedy tokens; the quantized ones must give
+tokens with finite log-probs, and their teacher-forced top-1 agreement with transformers' fp32 tokens is
+reported at the end of the module (not asserted: random tiny models have close logits). The checkpoints'
+widths are chosen so that the projections' output sizes are whole 64-output panels, the only condition packing
+has (``layers/packed.py::PackedWeight.pack``); a weight that is not stays plain, and the test checks exactly
+that.
 
 Whisper is built from torch ``nn.Linear`` layers: the plan's weight methods never reach it, so its fp32 paths
 both run plain fp32 weights (checked against transformers) and a quantized plan is refused
 (``forwardpass/models/weight_path_checks.py``).
 
-Run: ``python -m pytest -q tests/test_weight_path_matrix.py`` (``-k llama``, ``-k int4``, ``-k qwen3-next-fp32``).
-The compiled kernels are built once per machine and cached (the first build takes minutes).
+Run: ``python -m pytest -q tests/test_weight_path_matrix.py`` (``-k llama``, ``-k int4``,
+``-k qwen3-next-fp32``). The compiled kernels are built once per machine and cached (the first build takes
+minutes).
 """
 
 from __future__ import annotations
@@ -54,14 +58,17 @@ from tests.helpers.state_checkpoints import make_state_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
-_MLA = {"qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "kv_lora_rank": 56, "num_hidden_layers": 2}  # q 64, kv_a 64
+# q 64, kv_a 64
+_MLA = {"qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "kv_lora_rank": 56, "num_hidden_layers": 2}
 
-#: id → writes the checkpoint into a directory. Hidden 64 and vocab 512 everywhere (one panel, eight); the overrides
-#: make each projection a whole number of panels where the helper's default is not (listed: what stays plain)
+#: id → writes the checkpoint into a directory. Hidden 64 and vocab 512 everywhere (one panel, eight); the
+#: overrides make each projection a whole number of panels where the helper's default is not
+#: (listed: what stays plain)
 ARCHS: dict[str, Callable[[Path], Path]] = {
     "llama": lambda d: make_checkpoint(d, "llama", num_hidden_layers=2),
     "mistral": lambda d: make_checkpoint(d, "mistral", num_hidden_layers=2),
-    "qwen2": lambda d: make_checkpoint(d, "qwen2", num_hidden_layers=2, num_key_value_heads=2),  # q/k/v 64+32+32
+    # q/k/v 64+32+32
+    "qwen2": lambda d: make_checkpoint(d, "qwen2", num_hidden_layers=2, num_key_value_heads=2),
     "qwen3": lambda d: make_checkpoint(d, "qwen3", num_hidden_layers=2),
     "qwen3-moe": lambda d: make_moe_checkpoint(d, "qwen3_moe_k2_norm"),
     "mixtral": lambda d: make_moe_checkpoint(d, "mixtral_k2"),
@@ -88,7 +95,8 @@ PATHS: dict[str, tuple[dict, str, str]] = {
     "int8": ({"cpu_kernels": True, "quantization": "int8"}, "q8_0", "q8_0"),
     "int4": ({"cpu_kernels": True, "quantization": "int4"}, "q4_0", "q8_0"),
 }
-PROMPTS = random_prompts(2, [9, 60], seed=11)  # 69 prefill rows: over the small-batch kernel's 64 (oneDNN's GEMM)
+# 69 prefill rows: over the small-batch kernel's 64 (oneDNN's GEMM)
+PROMPTS = random_prompts(2, [9, 60], seed=11)
 STEPS = 6
 ENGINE = {"num_kv_blocks": 32, "block_size": 16, "max_model_len": 128, "enable_prefix_caching": False}
 GREEDY = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, logprobs=0)
@@ -114,8 +122,8 @@ def reference(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def compiled_kernels():
-    """Whether this machine has the compiled CPU path (built once and cached; without a C++ toolchain the packed
-    path does not exist and its cells are skipped)."""
+    """Whether this machine has the compiled CPU path (built once and cached; without a C++ toolchain the
+    packed path does not exist and its cells are skipped)."""
     from forwardpass.attention import cpu_kernel
     from forwardpass.layers.small_matmul import load_small_matmul
 
@@ -123,14 +131,17 @@ def compiled_kernels():
 
 
 class _AgreementReport:
-    """Prints :data:`AGREEMENT` in pytest's terminal summary (output written from a test or fixture is captured)."""
+    """Prints :data:`AGREEMENT` in pytest's terminal summary (output written from a test or
+    fixture is captured)."""
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not AGREEMENT:
             return
-        terminalreporter.write_sep("-", "quantized paths: teacher-forced top-1 agreement with fp32 (not asserted)")
+        terminalreporter.write_sep("-", "quantized paths: teacher-forced top-1 agreement with fp32 (not "
+                                        "asserted)")
         for (arch, path), (ok, n) in sorted(AGREEMENT.items()):
-            terminalreporter.write_line(f"{arch}-{path}: {ok}/{n} positions pick transformers' fp32 greedy token")
+            terminalreporter.write_line(f"{arch}-{path}: {ok}/{n} positions pick "
+                                        "transformers' fp32 greedy token")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -145,7 +156,8 @@ def _check_weights(model: nn.Module, plan: ExecutionPlan, path: str) -> None:
     assert plan.weight_method_name("projection") == projection and plan.weight_method_name("lm_head") == head
     torch_linears = [n for n, m in model.named_modules() if type(m) is nn.Linear]
     assert not torch_linears, f"torch nn.Linear layers the plan cannot reach: {torch_linears}"
-    held: list[tuple[str, str, int, object]] = []  # (name, role, outputs, weight) of each projection / LM head
+    # (name, role, outputs, weight) of each projection / LM head
+    held: list[tuple[str, str, int, object]] = []
     for name, m in model.named_modules():
         if isinstance(m, Linear):
             assert m.method.name == plan.weight_method_name(m.role), name
@@ -194,7 +206,8 @@ def test_weight_path(arch, path, reference, compiled_kernels, request):
     quantized = path.startswith("int")
     # the quantized paths also read each prompt followed by transformers' fp32 tokens: rank 1 = same top-1
     forced = [p + w for p, w in zip(PROMPTS, want)] if quantized else []
-    params = [GREEDY] * len(PROMPTS) + [SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)] * len(forced)
+    params = ([GREEDY] * len(PROMPTS)
+              + [SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)] * len(forced))
     outs = llm.generate(PROMPTS + forced, params, use_tqdm=False)
     got = [list(o.outputs[0].token_ids) for o in outs[: len(PROMPTS)]]
     assert all(len(tokens) == STEPS for tokens in got)
@@ -213,7 +226,7 @@ def test_weight_path(arch, path, reference, compiled_kernels, request):
     llm.engine.check_invariants()
 
 
-# ----- Whisper: plain torch layers ----------------------------------------------------------------------------
+# ----- Whisper: plain torch layers --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def whisper_checkpoint(tmp_path_factory):
     from tests.helpers.whisper_checkpoints import make_whisper_checkpoint
@@ -230,7 +243,8 @@ def whisper(whisper_checkpoint):
 
     hf = transformers.WhisperForConditionalGeneration.from_pretrained(whisper_checkpoint).eval()
     prompt, clip = prompt_ids(whisper_checkpoint), make_clip(1.2, 3)
-    return whisper_checkpoint, prompt, clip, whisper_greedy(hf, log_mel_spectrogram(clip, 80, 200), prompt, STEPS)
+    return whisper_checkpoint, prompt, clip, whisper_greedy(hf, log_mel_spectrogram(clip, 80, 200), prompt,
+                                                            STEPS)
 
 
 @pytest.mark.parametrize("path", ["fp32", "fp32-packed"], ids=lambda p: f"whisper-{p}")
@@ -256,10 +270,12 @@ def test_whisper_refuses_quantized_paths(quantization, whisper_checkpoint):
     from tests.helpers.plans import quantized_plan
 
     plan = quantized_plan(quantization)
-    with pytest.raises(ConfigError, match=rf"WhisperForConditionalGeneration .*{plan.quantized_format}") as err:
+    with pytest.raises(ConfigError,
+                       match=rf"WhisperForConditionalGeneration .*{plan.quantized_format}") as err:
         check_weight_path(load_model_config(whisper_checkpoint), plan)
     assert err.value.param == "quantization" and quantization in str(err.value)
-    for arch in ("LlamaForCausalLM", "DeepseekV4ForCausalLM", "NemotronHForCausalLM"):  # the others take every path
+    # the others take every path
+    for arch in ("LlamaForCausalLM", "DeepseekV4ForCausalLM", "NemotronHForCausalLM"):
         check_weight_path(arch, plan)
     check_weight_path("WhisperForConditionalGeneration", ExecutionPlan())  # fp32: always
 

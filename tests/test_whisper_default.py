@@ -1,7 +1,8 @@
 """The embedded default speech model (``forwardpass/assets/speech``) on speech synthesised now by espeak-ng
 (utterances it never heard): ``forwardpass transcribe`` and ``LLM.generate`` write what transformers'
 greedy decoding of the shipped weights writes, and the digit strings said come back with at most
-``MAX_WER`` word errors per word (the model's held-out error rates: ``forwardpass/assets/speech/README.md``)."""
+``MAX_WER`` word errors per word (the model's held-out error rates:
+``forwardpass/assets/speech/README.md``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """``POST /v1/audio/transcriptions`` on a server started with a random-weight Whisper checkpoint: the
-OpenAI client's upload gives the same text as the offline engine, every response format, and a 4xx
+OpenAI client's upload gives the same transcript as the offline long-form transcription, every response
+format (json, text, verbose_json with segments, srt, vtt), and a 4xx
 naming the field for each bad input."""
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import numpy as np
 import openai
 import pytest
 
-from forwardpass import LLM, SamplingParams
+from forwardpass import LLM
+from forwardpass.transcription import transcribe
 from tests.helpers.server import ServerProcess
-from tests.helpers.whisper_checkpoints import make_clip, make_whisper_checkpoint, prompt_ids
+from tests.helpers.whisper_checkpoints import make_clip, make_whisper_checkpoint
 
 pytest.importorskip("transformers")
 
@@ -65,22 +67,23 @@ def _assert_error(r: httpx.Response, status: int, param: str) -> None:
 
 def test_openai_client_transcribes_like_the_engine(server, ckpt):
     clip = make_clip(1.5, 11)
-    # the offline engine on the same 16-bit samples, greedy, as long as the model allows
+    # the offline long-form transcription of the same 16-bit samples, with the server's defaults
     pcm = np.frombuffer(wav_bytes(clip)[44:], dtype="<i2")
     llm = LLM(str(ckpt), max_num_seqs=2, num_kv_blocks=64)
-    prompt = prompt_ids(ckpt)
-    want = (
-        llm.generate(
-            {"prompt_token_ids": prompt, "multi_modal_data": {"audio": (pcm, 16_000)}},
-            SamplingParams(temperature=0, max_tokens=llm.engine.max_model_len - len(prompt)),
-            use_tqdm=False,
-        )[0]
-        .outputs[0]
-        .text.strip()
-    )
+    want = transcribe(llm, pcm, 16_000)
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     got = client.audio.transcriptions.create(model="test-model", file=("clip.wav", wav_bytes(clip)))
-    assert got.text == want
+    assert got.text == want.text
+    verbose = client.audio.transcriptions.create(
+        model="test-model",
+        file=("clip.wav", wav_bytes(clip)),
+        response_format="verbose_json",
+        timestamp_granularities=["segment"],
+    )
+    assert [(s.start, s.end, s.text) for s in verbose.segments] == [
+        (s.start, s.end, s.text) for s in want.segments
+    ]
+    llm.engine.check_invariants()
 
 
 def test_response_formats(http):
@@ -93,12 +96,32 @@ def test_response_formats(http):
     verbose = _post(http, data, response_format="verbose_json").json()
     assert verbose["text"] == body["text"] and verbose["language"] == "en"
     assert verbose["duration"] == pytest.approx(0.8, abs=1e-3)
-    assert verbose["segments"][0]["end"] == pytest.approx(0.8, abs=1e-3)
+    segments = verbose["segments"]
+    assert all(0.0 <= s["start"] <= s["end"] <= 0.8 + 1e-3 for s in segments)
+    assert "".join(s["text"] for s in segments).strip() == body["text"]
+    srt = _post(http, data, response_format="srt")
+    assert srt.status_code == 200 and srt.text.count(" --> ") == len(segments)
+    vtt = _post(http, data, response_format="vtt")
+    assert (
+        vtt.status_code == 200
+        and vtt.text.startswith("WEBVTT")
+        and vtt.headers["content-type"].startswith("text/vtt")
+    )
+    prompted = _post(http, data, prompt="one two three")
+    assert prompted.status_code == 200, prompted.text
 
 
 def test_bad_inputs_name_the_field(http):
     good = wav_bytes(make_clip(0.5, 1))
-    _assert_error(_post(http, good, response_format="srt"), 400, "response_format")
+    _assert_error(_post(http, good, response_format="xml"), 400, "response_format")
+    _assert_error(
+        _post(http, good, **{"timestamp_granularities[]": "word", "response_format": "verbose_json"}),
+        400,
+        "timestamp_granularities",
+    )
+    _assert_error(
+        _post(http, good, **{"timestamp_granularities[]": "segment"}), 400, "timestamp_granularities"
+    )
     _assert_error(_post(http, good, language="xx"), 400, "language")
     _assert_error(_post(http, good, temperature="7"), 400, "temperature")
     _assert_error(_post(http, b"this is not a wav file"), 400, "file")

@@ -129,7 +129,8 @@ def attention_cost(
 
 
 def _causal_pairs(n_q: int, n_k: int) -> float:
-    """Pairs when the ``n_q`` queries are the last of ``n_k`` positions: sum of (n_k - n_q + i), i = 1..n_q."""
+    """Pairs when the ``n_q`` queries are the last of ``n_k`` positions:
+    sum of (n_k - n_q + i), i = 1..n_q."""
     n_q = min(n_q, n_k)
     return n_q * (n_k - n_q) + n_q * (n_q + 1) / 2
 

@@ -1,6 +1,6 @@
-"""Every operation of one forward pass of a decoder, from its ``ModelSpec``: what ``roofline.analyze`` evaluates
-against a device (the accounting assumptions are listed in ``roofline.py``). Parameter counts, cache bytes and
-attention pairs are ``loader/accounting.py``'s, as the engine's cost model counts them."""
+"""Every operation of one forward pass of a decoder, from its ``ModelSpec``: what ``roofline.analyze``
+evaluates against a device (the accounting assumptions are listed in ``roofline.py``). Parameter counts, cache
+bytes and attention pairs are ``loader/accounting.py``'s, as the engine's cost model counts them."""
 
 from __future__ import annotations
 
@@ -91,10 +91,12 @@ def forward_ops(
         from forwardpass.analysis.state import state_mixer_ops
 
         ops += state_mixer_ops(shape, stage, tokens=T, batch=batch, wb=wb, ab=ab)
-    if shape.dsv4 is not None:  # DeepSeek-V4: window + compressed attention, hyper-connections (kv_len = context)
+    # DeepSeek-V4: window + compressed attention, hyper-connections (kv_len = context)
+    if shape.dsv4 is not None:
         from forwardpass.analysis.compressed import dsv4_layer_ops
 
-        ops = dsv4_layer_ops(shape, stage, batch=batch, new_tokens=new_tokens, context=kv_len, wb=wb, ab=ab, kvb=kvb)
+        ops = dsv4_layer_ops(shape, stage, batch=batch, new_tokens=new_tokens, context=kv_len, wb=wb, ab=ab,
+                             kvb=kvb)
 
     # feed-forward: dense layers
     if shape.dense_layers:
@@ -124,7 +126,8 @@ def forward_ops(
         if shape.shared_expert_intermediate:
             Is = shape.shared_expert_intermediate
             moe += [
-                *([linear(stage, "shared_expert.gate_proj", T, H, Is, wb=wb, ab=ab)] if shape.mlp_gated else []),
+                *([linear(stage, "shared_expert.gate_proj", T, H, Is, wb=wb, ab=ab)]
+                  if shape.mlp_gated else []),
                 linear(stage, "shared_expert.up_proj", T, H, Is, wb=wb, ab=ab),
                 elementwise(stage, "shared_expert.act", T * Is, flops_per_element=ACT_FLOPS, ab=ab, reads=2),
                 linear(stage, "shared_expert.down_proj", T, Is, H, wb=wb, ab=ab),

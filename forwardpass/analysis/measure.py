@@ -150,7 +150,8 @@ def measure(
     result = MeasureResult(model=path.name, rows=[])
     result.settings = {
         "hardware": hw.label, "batches": batches, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
-        "runs": runs, "weight_dtype": w, "engine": {k: v for k, v in kwargs.items() if k != "kv_cache_memory"},
+        "runs": runs, "weight_dtype": w,
+        "engine": {k: v for k, v in kwargs.items() if k != "kv_cache_memory"},
         "overhead": oh.to_dict() if oh is not None else None, "overhead_per_step_s": oh_s,
     }
     stats = getattr(getattr(llm, "engine", None), "stats", None)

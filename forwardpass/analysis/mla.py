@@ -29,10 +29,13 @@ def mla_attention_ops(
     else:
         ops.append(linear(stage, "q_proj", T, H, nh * qk, wb=wb, ab=ab))
     ops.append(linear(stage, "kv_a_proj (latent)", T, H, dl, wb=wb, ab=ab, out_kv_bytes=kvb))
-    ops.append(OpCost(stage, "q_absorb", MATMUL, 2.0 * T * nh * nope * R, nh * nope * R * wb, T * nh * (nope + R) * ab))
+    ops.append(OpCost(stage, "q_absorb", MATMUL, 2.0 * T * nh * nope * R, nh * nope * R * wb,
+                      T * nh * (nope + R) * ab))
     latent_read = batch * kv_len * dl * kvb  # one shared latent per token, read once
-    ops.append(OpCost(stage, "attn_scores", MATMUL, 2.0 * nh * dl * pairs, 0.0, T * nh * dl * ab, latent_read))
-    ops.append(elementwise(stage, "softmax", nh * pairs, flops_per_element=SOFTMAX_FLOPS, ab=ab, reads=0, writes=0))
+    ops.append(OpCost(stage, "attn_scores", MATMUL, 2.0 * nh * dl * pairs, 0.0, T * nh * dl * ab,
+                      latent_read))
+    ops.append(elementwise(stage, "softmax", nh * pairs, flops_per_element=SOFTMAX_FLOPS, ab=ab, reads=0,
+                           writes=0))
     ops.append(OpCost(stage, "attn_values", MATMUL, 2.0 * nh * R * pairs, 0.0, T * nh * R * ab))
     ops.append(OpCost(stage, "v_up", MATMUL, 2.0 * T * nh * R * vd, nh * R * vd * wb, T * nh * (R + vd) * ab))
     ops.append(linear(stage, "o_proj", T, nh * vd, H, wb=wb, ab=ab))

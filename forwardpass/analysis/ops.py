@@ -48,7 +48,8 @@ class OpCost:
 
     @property
     def intensity(self) -> float:
-        """FLOPs per byte moved; ``inf`` for an op that moves nothing (e.g. softmax inside fused attention)."""
+        """FLOPs per byte moved; ``inf`` for an op that moves nothing (e.g. softmax
+        inside fused attention)."""
         if self.bytes <= 0:
             return math.inf if self.flops > 0 else 0.0
         return self.flops / self.bytes

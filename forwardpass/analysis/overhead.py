@@ -14,8 +14,9 @@ Measurement (:func:`measure_overhead`): two random-weight decoders of negligible
 256) with 1 and ``deep_layers`` layers run pure decode steps through the real engine (batch 1, greedy),
 interleaved, ``repeats`` times; the step time of each is the median of its fastest quarter of steps, best
 over the repeats (load from elsewhere only ever adds time). t₁ and t_L give
-``per_layer = (t_L − t₁)/(L − 1)`` and ``per_step = t₁ − per_layer``. Their arithmetic and bytes are microseconds at most, so what remains is overhead. The result is cached
-next to the ``this-machine`` measurement (``hardware.cache_path()``) under ``overhead-<device>``.
+``per_layer = (t_L − t₁)/(L − 1)`` and ``per_step = t₁ − per_layer``. Their arithmetic and bytes are
+microseconds at most, so what remains is overhead. The result is cached next to the ``this-machine``
+measurement (``hardware.cache_path()``) under ``overhead-<device>``.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def _tiny_step_time(layers: int, device: str, steps: int) -> float:
         return net, spec
 
     # the engine's compiled CPU path, as the engines it is compared with (analysis/measure.py) run: with it a
-    # decode step's layers are one C++ call (models/llama_decode_stack.py), so its per-layer cost is the kernels' own
+    # decode step's layers are one C++ call (models/llama_decode_stack.py), so its per-layer
+    # cost is the kernels' own
     config = EngineConfig(device=device, num_kv_blocks=64, enable_prefix_caching=False, cpu_kernels=True)
     core = build_engine_core(home, config, model_builder=build)
     engine = LLMEngine(home, core=core)
@@ -123,7 +125,8 @@ def _tiny_step_time(layers: int, device: str, steps: int) -> float:
         while engine.has_unfinished_requests():
             engine.step(only_finished=True)
     times = [r.duration_s for r in core.stats if r.num_decode_tokens and not r.num_prefill_tokens]
-    # the fastest steps: other load on the machine only ever adds time (like the hardware microbenchmark's best-of)
+    # the fastest steps: other load on the machine only ever adds time (like the hardware
+    # microbenchmark's best-of)
     times.sort()
     return statistics.median(times[: max(1, len(times) // 4)])
 
@@ -133,7 +136,8 @@ def _tiny_step_time(layers: int, device: str, steps: int) -> float:
 PATH = "engine's compiled CPU path"
 
 
-def measure_overhead(device: str = "cpu", *, deep_layers: int = 8, steps: int = 48, repeats: int = 2) -> Overhead:
+def measure_overhead(device: str = "cpu", *, deep_layers: int = 8, steps: int = 48,
+                     repeats: int = 2) -> Overhead:
     t1, tl = float("inf"), float("inf")
     for _ in range(repeats):  # interleaved, best of each: load from elsewhere only ever adds time
         t1 = min(t1, _tiny_step_time(1, device, steps))
@@ -150,7 +154,8 @@ def measure_overhead(device: str = "cpu", *, deep_layers: int = 8, steps: int = 
     )
 
 
-def this_machine_overhead(device: str = "cpu", *, remeasure: bool = False, path: Path | None = None) -> Overhead:
+def this_machine_overhead(device: str = "cpu", *, remeasure: bool = False,
+                          path: Path | None = None) -> Overhead:
     """The measured overhead of ``device`` on this machine, from the cache unless missing or ``remeasure``."""
     from forwardpass.analysis.hardware import cache_path
 
@@ -208,7 +213,8 @@ def measured_points(result: Any) -> list[Any]:
         name = f"{'prefill' if stage is rep.prefill else 'decode'} b={row['batch']}"
         pts.append(Point(f"{name} predicted", ai, t.flops * row["predicted"] / tokens, "predicted",
                          "predicted (roofline + overhead)", True))
-        pts.append(Point(f"{name} measured", ai, t.flops * row["measured"] / tokens, "measured", "measured", True))
+        pts.append(Point(f"{name} measured", ai, t.flops * row["measured"] / tokens, "measured", "measured",
+                         True))
     return pts
 
 

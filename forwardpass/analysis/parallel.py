@@ -122,7 +122,8 @@ def step_communication(
     expert_parallel: bool = False,
     interconnect: str | Interconnect = "nvlink4",
 ) -> StepCommunication:
-    """Bytes the ranks exchange in one step of ``tokens`` tokens (``sampled`` of them sampled: default all)."""
+    """Bytes the ranks exchange in one step of ``tokens`` tokens (``sampled`` of them
+    sampled: default all)."""
     if tp < 1:
         raise ConfigError(f"tp must be >= 1, got {tp}", param="tp")
     link = interconnect if isinstance(interconnect, Interconnect) else get_interconnect(interconnect)
@@ -198,8 +199,8 @@ def render_communication(rows: list[dict[str, Any]]) -> list[str]:
         return []
     link = INTERCONNECTS[rows[0]["interconnect"]]
     title = (
-        f"tensor parallel: {rows[0]['tp']} ranks over {link.label} ({link.bandwidth / GB:g} GB/s per direction, "
-        f"~{link.latency * 1e6:g} us per hop)"
+        f"tensor parallel: {rows[0]['tp']} ranks over {link.label} ({link.bandwidth / GB:g} GB/s per "
+        f"direction, ~{link.latency * 1e6:g} us per hop)"
     )
     lines = [
         title,

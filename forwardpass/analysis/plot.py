@@ -165,7 +165,8 @@ def _place_labels(fig: Any, ax: Any, labels: list[tuple[str, Point]], points: li
     inside = ax.get_window_extent(renderer)
     for text, p in labels:
         first = -12 if p.stage == "decode" else 4
-        shifts = [first] + [first + sign * 9 * k for k in range(1, 20) for sign in ((-1, 1) if first < 0 else (1, -1))]
+        signs = (-1, 1) if first < 0 else (1, -1)
+        shifts = [first] + [first + sign * 9 * k for k in range(1, 20) for sign in signs]
         candidates = [(dx, dy) for dy in shifts for dx in (5, -5)]
         for attempt, (dx, dy) in enumerate(candidates):
             ann = ax.annotate(

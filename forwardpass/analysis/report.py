@@ -118,8 +118,9 @@ def render_roofline(report: Any, *, show_ops: bool = True, out: Any = None) -> N
         t.add_column(name, justify="left" if name == "bound" else "right")
     for d in report.decode:
         t.add_row(
-            str(d.batch), fmt_flops(d.total.flops), fmt_bytes(d.total.bytes), fmt_bytes(d.total.kv_read_bytes),
-            fmt_ai(d.total.intensity), fmt_time(d.time_s), f"{d.tokens_per_s:,.1f}", _bound(d.bound),
+            str(d.batch), fmt_flops(d.total.flops), fmt_bytes(d.total.bytes),
+            fmt_bytes(d.total.kv_read_bytes), fmt_ai(d.total.intensity), fmt_time(d.time_s),
+            f"{d.tokens_per_s:,.1f}", _bound(d.bound),
         )  # fmt: skip
     c.print(t)
     cross = report.crossover_batch
@@ -132,8 +133,8 @@ def render_roofline(report: Any, *, show_ops: bool = True, out: Any = None) -> N
         f"{report.decode[0].context} in {fmt_bytes(report.memory_budget)}: [bold]{report.max_batch}[/bold]"
     )
     c.print(
-        f"Decode turns compute-bound at batch [bold]{cross if cross else 'never'}[/bold] in the linear layers "
-        f"(estimate ridge × bytes/weight / 2{' × experts/active' if s.is_moe else ''} = "
+        f"Decode turns compute-bound at batch [bold]{cross if cross else 'never'}[/bold] in the linear "
+        f"layers (estimate ridge × bytes/weight / 2{' × experts/active' if s.is_moe else ''} = "
         f"{report.crossover_estimate:.0f})"
     )
     c.print(
@@ -182,9 +183,10 @@ def _render_flash_tiles(r0: Any, c: Any) -> None:
 
     fp32 = tile_footprint_bytes(r0.d, elem=4)
     c.print(
-        f"flash (attention/flash.py): tiles {DEFAULT_BLOCK_Q} queries × {DEFAULT_BLOCK_K} keys; working set per "
-        f"(head, tile) step {fmt_bytes(fp32)} in fp32 (q, K, V and score tiles, running max/sum, accumulator) — "
-        f"what must stay in SRAM / cache, against {r0.s_bytes / 2**20:.4g} MiB for the full S of one head"
+        f"flash (attention/flash.py): tiles {DEFAULT_BLOCK_Q} queries × {DEFAULT_BLOCK_K} keys; working set "
+        f"per (head, tile) step {fmt_bytes(fp32)} in fp32 (q, K, V and score tiles, running max/sum, "
+        f"accumulator) — what must stay in SRAM / cache, against {r0.s_bytes / 2**20:.4g} MiB for the full S "
+        "of one head"
     )
 
 
@@ -193,13 +195,13 @@ def render_dit(rep: Any, *, show_ops: bool = True, out: Any = None) -> None:
     hw = rep.hardware
     h, w, ch = rep.latent
     c.print(
-        f"[bold]DiT[/bold] latent {h}×{w}×{ch}, patch {rep.patch_size} → {rep.tokens} tokens, width {rep.hidden}, "
-        f"depth {rep.depth}, heads {rep.heads}, text {rep.text_len}, mlp ×{rep.mlp_ratio:g}: "
+        f"[bold]DiT[/bold] latent {h}×{w}×{ch}, patch {rep.patch_size} → {rep.tokens} tokens, width "
+        f"{rep.hidden}, depth {rep.depth}, heads {rep.heads}, text {rep.text_len}, mlp ×{rep.mlp_ratio:g}: "
         f"{rep.params / 1e6:.4g} M params"
     )
     c.print(
-        f"[bold]{hw.label}[/bold]: {hw.peak(rep.act_dtype) / 1e12:.4g} TFLOP/s, {hw.bandwidth / 1e9:.4g} GB/s, "
-        f"ridge {hw.ridge(rep.act_dtype):.3g}; weights {rep.weight_dtype}, activations {rep.act_dtype}"
+        f"[bold]{hw.label}[/bold]: {hw.peak(rep.act_dtype) / 1e12:.4g} TFLOP/s, {hw.bandwidth / 1e9:.4g} "
+        f"GB/s, ridge {hw.ridge(rep.act_dtype):.3g}; weights {rep.weight_dtype}, activations {rep.act_dtype}"
     )
     s = rep.step
     c.print(
@@ -222,8 +224,8 @@ def render_overhead(rows: list[dict[str, Any]], overhead: Any, out: Any = None) 
 
     c = out or console()
     t = Table(title="With the measured overhead (the third bound)", title_justify="left", show_edge=False,
-              caption=f"overhead {fmt_time(overhead.per_step_s)} per step + {fmt_time(overhead.per_layer_s)} per "
-                      f"layer ({overhead.method})", caption_justify="left")
+              caption=f"overhead {fmt_time(overhead.per_step_s)} per step + {fmt_time(overhead.per_layer_s)} "
+                      f"per layer ({overhead.method})", caption_justify="left")
     for name in ("stage", "batch", "roofline", "overhead", "predicted", "tokens/s", "bound"):
         t.add_column(name, justify="left" if name in ("stage", "bound") else "right")
     for r in rows:
@@ -232,7 +234,8 @@ def render_overhead(rows: list[dict[str, Any]], overhead: Any, out: Any = None) 
     c.print(t)
 
 
-def render_measure(rows: list[dict[str, Any]], out: Any = None, settings: dict[str, Any] | None = None) -> None:
+def render_measure(rows: list[dict[str, Any]], out: Any = None,
+                   settings: dict[str, Any] | None = None) -> None:
     from rich.table import Table
 
     c = out or console()
@@ -240,16 +243,17 @@ def render_measure(rows: list[dict[str, Any]], out: Any = None, settings: dict[s
     if settings:
         oh = settings.get("overhead")
         caption += (
-            f"\nsettings: {settings['hardware']}; batches {settings['batches']}, prompt {settings['prompt_tokens']} "
-            f"tokens, {settings['new_tokens']} new tokens, median of {settings['runs']} runs, weights "
-            f"{settings['weight_dtype']}; engine {settings['engine']}"
+            f"\nsettings: {settings['hardware']}; batches {settings['batches']}, prompt "
+            f"{settings['prompt_tokens']} tokens, {settings['new_tokens']} new tokens, median of "
+            f"{settings['runs']} runs, weights {settings['weight_dtype']}; engine {settings['engine']}"
             + (f"\npredicted = roofline + overhead {fmt_time(settings['overhead_per_step_s'])} per step "
                f"({fmt_time(oh['per_step_s'])} + {fmt_time(oh['per_layer_s'])} per layer, {oh['method']})"
                if oh else "\npredicted = roofline only (no overhead)")
         )
     t = Table(title="Predicted vs measured (this machine)", title_justify="left", show_edge=False,
               caption=caption, caption_justify="left")
-    for name in ("batch", "metric", "roofline only", "predicted", "measured", "measured / predicted", "bound"):
+    for name in ("batch", "metric", "roofline only", "predicted", "measured", "measured / predicted",
+                 "bound"):
         t.add_column(name, justify="left" if name in ("metric", "bound") else "right")
     for r in rows:
         ratio = r["measured"] / r["predicted"] if r["predicted"] else float("nan")

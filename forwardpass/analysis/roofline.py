@@ -57,8 +57,8 @@ ACT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 
 ATTENTION_OPS = ("attn_scores", "softmax", "attn_values")
-__all__ = ["ACT_FLOPS", "LOGIT_BYTES", "NORM_FLOPS", "SOFTMAX_FLOPS", "analyze", "causal_pairs", "forward_ops",
-           "prefill_pairs"]
+__all__ = ["ACT_FLOPS", "LOGIT_BYTES", "NORM_FLOPS", "SOFTMAX_FLOPS", "analyze", "causal_pairs",
+           "forward_ops", "prefill_pairs"]
 
 ASSUMPTIONS = [
     "weights are read once per forward pass for the whole batch",
@@ -83,7 +83,8 @@ _ATTENTION_NOTES = {
 }
 
 
-# Attention pairs and cache bytes: loader/accounting.py (the engine's cost model counts with the same functions)
+# Attention pairs and cache bytes: loader/accounting.py (the engine's cost model counts
+# with the same functions)
 causal_pairs = accounting.causal_pairs
 prefill_pairs = accounting.prefill_pairs
 

@@ -30,7 +30,8 @@ SCAN_FLOPS = {"mamba": 6.0, "gdn": 8.0}  # per state value per token (spec.state
 STATE_BYTES = 4.0  # states are kept in float32
 
 
-def state_mixer_ops(shape: ModelSpec, stage: str, *, tokens: int, batch: int, wb: float, ab: float) -> list[OpCost]:
+def state_mixer_ops(shape: ModelSpec, stage: str, *, tokens: int, batch: int, wb: float,
+                    ab: float) -> list[OpCost]:
     """Every op of the model's Mamba2 and Gated DeltaNet layers for ``tokens`` new tokens of ``batch``
     sequences, each op summed over the layers it occurs in."""
     H, T = shape.hidden, tokens
@@ -42,23 +43,26 @@ def state_mixer_ops(shape: ModelSpec, stage: str, *, tokens: int, batch: int, wb
         if kind == "mamba":
             assert shape.ssm is not None
             s = shape.ssm
-            proj_out, conv_dim, inner, values = s.inner + s.conv_dim + s.heads, s.conv_dim, s.inner, s.ssm_state_size
+            proj_out = s.inner + s.conv_dim + s.heads
+            conv_dim, inner, values = s.conv_dim, s.inner, s.ssm_state_size
             k = s.conv_kernel
         else:
             assert shape.gdn is not None
             g = shape.gdn
             proj_out = 2 * g.k_heads * g.k_dim + 2 * g.v_heads * g.v_dim + 2 * g.v_heads
-            conv_dim, inner, values, k = g.conv_dim, g.v_heads * g.v_dim, g.v_heads * g.k_dim * g.v_dim, g.conv_kernel
+            conv_dim, inner, k = g.conv_dim, g.v_heads * g.v_dim, g.conv_kernel
+            values = g.v_heads * g.k_dim * g.v_dim
         layer = [
-            elementwise(stage, f"{kind}.norm", T * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb),
+            elementwise(stage, f"{kind}.norm", T * H, flops_per_element=NORM_FLOPS, ab=ab,
+                        weight_bytes=H * wb),
             linear(stage, f"{kind}.in_proj", T, H, proj_out, wb=wb, ab=ab),
             elementwise(stage, f"{kind}.conv", T * conv_dim, flops_per_element=2.0 * k, ab=ab,
                         weight_bytes=conv_dim * k * wb),
             # the scan: state updates and reads; the state itself read and written once per sequence
             OpCost(stage, f"{kind}.scan", MATMUL if T > batch else VECTOR, SCAN_FLOPS[kind] * values * T, 0.0,
                    T * (conv_dim + inner) * ab, batch * state, batch * state),
-            elementwise(stage, f"{kind}.gated_norm", T * inner, flops_per_element=NORM_FLOPS + 5, ab=ab, reads=2,
-                        weight_bytes=inner * wb),
+            elementwise(stage, f"{kind}.gated_norm", T * inner, flops_per_element=NORM_FLOPS + 5, ab=ab,
+                        reads=2, weight_bytes=inner * wb),
             linear(stage, f"{kind}.out_proj", T, inner, H, wb=wb, ab=ab),
         ]
         ops += [op.times(n, count=n) for op in layer]
@@ -85,8 +89,8 @@ def compressed_decode_cost(model: ModelSpec, context: int, kv_bytes: float = 2.0
 
 
 def mixer_cost_vs_context(
-    hidden: int, contexts: list[int], *, heads: int | None = None, window: int = 4096, compress_rate: int = 128,
-    state: int = 128, kv_bytes: float = 2.0, model: ModelSpec | None = None,
+    hidden: int, contexts: list[int], *, heads: int | None = None, window: int = 4096,
+    compress_rate: int = 128, state: int = 128, kv_bytes: float = 2.0, model: ModelSpec | None = None,
 ) -> dict[str, list[dict[str, float]]]:
     """Decode FLOPs and bytes of one token-mixing layer of width ``hidden`` per new token, at each
     context length: ``{kind: [{"context", "flops", "bytes"}, ...]}`` for softmax, sliding, linear,
@@ -96,7 +100,8 @@ def mixer_cost_vs_context(
     heads = heads or max(1, hidden // 128)
     head_dim = d // heads
     kv_per_pos = 2 * d * kv_bytes  # K and V, no GQA: equal width everywhere
-    out: dict[str, list[dict[str, float]]] = {k: [] for k in ("softmax", "sliding", "linear", "mamba", "compressed")}
+    out: dict[str, list[dict[str, float]]] = {k: [] for k in ("softmax", "sliding", "linear", "mamba",
+                                                              "compressed")}
     for L in contexts:
         rows = {
             "softmax": L,
@@ -115,7 +120,8 @@ def mixer_cost_vs_context(
     return out
 
 
-def plot_mixer_cost(path: str | Path, hidden: int = 4096, contexts: list[int] | None = None, **kw: Any) -> Path:
+def plot_mixer_cost(path: str | Path, hidden: int = 4096, contexts: list[int] | None = None,
+                    **kw: Any) -> Path:
     """Log-log plot of decode bytes and FLOPs per token against context (4k → 1M) per mixer kind."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

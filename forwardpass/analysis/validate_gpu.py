@@ -1,4 +1,5 @@
-"""Check the analyzer's predictions on a CUDA GPU: ``python -m forwardpass.analysis.validate_gpu [--spec h200]``.
+"""Check the analyzer's predictions on a CUDA GPU:
+``python -m forwardpass.analysis.validate_gpu [--spec h200]``.
 
 Measures the device's ceilings (read bandwidth, bf16 8192³ matmul), then times, with CUDA-graph replay:
 
@@ -109,7 +110,8 @@ def main() -> None:
         lm = torch.randn(V, H, device=dev, dtype=bf) * 0.02
         rows = []
         print(
-            f"\n{'batch':>6} {'measured':>10} {'pred spec':>10} {'pred meas':>10} {'meas/spec':>9} {'TB/s':>6} {'TFLOP/s':>8}"
+            f"\n{'batch':>6} {'measured':>10} {'pred spec':>10} {'pred meas':>10} {'meas/spec':>9} "
+            f"{'TB/s':>6} {'TFLOP/s':>8}"
         )
         for B in batches:
             xin = torch.randn(B, H, device=dev, dtype=bf)

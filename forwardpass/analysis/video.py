@@ -112,8 +112,8 @@ def video_dit_cost(
     if attention not in ("full", "factorized"):
         raise ConfigError(f"attention must be full or factorized, got {attention!r}", param="attention")
     if frames % patch_t or latent_h % patch or latent_w % patch:
-        raise ConfigError(f"{frames}×{latent_h}×{latent_w} latents do not divide into {patch_t}×{patch}×{patch} "
-                          "patches", param="patch")  # fmt: skip
+        raise ConfigError(f"{frames}×{latent_h}×{latent_w} latents do not divide into "
+                          f"{patch_t}×{patch}×{patch} patches", param="patch")  # fmt: skip
     if hidden % heads:
         raise ConfigError(f"width {hidden} is not divisible by heads {heads}", param="heads")
     w = normalize_dtype(weight_dtype or hw.default_dtype, what="weight dtype")
@@ -135,7 +135,8 @@ def video_dit_cost(
 
     def attn(name: str, groups: int, n: int) -> list[OpCost]:  # fused: q, k, v in, output out
         return [OpCost(st, f"{name}_attn", MATMUL, 4.0 * groups * n * n * H, 0.0, 4.0 * tok * H * ab),
-                elementwise(st, f"{name}_softmax", groups * heads * n * n, flops_per_element=SOFTMAX_FLOPS, ab=ab,
+                elementwise(st, f"{name}_softmax", groups * heads * n * n, flops_per_element=SOFTMAX_FLOPS,
+                            ab=ab,
                             reads=0, writes=0)]  # fmt: skip
 
     pre = [
@@ -148,12 +149,15 @@ def video_dit_cost(
         block += [*attn("self", B, N), lin("attn_out", tok, H, H)]
     else:
         block += [*attn("space", B * T, S), lin("attn_out", tok, H, H), ln("norm_time"),
-                  lin("time_qkv", tok, H, 3 * H), *attn("time", B * S, T), lin("time_out", tok, H, H)]  # fmt: skip
+                  lin("time_qkv", tok, H, 3 * H), *attn("time", B * S, T),
+                  lin("time_out", tok, H, H)]  # fmt: skip
     if text_len:
         block += [lin("cross_q", tok, H, H), lin("cross_kv", txt, H, 2 * H),
-                  OpCost(st, "cross_attn", MATMUL, 4.0 * B * N * text_len * H, 0.0, (2 * tok + 2 * txt) * H * ab),
+                  OpCost(st, "cross_attn", MATMUL, 4.0 * B * N * text_len * H, 0.0,
+                         (2 * tok + 2 * txt) * H * ab),
                   lin("cross_out", tok, H, H)]  # fmt: skip
-    block += [ln("norm2"), lin("fc1", tok, H, Fm), elementwise(st, "gelu", tok * Fm, flops_per_element=GELU_FLOPS, ab=ab),
+    block += [ln("norm2"), lin("fc1", tok, H, Fm),
+              elementwise(st, "gelu", tok * Fm, flops_per_element=GELU_FLOPS, ab=ab),
               lin("fc2", tok, Fm, H)]  # fmt: skip
     post = [lin("final_adaLN", B * T, H, 2 * H), ln("final_norm"), lin("unpatchify", tok, H, io)]
     ops = [*pre, *(op.times(depth, count=depth) for op in block), *post]
@@ -162,7 +166,8 @@ def video_dit_cost(
         op.evaluate(hw, a)
     return VideoDiTReport(hardware=hw, act_dtype=a, weight_dtype=w, frames=frames,
                           latent=(latent_h, latent_w, channels), patch=(patch_t, patch), attention=attention,
-                          hidden=H, depth=depth, heads=heads, text_len=text_len, steps=steps, cfg=cfg, batch=batch,
+                          hidden=H, depth=depth, heads=heads, text_len=text_len, steps=steps, cfg=cfg,
+                          batch=batch,
                           tokens=N, ops=ops, step=totals(ops))  # fmt: skip
 
 

@@ -15,16 +15,19 @@ def render_video(rep: Any, frames_rows: list[dict[str, Any]], batch_rows: list[d
     hw, (h, w, ch), (pt, p) = rep.hardware, rep.latent, rep.patch
     s = rep.step
     c.print(
-        f"[bold]Video DiT[/bold] {rep.frames} frames × latent {h}×{w}×{ch}, patch {pt}×{p}×{p} → {rep.tokens} "
-        f"tokens per clip, width {rep.hidden}, depth {rep.depth}, heads {rep.heads}, {rep.attention} attention"
+        f"[bold]Video DiT[/bold] {rep.frames} frames × latent {h}×{w}×{ch}, patch {pt}×{p}×{p} → "
+        f"{rep.tokens} tokens per clip, width {rep.hidden}, depth {rep.depth}, heads {rep.heads}, "
+        f"{rep.attention} attention"
     )
     c.print(f"[bold]{hw.label}[/bold]: ridge {hw.ridge(rep.act_dtype):.3g} FLOP/B ({rep.act_dtype})")
-    c.print(f"per step ({'2 passes, CFG' if rep.cfg else '1 pass'}, batch {rep.batch}): {fmt_flops(s.flops)}, "
-            f"{fmt_ai(s.intensity)} FLOP/B → {_bound(s.bound)}-bound, {fmt_time(s.time_s)}; attention "
-            f"{100 * rep.attention_share:.0f}% of FLOPs; {rep.steps} steps: {fmt_time(rep.total_time_s)}")  # fmt: skip
+    c.print(f"per step ({'2 passes, CFG' if rep.cfg else '1 pass'}, batch {rep.batch}): "
+            f"{fmt_flops(s.flops)}, {fmt_ai(s.intensity)} FLOP/B → {_bound(s.bound)}-bound, "
+            f"{fmt_time(s.time_s)}; attention {100 * rep.attention_share:.0f}% of FLOPs; {rep.steps} steps: "
+            f"{fmt_time(rep.total_time_s)}")  # fmt: skip
     t = Table(title="Attention share vs clip length", title_justify="left", show_edge=False,
-              caption="full: one attention over all frames' tokens, cost ∝ (T·S)²; factorized: space then time, "
-              "T·S² + S·T²", caption_justify="left")  # fmt: skip
+              caption="full: one attention over all "
+              "frames' tokens, cost ∝ (T·S)²; factorized: space then time, T·S² + S·T²",
+              caption_justify="left")  # fmt: skip
     for name in (
         "frames",
         "tokens",
@@ -40,8 +43,8 @@ def render_video(rep: Any, frames_rows: list[dict[str, Any]], batch_rows: list[d
                   fmt_time(r["factorized"]["step_time_s"]))  # fmt: skip
     c.print(t)
     t = Table(title="Why batch 1", title_justify="left", show_edge=False,
-              caption="already compute-bound at batch 1: a batch of b clips takes b× as long, so clips/s stays "
-              "flat while each clip waits b× longer", caption_justify="left")  # fmt: skip
+              caption="already compute-bound at batch 1: a batch of b clips takes b× as long, so clips/s "
+              "stays flat while each clip waits b× longer", caption_justify="left")  # fmt: skip
     for name in ("batch", "FLOP/B", "bound", "latency per clip", "clips/s"):
         t.add_column(name, justify="right")
     for r in batch_rows:
@@ -53,7 +56,8 @@ def render_video(rep: Any, frames_rows: list[dict[str, Any]], batch_rows: list[d
 
 
 def run_video(args: Any) -> int:
-    """``forwardpass roofline video``: the flags of the ``dit`` group plus --frames, --patch-t, --space-time."""
+    """``forwardpass roofline video``: the flags of the ``dit`` group plus --frames,
+    --patch-t, --space-time."""
     import json
     import sys
 
@@ -61,9 +65,10 @@ def run_video(args: Any) -> int:
     from forwardpass.analysis.video import batch_sweep, frames_sweep, video_dit_cost
 
     h, w = parse_size(args.latent)
-    shape = {"latent_h": h, "latent_w": w, "channels": args.channels, "patch": args.patch, "patch_t": args.patch_t,
-             "hidden": args.width, "depth": args.depth, "heads": args.heads or 16, "text_len": args.text_len,
-             "mlp_ratio": args.mlp_ratio, "steps": args.steps, "cfg": args.cfg, "hardware": args.hardware,
+    shape = {"latent_h": h, "latent_w": w, "channels": args.channels, "patch": args.patch,
+             "patch_t": args.patch_t, "hidden": args.width, "depth": args.depth, "heads": args.heads or 16,
+             "text_len": args.text_len, "mlp_ratio": args.mlp_ratio, "steps": args.steps, "cfg": args.cfg,
+             "hardware": args.hardware,
              "weight_dtype": args.weight_dtype, "act_dtype": args.act_dtype}  # fmt: skip
     rep = video_dit_cost(args.frames, attention=args.space_time, **shape)
     frames_rows = frames_sweep([f for f in args.frames_sweep if f % args.patch_t == 0], **shape)

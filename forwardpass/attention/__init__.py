@@ -51,7 +51,8 @@ def get_backend(name: str) -> AttentionFn:
         return _BACKENDS[name]
     except KeyError:
         raise ConfigError(
-            f"unknown attention backend {name!r}; choose one of {available_backends()}", param="attention_backend"
+            f"unknown attention backend {name!r}; choose one of {available_backends()}",
+            param="attention_backend"
         ) from None
 
 
@@ -75,4 +76,5 @@ def attention(
     )
 
 
-__all__ = ["attention", "available_backends", "build_mask", "flash_attention", "get_backend", "register_backend"]
+__all__ = ["attention", "available_backends", "build_mask", "flash_attention", "get_backend",
+           "register_backend"]

@@ -89,8 +89,9 @@ class CompressedMetadata:
 
 @dataclass
 class AttentionContext:
-    kv_caches: list[torch.Tensor]  # per layer: [2, num_blocks, block_size, Hkv, D] (MLA: [num_blocks, bs, latent];
-    # state: [num_slots, state_size])
+    # per layer: [2, num_blocks, block_size, Hkv, D] (MLA: [num_blocks, bs, latent]; state:
+    # [num_slots, state_size])
+    kv_caches: list[torch.Tensor]
     groups: list[GroupMetadata | StateMetadata | CompressedMetadata]
     layer_group: list[int]  # layer index -> index into groups
     num_decode: int = 0  # rows 0..num_decode-1 are decode tokens, one per sequence

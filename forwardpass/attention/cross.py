@@ -1,11 +1,11 @@
 """Cross-attention over a request's cached encoder K/V (encoder–decoder models: Whisper).
 
 Each request's cross-attention keys and values were written once into its slot of the layer's cache
-(``[num_slots, 2, encoder_len, heads, head_dim]``, ``engine/scheduling/cross_attention_spec.py``) when its encoder
-ran. A step's queries read them through the slot each sequence holds, which the group's
-``StateMetadata`` gives (``ctx.for_state``): the one-token rows of the batch all at once (every
-request has the same encoder length, so the gathered slots stack into one batch), then each prefill
-chunk with its own slot. No mask: every decoder position sees every encoder position.
+(``[num_slots, 2, encoder_len, heads, head_dim]``, ``engine/scheduling/cross_attention_spec.py``) when its
+encoder ran. A step's queries read them through the slot each sequence holds, which the group's
+``StateMetadata`` gives (``ctx.for_state``): each one-token row reads its slot in place (a batched
+call would first gather every row's slot, a copy larger than the attention's own reads), then each
+prefill chunk with its own slot. No mask: every decoder position sees every encoder position.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ class CachedCrossAttention(nn.Module):
         self.cache_id = cache_id  # index of this layer's cross-attention cache in ctx.kv_caches
         self.scale = scale
 
-    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
-        """One slot per request holding its cross K and V over the encoder's ``max_source_positions`` outputs."""
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int,
+                      dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+        """One slot per request holding its cross K and V over the encoder's
+        ``max_source_positions`` outputs."""
         assert spec.whisper is not None, "cross-attention reads an encoder's output"
         enc, heads, d = spec.whisper.max_source_positions, spec.heads, spec.head_dim
-        return {self.cache_id: CrossAttentionSpec(block_size=block_size, state_size=2 * enc * heads * d, dtype=dtype,
-                                                  encoder_len=enc, num_heads=heads, head_dim=d)}
+        return {self.cache_id: CrossAttentionSpec(block_size=block_size, state_size=2 * enc * heads * d,
+                                                  dtype=dtype, encoder_len=enc, num_heads=heads, head_dim=d)}
 
     def forward(self, q: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """``q``: ``[T, H, D]`` queries of the flattened batch → ``[T, H, D]``."""
@@ -42,9 +44,9 @@ class CachedCrossAttention(nn.Module):
         meta = ctx.for_state(self.cache_id)
         out = torch.empty_like(q)
         nd = ctx.num_decode
-        if nd:
-            kv = cache[meta.decode_slots]  # [nd, 2, S, H, D]
-            out[:nd] = self._attend(q[:nd, :, None, :], kv[:, 0], kv[:, 1], ctx.backend)[:, :, 0]
+        for row, slot in enumerate(meta.decode_slots.tolist() if nd else ()):
+            kv = cache[slot]  # a view: gathering the rows' slots would copy 2·S·H·D values per layer and step
+            out[row] = self._attend(q[row, None, :, None, :], kv[0][None], kv[1][None], ctx.backend)[0, :, 0]
         for span in meta.prefills:
             rows = slice(span.q_start, span.q_start + span.q_len)
             kv = cache[span.slot]  # [2, S, H, D]

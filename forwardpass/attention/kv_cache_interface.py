@@ -1,22 +1,26 @@
 """What a layer keeps per token or per request: the ``KVCacheSpec`` kinds (vLLM's ``kv_cache_interface.py``).
 
-Each cache-owning layer declares its cache with ``kv_cache_spec(spec, block_size, dtype)``: a mapping from cache id
-(``ctx.kv_caches`` index, usually the layer's index) to the spec of that cache (None: the id is its own but holds
-nothing). ``engine/scheduling/kv_cache_spec.py::layer_specs`` walks the model's modules asking them; the KV cache manager and the
-model runner only ever ask the spec:
+Each cache-owning layer declares its cache with ``kv_cache_spec(spec, block_size, dtype)``: a mapping from
+cache id (``ctx.kv_caches`` index, usually the layer's index) to the spec of that cache (None: the id is its
+own but holds nothing). ``engine/scheduling/kv_cache_spec.py::layer_specs`` walks the model's modules asking
+them; the KV cache manager and the model runner only ever ask the spec:
 
 * ``blocks_needed(num_tokens)`` — how long a sequence's block table is after ``num_tokens`` tokens;
-* ``freeable_prefix_blocks(num_computed_tokens)`` — leading table entries no later query reads (freed at once);
+* ``freeable_prefix_blocks(num_computed_tokens)`` — leading table entries no later query reads (freed at
+  once);
 * ``max_blocks_per_sequence(max_model_len, max_chunk)`` — the most blocks one sequence ever holds;
-* ``page_bytes_per_layer`` / ``cache_shape`` / ``cache_dtype`` — what one block costs and how the tensor looks;
-* ``supports_prefix_caching`` — whether a block's content is a pure function of the prefix and stays available;
-* ``metadata_builder(device)`` — the builder of its group's per-step attention metadata (``metadata.py``): each kind
-  names its own (``metadata_builder_cls``), so a new kind brings its builder and the runner needs no edit.
+* ``page_bytes_per_layer`` / ``cache_shape`` / ``cache_dtype`` — what one block costs and how the tensor
+  looks;
+* ``supports_prefix_caching`` — whether a block's content is a pure function of the prefix and stays
+  available;
+* ``metadata_builder(device)`` — the builder of its group's per-step attention metadata (``metadata.py``):
+  each kind names its own (``metadata_builder_cls``), so a new kind brings its builder and the runner needs no
+  edit.
 
-The kinds here: K and V pages (``FullAttentionSpec``), pages freed behind a window (``SlidingWindowSpec``), the latent
-of multi-latent attention (``MLASpec``), one fixed-size slot per request (``StateSpec``: Mamba2, Gated DeltaNet), a
-request's cross-attention K/V (``CrossAttentionSpec``: Whisper). A family with a cache of its own defines its kind next
-to its model (DeepSeek-V4: ``models/deepseek_v4_cache_spec.py``).
+The kinds here: K and V pages (``FullAttentionSpec``), pages freed behind a window (``SlidingWindowSpec``),
+the latent of multi-latent attention (``MLASpec``), one fixed-size slot per request (``StateSpec``: Mamba2,
+Gated DeltaNet), a request's cross-attention K/V (``CrossAttentionSpec``: Whisper). A family with a cache of
+its own defines its kind next to its model (DeepSeek-V4: ``models/deepseek_v4_cache_spec.py``).
 """
 
 from __future__ import annotations
@@ -131,7 +135,8 @@ def attention_spec(
 ) -> FullAttentionSpec:
     """K/V pages of one attention layer: windowed when it has a window."""
     if sliding_window is None:
-        return FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
+        return FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                 dtype=dtype)
     return SlidingWindowSpec(block_size=block_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
                              sliding_window=sliding_window)
 
@@ -183,8 +188,9 @@ class StateSpec(KVCacheSpec):
 
 @dataclass(frozen=True)
 class CrossAttentionSpec(StateSpec):
-    """One request's cross-attention K and V (``engine/scheduling/cross_attention_spec.py``): ``[2, encoder_len, num_heads,
-    head_dim]`` per layer, in the model's dtype (they are projections, not accumulated states)."""
+    """One request's cross-attention K and V (``engine/scheduling/cross_attention_spec.py``):
+    ``[2, encoder_len, num_heads, head_dim]`` per layer, in the model's dtype (they are projections, not
+    accumulated states)."""
 
     encoder_len: int = 1
     num_heads: int = 1

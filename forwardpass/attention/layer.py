@@ -26,8 +26,8 @@ from forwardpass.plan import current_plan
 if TYPE_CHECKING:
     from forwardpass.loader.spec import ModelSpec
 
-#: the caches the compiled K/V store and decode kernel read and write (attention/csrc/paged_decode.cpp); others
-#: (a bfloat16 kv_cache_dtype) take the PyTorch path
+#: the caches the compiled K/V store and decode kernel read and write (attention/csrc/paged_decode.cpp);
+#: others (a bfloat16 kv_cache_dtype) take the PyTorch path
 KERNEL_CACHE_DTYPES = (torch.float32, torch.float16)
 
 
@@ -43,12 +43,15 @@ class CachedAttention(nn.Module):
         plan = current_plan()
         # the plan's compiled K/V store, for exactly this class (a subclass may change the math)
         self.fused: Any = plan.fused_ops if type(self) is CachedAttention else None
-        # the batch-invariant plan: every query, prefill or decode, through the paged kernel (None: per step kind)
+        # the batch-invariant plan: every query, prefill or decode, through the paged
+        # kernel (None: per step kind)
         self.per_query_kernel: Any = plan.kernels.decode if plan.batch_invariant else None
 
-    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int,
+                      dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
         """This layer's K/V pages (freed behind its window when it has one), for the model's KV heads."""
-        return {self.layer_idx: attention_spec(block_size, spec.kv_heads, spec.head_dim, dtype, self.sliding_window)}
+        return {self.layer_idx: attention_spec(block_size, spec.kv_heads, spec.head_dim, dtype,
+                                               self.sliding_window)}
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext | None
@@ -61,7 +64,8 @@ class CachedAttention(nn.Module):
             return out[0].transpose(0, 1)
         kv_cache = ctx.kv_caches[self.layer_idx]
         meta = ctx.for_layer(self.layer_idx)
-        if self.fused is not None and k.dtype == torch.float32 and kv_cache.dtype in KERNEL_CACHE_DTYPES and k.is_cpu:
+        if (self.fused is not None and k.dtype == torch.float32 and kv_cache.dtype in KERNEL_CACHE_DTYPES
+                and k.is_cpu):
             self.fused.write_kv_(kv_cache, k, v, meta.slot_mapping)
         else:
             write_kv(kv_cache, k, v, meta.slot_mapping)
@@ -78,23 +82,25 @@ class CachedAttention(nn.Module):
             if span.context_len == span.q_len:
                 # Nothing cached before this chunk: attend over the fresh K/V directly, no gather.
                 out[rows] = attention(
-                    q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None],
-                    causal=True, scale=self.scale, sliding_window=self.sliding_window, softcap=self.softcap,
-                    backend=ctx.backend,
+                    q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None],
+                    v[rows].transpose(0, 1)[None], causal=True, scale=self.scale,
+                    sliding_window=self.sliding_window, softcap=self.softcap, backend=ctx.backend,
                 )[0].transpose(0, 1)
             else:
                 out[rows] = paged_prefill_attention(
                     q[rows], kv_cache, span.block_table, span.context_len,
-                    scale=self.scale, sliding_window=self.sliding_window, softcap=self.softcap, backend=ctx.backend,
+                    scale=self.scale, sliding_window=self.sliding_window, softcap=self.softcap,
+                    backend=ctx.backend,
                 )
         return out
 
     def _attend_each_query(
         self, q: torch.Tensor, kv_cache: torch.Tensor, ctx: AttentionContext, meta: GroupMetadata
     ) -> torch.Tensor:
-        """Each query over its own prefix, in the cache, by the paged kernel, which computes a (sequence, head) pair
-        the same way whatever else is in its call: so a token's attention does not depend on the batch it is in or
-        on where its prompt was cut into chunks (a prefill query is a decode query of its position)."""
+        """Each query over its own prefix, in the cache, by the paged kernel, which computes a (sequence,
+        head) pair the same way whatever else is in its call: so a token's attention does not depend on the
+        batch it is in or on where its prompt was cut into chunks (a prefill query is a decode
+        query of its position)."""
         kernel, window = self.per_query_kernel, self.sliding_window or 0
         out = torch.empty_like(q)
         nd = ctx.num_decode

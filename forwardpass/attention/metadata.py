@@ -12,7 +12,8 @@ to attention start after them and lengths are counted from there.
 ``CompressedMetadataBuilder`` for a compressed-entry group (DeepSeek-V4): each chunk with its table.
 
 Which builder a group gets is its spec's choice (``KVCacheSpec.metadata_builder``, ``kv_cache_interface.py``):
-every builder is made as ``cls(spec, device)`` and has ``add`` and ``build``, so a new cache kind brings its own.
+every builder is made as ``cls(spec, device)`` and has ``add`` and ``build``, so a new cache kind brings its
+own.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ class MetadataBuilder(Protocol):
     """Collects a step's chunks for one KV cache group, then builds the metadata its layers read."""
 
     def add(self, table: list[int], start: int, end: int, row: int) -> None:
-        """Positions ``start..end-1`` of a sequence whose block table in this group is ``table``, its queries at
-        batch rows ``row..``."""
+        """Positions ``start..end-1`` of a sequence whose block table in this group is ``table``, its queries
+        at batch rows ``row..``."""
 
     def build(self) -> Any: ...
 
@@ -81,7 +82,8 @@ class GroupMetadataBuilder:
 
     def build(self) -> GroupMetadata:
         meta = GroupMetadata(
-            slot_mapping=torch.tensor(self.slots, dtype=torch.long, device=self.device), prefills=self.prefills
+            slot_mapping=torch.tensor(self.slots, dtype=torch.long, device=self.device),
+            prefills=self.prefills
         )
         if self.decode_lens:
             width = max(len(t) for t in self.decode_tables)

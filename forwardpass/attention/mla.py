@@ -33,7 +33,8 @@ def write_latent(cache: torch.Tensor, latent: torch.Tensor, slot_mapping: torch.
 
 
 def gather_latent(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
-    """The first ``length`` latents of each sequence: ``[B, length, latent_dim]`` (``[max_blocks]`` → B = 1)."""
+    """The first ``length`` latents of each sequence: ``[B, length, latent_dim]``
+    (``[max_blocks]`` → B = 1)."""
     tables = block_tables.view(-1, block_tables.shape[-1])
     b, bs = tables.shape[0], cache.shape[1]
     nblocks = -(-length // bs)
@@ -78,8 +79,8 @@ def absorbed_attention(
 
 
 def latent_attention(
-    q: torch.Tensor, latent: torch.Tensor, kv_b_weight: torch.Tensor, ctx: AttentionContext | None, layer_idx: int,
-    *, rank: int, nope: int, scale: float,
+    q: torch.Tensor, latent: torch.Tensor, kv_b_weight: torch.Tensor, ctx: AttentionContext | None,
+    layer_idx: int, *, rank: int, nope: int, scale: float,
 ) -> torch.Tensor:
     """The MLA step of one layer over the engine's flattened batch: q ``[T, H, nope + rope]``, this step's
     latents ``[T, rank + rope]`` → ``[T, H, v]``. Writes the latents into the layer's cache first."""
@@ -96,12 +97,12 @@ def latent_attention(
         ctx_latent = gather_latent(cache, meta.decode_block_tables, meta.decode_max_len)
         pos = torch.arange(meta.decode_max_len, device=q.device)[None, :]
         mask = pos < meta.decode_seq_lens[:, None]
-        parts.append(absorbed_attention(q[:nd], ctx_latent, kv_b_weight, key_padding_mask=mask, backend=backend,
-                                        **kw))
+        parts.append(absorbed_attention(q[:nd], ctx_latent, kv_b_weight, key_padding_mask=mask,
+                                        backend=backend, **kw))
     for span in meta.prefills:
         rows = slice(span.q_start, span.q_start + span.q_len)
         lat = latent[rows] if span.context_len == span.q_len else gather_latent(
             cache, span.block_table, span.context_len)[0]
-        parts.append(expanded_attention(q[rows].transpose(0, 1)[None], lat[None], kv_b_weight, backend=backend,
-                                        **kw)[0].transpose(0, 1))
+        parts.append(expanded_attention(q[rows].transpose(0, 1)[None], lat[None], kv_b_weight,
+                                        backend=backend, **kw)[0].transpose(0, 1))
     return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -37,7 +37,8 @@ def naive_attention(
     if softcap is not None:  # Gemma 2: squash the logits into (-softcap, softcap)
         s = torch.tanh(s / softcap) * softcap
     mask = build_mask(
-        nq, nk, causal=causal, sliding_window=sliding_window, key_padding_mask=key_padding_mask, device=q.device
+        nq, nk, causal=causal, sliding_window=sliding_window, key_padding_mask=key_padding_mask,
+        device=q.device
     )
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))

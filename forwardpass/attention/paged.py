@@ -18,14 +18,15 @@ from forwardpass.attention import attention
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store new keys/values ``[T, Hkv, D]`` at flat slots ``slot_mapping`` ``[T]`` (rounded to the cache's dtype
-    where it is narrower: ``kv_cache_dtype``)."""
+    """Store new keys/values ``[T, Hkv, D]`` at flat slots ``slot_mapping`` ``[T]`` (rounded to the cache's
+    dtype where it is narrower: ``kv_cache_dtype``)."""
     flat = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])
     flat[0].index_copy_(0, slot_mapping, k.to(flat.dtype))
     flat[1].index_copy_(0, slot_mapping, v.to(flat.dtype))
 
 
-def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor,
+              length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Read the first ``length`` keys/values of each sequence as ``[B, Hkv, length, D]`` each.
 
     ``block_tables`` is ``[B, max_blocks]`` (or one sequence's ``[max_blocks]``, giving ``B = 1``).
@@ -54,7 +55,8 @@ def paged_decode_attention(
     softcap: float | None = None,
     backend: str = "sdpa",
 ) -> torch.Tensor:
-    """One query per sequence. q: ``[B, Hq, D]`` → ``[B, Hq, D]``; each attends to its ``seq_lens[b]`` keys."""
+    """One query per sequence. q: ``[B, Hq, D]`` → ``[B, Hq, D]``; each attends to its
+    ``seq_lens[b]`` keys."""
     b = q.shape[0]
     k, v = (t.to(q.dtype) for t in gather_kv(kv_cache, block_tables, max_len))
     pad_mask = None
@@ -63,8 +65,8 @@ def paged_decode_attention(
         pad_mask = pos < seq_lens[:, None]
         if sliding_window is not None:
             pad_mask = pad_mask & (pos >= seq_lens[:, None] - sliding_window)
-    out = attention(q.unsqueeze(2), k, v, causal=False, scale=scale, key_padding_mask=pad_mask, softcap=softcap,
-                    backend=backend)
+    out = attention(q.unsqueeze(2), k, v, causal=False, scale=scale, key_padding_mask=pad_mask,
+                    softcap=softcap, backend=backend)
     return out.squeeze(2)
 
 

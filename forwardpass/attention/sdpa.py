@@ -31,6 +31,7 @@ def sdpa_attention(
         # A single query at the last position sees every key: no mask needed (the decode fast path).
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     mask = build_mask(
-        nq, nk, causal=causal, sliding_window=sliding_window, key_padding_mask=key_padding_mask, device=q.device
+        nq, nk, causal=causal, sliding_window=sliding_window, key_padding_mask=key_padding_mask,
+        device=q.device
     )
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)

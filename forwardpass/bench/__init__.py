@@ -1,1 +1,2 @@
-"""Benchmarks: ``serve`` (online, against a running server). An offline throughput benchmark can sit beside it."""
+"""Benchmarks: ``serve`` (online, against a running server). An offline throughput
+benchmark can sit beside it."""

@@ -16,10 +16,11 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-_TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
-         "want of a wife. However little known the feelings or views of such a man may be on his first entering a "
-         "neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is "
-         "considered the rightful property of some one or other of their daughters. 0123456789 ,.;:!?")
+_TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be "
+         "in want of a wife. However little known the feelings or views of such a man may be on his first "
+         "entering a neighbourhood, this truth is so well fixed in the minds of the surrounding families, "
+         "that he is considered the rightful property of some one or other of their daughters. 0123456789 "
+         ",.;:!?")
 
 
 @dataclass
@@ -57,7 +58,8 @@ class BenchConfig:
 
 async def _token_pool(client: httpx.AsyncClient, model: str) -> list[int] | None:
     try:
-        r = await client.post("/tokenize", json={"model": model, "prompt": _TEXT, "add_special_tokens": False})
+        r = await client.post("/tokenize",
+                              json={"model": model, "prompt": _TEXT, "add_special_tokens": False})
         if r.status_code == 200:
             return sorted(set(r.json()["tokens"]))
     except (httpx.HTTPError, KeyError, ValueError):
@@ -66,8 +68,8 @@ async def _token_pool(client: httpx.AsyncClient, model: str) -> list[int] | None
 
 
 async def _one(client, cfg: BenchConfig, model: str, prompt, rec: RequestRecord, t0: float) -> None:
-    body = {"model": model, "prompt": prompt, "max_tokens": cfg.output_len, "ignore_eos": True, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {"model": model, "prompt": prompt, "max_tokens": cfg.output_len, "ignore_eos": True,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     rec.start = start - t0
     last = None
@@ -106,8 +108,10 @@ async def run_benchmark(cfg: BenchConfig, progress: bool = True) -> dict:
     from tqdm.auto import tqdm
 
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    limits = httpx.Limits(max_connections=cfg.max_concurrency or cfg.num_prompts, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=cfg.base_url, headers=headers, timeout=cfg.timeout_s, limits=limits) as client:
+    limits = httpx.Limits(max_connections=cfg.max_concurrency or cfg.num_prompts,
+                          max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=cfg.base_url, headers=headers, timeout=cfg.timeout_s,
+                                 limits=limits) as client:
         model = cfg.model
         if model is None:
             model = (await client.get("/v1/models")).raise_for_status().json()["data"][0]["id"]
@@ -117,7 +121,8 @@ async def run_benchmark(cfg: BenchConfig, progress: bool = True) -> dict:
             prompts = [[rng.choice(pool) for _ in range(cfg.input_len)] for _ in range(cfg.num_prompts)]
         else:
             words = _TEXT.split()
-            prompts = [" ".join(rng.choice(words) for _ in range(cfg.input_len)) for _ in range(cfg.num_prompts)]
+            prompts = [" ".join(rng.choice(words) for _ in range(cfg.input_len))
+                       for _ in range(cfg.num_prompts)]
         records = [RequestRecord(i) for i in range(cfg.num_prompts)]
         sem = asyncio.Semaphore(cfg.max_concurrency or cfg.num_prompts)
         bar = tqdm(total=cfg.num_prompts, desc="requests", unit="req", disable=not progress)
@@ -147,18 +152,19 @@ def _stats(values: list[float], scale: float = 1000.0) -> dict:
     lo = int(k)
     hi = min(lo + 1, len(ordered) - 1)
     p99 = ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-    return {"mean": statistics.fmean(values) * scale, "median": statistics.median(values) * scale, "p99": p99 * scale}
+    return {"mean": statistics.fmean(values) * scale, "median": statistics.median(values) * scale,
+            "p99": p99 * scale}
 
 
 def summarize(cfg: BenchConfig, model: str, records: list[RequestRecord], duration: float) -> dict:
     ok = [r for r in records if r.success]
     inp, out = sum(r.prompt_tokens for r in ok), sum(r.output_tokens for r in ok)
     return {
-        "model": model, "base_url": cfg.base_url, "num_prompts": cfg.num_prompts, "request_rate": cfg.request_rate,
-        "max_concurrency": cfg.max_concurrency, "input_len": cfg.input_len, "output_len": cfg.output_len,
-        "successful_requests": len(ok), "failed_requests": len(records) - len(ok), "duration_s": duration,
-        "total_input_tokens": inp, "total_output_tokens": out,
-        "request_throughput": len(ok) / duration if duration else 0.0,
+        "model": model, "base_url": cfg.base_url, "num_prompts": cfg.num_prompts,
+        "request_rate": cfg.request_rate, "max_concurrency": cfg.max_concurrency, "input_len": cfg.input_len,
+        "output_len": cfg.output_len, "successful_requests": len(ok),
+        "failed_requests": len(records) - len(ok), "duration_s": duration, "total_input_tokens": inp,
+        "total_output_tokens": out, "request_throughput": len(ok) / duration if duration else 0.0,
         "output_token_throughput": out / duration if duration else 0.0,
         "total_token_throughput": (inp + out) / duration if duration else 0.0,
         "ttft_ms": _stats([r.ttft for r in ok if r.ttft is not None]),
@@ -175,14 +181,16 @@ def format_result(res: dict) -> str:
         return "n/a" if v is None else fmt.format(v)
 
     lines = ["{:=^52}".format(" Serving Benchmark Result ")]
-    rows = [("Successful requests:", res["successful_requests"]), ("Failed requests:", res["failed_requests"]),
-            ("Benchmark duration (s):", num(res["duration_s"])),
-            ("Total input tokens:", res["total_input_tokens"]), ("Total generated tokens:", res["total_output_tokens"]),
+    rows = [("Successful requests:", res["successful_requests"]),
+            ("Failed requests:", res["failed_requests"]), ("Benchmark duration (s):", num(res["duration_s"])),
+            ("Total input tokens:", res["total_input_tokens"]),
+            ("Total generated tokens:", res["total_output_tokens"]),
             ("Request throughput (req/s):", num(res["request_throughput"])),
             ("Output token throughput (tok/s):", num(res["output_token_throughput"])),
             ("Total token throughput (tok/s):", num(res["total_token_throughput"]))]
     lines += [f"{k:<40}{v:>12}" for k, v in rows]
-    for key, title in (("ttft_ms", "Time to First Token"), ("tpot_ms", "Time per Output Token (excl. 1st token)"),
+    for key, title in (("ttft_ms", "Time to First Token"),
+                       ("tpot_ms", "Time per Output Token (excl. 1st token)"),
                        ("itl_ms", "Inter-token Latency"), ("e2e_ms", "End-to-end Latency")):
         lines.append("{:-^52}".format(f" {title} "))
         short = key.split("_")[0].upper()

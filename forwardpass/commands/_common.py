@@ -11,10 +11,12 @@ from collections.abc import Callable, Iterator
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="a Hugging Face model directory or id (e.g. Qwen/Qwen3-0.6B, found in or downloaded to "
-                   "the Hugging Face cache; default: the embedded model)")
-    p.add_argument("--revision", default=None, help="with a Hugging Face id: branch, tag or commit (default: main)")
-    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
+                   help="a Hugging Face model directory or id (e.g. Qwen/Qwen3-0.6B, found in or downloaded "
+                   "to the Hugging Face cache; default: the embedded model)")
+    p.add_argument("--revision", default=None,
+                   help="with a Hugging Face id: branch, tag or commit (default: main)")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
     p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
 
@@ -24,11 +26,13 @@ def add_quantization_arg(p: argparse.ArgumentParser) -> None:
                    help="quantize the weights at load for CPU decode: int8 (Q8_0 blocks, ~4x fewer bytes per "
                    "token than float32) or int4 (Q4_0 blocks); default: none")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16", "bfloat16"],
-                   help="what the KV cache stores: auto (the model's dtype), float16 or bfloat16 (half the memory of "
-                   "float32: twice the context; values rounded once when stored)")
+                   help="what the KV cache stores: auto (the "
+                   "model's dtype), float16 or bfloat16 (half the memory of float32: twice the context; "
+                   "values rounded once when stored)")
     p.add_argument("--batch-invariant", action="store_true",
-                   help="kernels chosen so a request's greedy tokens and logprobs are bitwise the same whatever else "
-                   "shares its steps (batch size, chunking); dense Llama-family models on CPU; prefill is slower")
+                   help="kernels chosen so a "
+                   "request's greedy tokens and logprobs are bitwise the same whatever else shares its steps "
+                   "(batch size, chunking); dense Llama-family models on CPU; prefill is slower")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -39,8 +43,8 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None
     p.add_argument("--min-p", type=float, default=None)
     p.add_argument("--repetition-penalty", type=float, default=None)
     p.add_argument("--seed", type=int, default=None,
-                   help="sampling seed; without one, each request draws a random seed (as vLLM does), so runs at "
-                   "temperature > 0 differ; give one to repeat a run")
+                   help="sampling seed; without one, each request draws a random seed (as vLLM does), so "
+                   "runs at temperature > 0 differ; give one to repeat a run")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
 
@@ -54,14 +58,15 @@ def check_device(device: str) -> str:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
-        raise ConfigError(f"--device {device!r} is not a device; use cpu, cuda or cuda:N", param="device") from None
+        raise ConfigError(f"--device {device!r} is not a device; use cpu, cuda or cuda:N",
+                          param="device") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"--device {device}: CUDA is not available on this machine (torch "
                               f"{torch.__version__}); use --device cpu", param="device")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)",
-                              param="device")
+            raise ConfigError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA "
+                              "device(s)", param="device")
     elif dev.type != "cpu":
         raise ConfigError(f"--device {device!r} is not supported; use cpu, cuda or cuda:N", param="device")
     return str(dev)
@@ -103,7 +108,8 @@ def progress(message: str) -> Iterator[None]:
 
 
 def load_engine(args: argparse.Namespace, **config_kwargs):
-    """The ``LLMEngine`` for ``--model/--revision/--dtype/--max-model-len/--device``, with a progress spinner."""
+    """The ``LLMEngine`` for ``--model/--revision/--dtype/--max-model-len/--device``,
+    with a progress spinner."""
     from forwardpass.config import EngineConfig
     from forwardpass.engine.frontend.llm_engine import LLMEngine
 

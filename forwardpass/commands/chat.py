@@ -69,7 +69,8 @@ class Conversation:
             if not rest:
                 return "usage: /save FILE"
             try:
-                Path(rest).expanduser().write_text(json.dumps(self.messages, indent=2, ensure_ascii=False) + "\n")
+                Path(rest).expanduser().write_text(
+                    json.dumps(self.messages, indent=2, ensure_ascii=False) + "\n")
             except OSError as exc:
                 return f"could not save: {exc}"
             return f"(saved {len(self.messages)} messages to {rest})"

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register_image(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("explain-image", help="teacher vs few-step student: the latent resolving, step by step")
+    p = sub.add_parser("explain-image",
+                       help="teacher vs few-step student: the latent resolving, step by step")
     p.add_argument("prompt", help="what to draw, e.g. 'a handwritten 7'")
     p.add_argument("--model", default=None, help="pipeline folder (default: the embedded digits model)")
     p.add_argument("--seed", type=int, default=0)
@@ -84,8 +85,9 @@ def run_image(args: argparse.Namespace) -> int:
     from forwardpass.explain.image import explain_image, render_image_html, strip_image, to_json
 
     torch.set_num_threads(max(1, args.threads))
-    ex = explain_image(args.prompt, model=args.model, seed=args.seed, steps=args.steps, guidance=args.guidance,
-                       student_steps=args.student_steps, frames=args.frames, hardware=args.hardware)
+    ex = explain_image(args.prompt, model=args.model, seed=args.seed, steps=args.steps,
+                       guidance=args.guidance, student_steps=args.student_steps, frames=args.frames,
+                       hardware=args.hardware)
     if args.output:
         strip_image(ex).save(args.output)
     if args.html:

@@ -1,4 +1,5 @@
-"""``forwardpass image "a handwritten 7" -o out.png``: text → image with the embedded digits model (or --model DIR)."""
+"""``forwardpass image "a handwritten 7" -o out.png``: text → image with the embedded digits
+model (or --model DIR)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import argparse
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("image", help="generate an image from a text prompt",
-                              description="Generate images with a diffusion pipeline (text encoder → DiT → VAE).")  # fmt: skip
+                              description="Generate images with a diffusion pipeline (text encoder → DiT → "
+                                          "VAE).")  # fmt: skip
     p.add_argument("prompt", help='what to draw, e.g. "a handwritten 7"')
     p.add_argument("--negative-prompt", default=None, help="what to steer away from (used when guidance > 1)")
     p.add_argument("--negative-mode", choices=("perp", "replace"), default=None,
                    help="perp: push away only from what the negative prompt does not share with the prompt "
-                   "(Perp-Neg; 3 denoiser branches); replace: the negative prompt takes the empty prompt's place "
-                   "(diffusers' formula). Default: the model's (perp for the embedded model)")
+                   "(Perp-Neg; 3 denoiser branches); replace: the negative prompt takes the empty "
+                   "prompt's place (diffusers' formula). Default: the model's (perp for the embedded model)")
     p.add_argument(
         "--steps", type=int, default=None, help="denoising steps (default: the model's; 4 with --few-step)"
     )
@@ -31,7 +33,8 @@ def register(subparsers) -> None:
         "--num-images", type=int, default=1, help="images to make; more than one are saved as a grid"
     )
     p.add_argument("--few-step", action="store_true", help="use the distilled few-step student (LCM, no CFG)")
-    p.add_argument("--scheduler", default=None, help="override the scheduler: FlowMatchEulerDiscreteScheduler, "
+    p.add_argument("--scheduler", default=None,
+                   help="override the scheduler: FlowMatchEulerDiscreteScheduler, "
                    "DDIMScheduler, LCMScheduler (or flow_match, ddim, lcm)")  # fmt: skip
     p.add_argument("--model", default=None, help="pipeline folder (default: the embedded digits model)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -82,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
     device = check_device(args.device)
     pipe = ImagePipeline.from_pretrained(args.model or DEFAULT_MODEL_DIR, few_step=args.few_step,
-                                         scheduler=args.scheduler, attention_backend=args.attention_backend)  # fmt: skip
+                                         scheduler=args.scheduler,
+                                         attention_backend=args.attention_backend)  # fmt: skip
     pipe.to(device)
     start = time.perf_counter()
     images = pipe(

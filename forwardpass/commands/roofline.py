@@ -49,8 +49,8 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "target",
-        help="a model directory, a config.json, a built-in shape (llama-3-8b, qwen3-0.6b, qwen3-30b-a3b, ...), "
-        "or one of: attention, dit, video, hardware",
+        help="a model directory, a config.json, a built-in shape (llama-3-8b, qwen3-0.6b, qwen3-30b-a3b, "
+        "...), or one of: attention, dit, video, hardware",
     )
     p.add_argument(
         "--hardware", default="h100", help="a100, h100, h200, b200, l4, l40s, mi300x or this-machine"
@@ -73,7 +73,8 @@ def register(subparsers: Any) -> None:
     m.add_argument("--memory-budget", type=_gb, default=None, metavar="GB",
                    help="memory for weights + KV cache (default 90%% of the device)")  # fmt: skip
     m.add_argument("--tp", type=int, default=1, metavar="N",
-                   help="tensor-parallel ranks: also print the communication per step and its time")  # fmt: skip
+                   help="tensor-parallel ranks: also print the communication per step and its "
+                   "time")  # fmt: skip
     m.add_argument("--interconnect", default=None, help="for --tp: nvlink3/4/5, pcie4/5, ib-hdr/ndr, "
                    "infinity-fabric (default: the hardware's GPU-to-GPU link)")  # fmt: skip
     m.add_argument("--brief", action="store_true", help="omit the per-operation tables")

@@ -12,12 +12,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_quantization_arg(p)
     p.add_argument("--task", choices=["auto", "generate", "embed"], default="auto",
-                   help="generate (completions, chat) or embed (/v1/embeddings); auto: embed for encoder models")
+                   help="generate (completions, chat) or embed (/v1/embeddings); auto: embed for encoder "
+                        "models")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' "
                    "(default: the model directory's name; forwardpass-default for the embedded model)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (not on /health, /metrics); "
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (not on /health, /metrics); "
                    "prefer the FORWARDPASS_API_KEY environment variable (a flag is visible in ps)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences in one forward pass at most")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="per-step token budget")
@@ -34,29 +36,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None,
-                   help="torch compute threads of the engine (default: torch's; use 1 on small, shared machines)")
+                   help="torch compute threads of the engine (default: "
+                        "torch's; use 1 on small, shared machines)")
     p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="413 for larger request bodies")
     p.add_argument("--max-request-tokens", type=int, default=1 << 20,
                    help="400 for a request whose (prompt + max_tokens) x n over its prompts is larger")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="on SIGTERM, seconds in-flight requests get to finish (then: an error event and [DONE])")
+                   help="on SIGTERM, seconds in-flight requests get to finish (then: an error event and "
+                        "[DONE])")
     p.add_argument("--request-timeout", type=float, default=None,
                    help="fail a request that has not finished after this many seconds (default: no limit)")
     p.add_argument("--watchdog-timeout", type=float, default=60.0,
-                   help="/health answers 503 when the engine has work but made no progress for this many seconds")
+                   help="/health answers 503 when the engine has work but made no progress for this many "
+                        "seconds")
     p.add_argument("--read-timeout", type=float, default=30.0,
                    help="a request body not fully received within this many seconds gets a 408")
     p.add_argument("--chat-template-timeout", type=float, default=2.0,
                    help="render time limit of the chat template per request (a 400 above it)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="split the model across this many processes (ranks: gloo on CPU, NCCL on GPU); each holds "
-                   "1/N of the weights and of the KV cache. Under torchrun: the world size (see docs/distributed.md)")
+                   help="split the model across this many processes (ranks: gloo on CPU, NCCL on GPU); each "
+                   "holds 1/N of the weights and of the KV cache. Under torchrun: the world size (see "
+                   "docs/distributed.md)")
     p.add_argument("--enable-expert-parallel", action="store_true",
                    help="MoE models: whole experts per rank instead of every expert split across the ranks")
     p.add_argument("--distributed-timeout", type=float, default=60.0,
                    help="seconds a collective between ranks may wait before the engine fails (a hung rank)")
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1,
-                   help="run this many engine replicas behind the one API; each request goes to the least loaded")
+                   help="run this many engine replicas behind the one API; each request goes to the least "
+                        "loaded")
     p.add_argument("--engine-backend", choices=["process", "thread"], default="process",
                    help="run the engine loop in its own process (default) or in a thread of the server")
     from forwardpass.lora.cli import add_lora_args  # light: no torch
@@ -69,13 +76,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reasoning-parser", choices=["qwen3", "deepseek_r1"], default=None,
                    help="split <think>...</think> into reasoning_content (chat responses and stream deltas)")
     p.add_argument("--image-model", default=None, metavar="DIR|default",
-                   help="also serve POST /v1/images/generations with this diffusion pipeline folder ('default': the "
-                   "embedded digits model); loaded at the first request")  # fmt: skip
+                   help="also serve POST /v1/images/generations with this diffusion pipeline folder "
+                   "('default': the embedded digits model); loaded at the first request")  # fmt: skip
     p.add_argument("--video-model", default=None, metavar="DIR|default",
                    help="also serve /v1/videos jobs with this video pipeline folder ('default': the embedded "
                    "moving-digits model); loaded at the first request")  # fmt: skip
     p.add_argument("--allowed-origins", nargs="*", default=[],
-                   help="CORS: origins browsers may call the API from ('*' for any); preflights need no API key")
+                   help="CORS: origins browsers may call the API from ('*' for any); preflights need no API "
+                        "key")
     # MODULE:NAME of an LLMEngine subclass to build instead (tests inject faults with it).
     p.add_argument("--engine-factory", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -110,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     model = resolve_model(args.model, args.revision)
     if not (Path(model) / "config.json").is_file():
         raise ModelNotFoundError(f"{model} is not a model directory (no config.json)"
-                                 + ("; the embedded default model is not built yet" if not args.model else ""))
+                                 + ("; the embedded default model is not built yet"
+                                    if not args.model else ""))
     from forwardpass.embed.task import resolve_task
 
     if resolve_task(model, args.task) == "embed":  # an encoder: its own small app, no generation engine
@@ -118,14 +127,15 @@ def run(args: argparse.Namespace) -> int:
 
         return run_embed(args, model, sock, device)
     config_kwargs = {
-        "dtype": args.dtype, "device": device, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "fair_share_tokens": args.fair_share_tokens, "max_stats_records": args.max_stats_records, "num_kv_blocks": args.num_kv_blocks,
-        "kv_cache_memory": args.kv_cache_memory, "block_size": args.block_size,
-        "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
+        "dtype": args.dtype, "device": device, "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "fair_share_tokens": args.fair_share_tokens, "max_stats_records": args.max_stats_records,
+        "num_kv_blocks": args.num_kv_blocks, "kv_cache_memory": args.kv_cache_memory,
+        "block_size": args.block_size, "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
         "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
         "batch_invariant": args.batch_invariant,
-        "tensor_parallel_size": args.tensor_parallel_size, "enable_expert_parallel": args.enable_expert_parallel,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "enable_expert_parallel": args.enable_expert_parallel,
         "distributed_timeout_s": args.distributed_timeout,
     }
     if worker:  # computes the steps rank 0's engine broadcasts, until rank 0 stops
@@ -148,12 +158,14 @@ def run(args: argparse.Namespace) -> int:
         config_kwargs.update(lora_engine_kwargs(loras, args.max_lora_rank))
     from forwardpass import envs
 
-    for flag, value in (("--request-timeout", args.request_timeout), ("--watchdog-timeout", args.watchdog_timeout),
-                        ("--read-timeout", args.read_timeout), ("--chat-template-timeout", args.chat_template_timeout),
+    for flag, value in (("--request-timeout", args.request_timeout),
+                        ("--watchdog-timeout", args.watchdog_timeout), ("--read-timeout", args.read_timeout),
+                        ("--chat-template-timeout", args.chat_template_timeout),
                         ("--shutdown-timeout", args.shutdown_timeout)):
         if value is not None and not value > 0:
             raise ValidationError(f"{flag} must be a positive number of seconds, got {value}", param=flag)
-    for flag, count in (("--max-request-bytes", args.max_request_bytes), ("--max-request-tokens", args.max_request_tokens)):
+    for flag, count in (("--max-request-bytes", args.max_request_bytes),
+                        ("--max-request-tokens", args.max_request_tokens)):
         if count < 1:
             raise ValidationError(f"{flag} must be a positive integer, got {count}", param=flag)
     if args.data_parallel_size < 1:
@@ -168,11 +180,13 @@ def run(args: argparse.Namespace) -> int:
     server_config = ServerConfig(models=models, api_key=api_key, max_request_bytes=args.max_request_bytes,
                                  max_request_tokens=args.max_request_tokens,
                                  enable_debug_endpoints=args.enable_debug_endpoints,
-                                 shutdown_timeout_s=args.shutdown_timeout, request_timeout_s=args.request_timeout,
+                                 shutdown_timeout_s=args.shutdown_timeout,
+                                 request_timeout_s=args.request_timeout,
                                  watchdog_timeout_s=args.watchdog_timeout, read_timeout_s=args.read_timeout,
                                  template_time_limit_s=args.chat_template_timeout,
-                                 reasoning_parser=args.reasoning_parser, allowed_origins=list(args.allowed_origins),
-                                 image_model=args.image_model, video_model=args.video_model)
+                                 reasoning_parser=args.reasoning_parser,
+                                 allowed_origins=list(args.allowed_origins), image_model=args.image_model,
+                                 video_model=args.video_model)
     level = logging.getLogger().getEffectiveLevel()
     factory = None
     if args.engine_factory:
@@ -187,8 +201,8 @@ def run(args: argparse.Namespace) -> int:
     throughput = ThroughputLogger(log, args.log_stats_interval)
 
     def started(engine) -> None:
-        spec_info.update(engine_config=engine_config, engine=engine, host=args.host, port=sock.getsockname()[1],
-                         name=name, api_key=bool(api_key))
+        spec_info.update(engine_config=engine_config, engine=engine, host=args.host,
+                         port=sock.getsockname()[1], name=name, api_key=bool(api_key))
         from forwardpass.commands.serve_log import banner
 
         for line in banner(spec_info):

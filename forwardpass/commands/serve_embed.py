@@ -1,4 +1,5 @@
-"""``forwardpass serve --task embed``: an encoder model behind ``/v1/embeddings`` (``server/embedding_app.py``)."""
+"""``forwardpass serve --task embed``: an encoder model behind ``/v1/embeddings``
+(``server/embedding_app.py``)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def run_embed(args: argparse.Namespace, model: str, sock: socket.socket, device:
         ("--lora", args.lora),
         ("--reasoning-parser", args.reasoning_parser),
         ("--quantization", getattr(args, "quantization", None)),
-        ("--kv-cache-dtype", None if getattr(args, "kv_cache_dtype", "auto") == "auto" else args.kv_cache_dtype),
+        ("--kv-cache-dtype",
+         None if getattr(args, "kv_cache_dtype", "auto") == "auto" else args.kv_cache_dtype),
         ("--batch-invariant", getattr(args, "batch_invariant", False)),
     ):
         if value:

@@ -73,7 +73,8 @@ def check_model(model_dir: str, engine_config: Any) -> dict[str, Any]:
 
     cfg = load_model_config(model_dir)
     if not cfg.architecture:
-        raise MissingFileError(f"{Path(model_dir) / 'config.json'} has no 'architectures' entry naming the model class")
+        raise MissingFileError(f"{Path(model_dir) / 'config.json'} has no 'architectures' entry naming the "
+                               "model class")
     resolve_model_class(cfg.architecture)
     spec = ModelSpec.from_config(cfg, name=model_name(model_dir))
     from forwardpass.loader.weights import find_weight_files
@@ -81,7 +82,8 @@ def check_model(model_dir: str, engine_config: Any) -> dict[str, Any]:
     find_weight_files(model_dir)  # no weights: one line now, not a traceback from the engine process
     dtype = engine_config.torch_dtype
     return {"architecture": cfg.architecture, "spec": spec, "dtype": str(dtype).removeprefix("torch."),
-            "params": count_parameters(model_dir), "kv_bytes_per_token": spec.kv_bytes_per_token(dtype.itemsize)}
+            "params": count_parameters(model_dir),
+            "kv_bytes_per_token": spec.kv_bytes_per_token(dtype.itemsize)}
 
 
 # ----- once started -----------------------------------------------------------------------------
@@ -113,11 +115,13 @@ def banner(info: dict[str, Any]) -> list[str]:
     head = (f"forwardpass {forwardpass.__version__} serving {info['name']!r}: {info['architecture']}, "
             f"{_count(info['params'])} parameters, {info['dtype']} on {cfg.device}")
     memory = (f"  context {einfo.max_model_len} tokens per sequence; KV cache {einfo.num_blocks} blocks x "
-              f"{einfo.block_size} tokens = {kv_tokens:,} tokens ({_size(kv_tokens * info['kv_bytes_per_token'])}); "
-              f"batch up to {einfo.max_num_seqs} sequences, {cfg.max_num_batched_tokens} tokens per step")
+              f"{einfo.block_size} tokens = {kv_tokens:,} tokens "
+              f"({_size(kv_tokens * info['kv_bytes_per_token'])}); batch up to {einfo.max_num_seqs} "
+              f"sequences, {cfg.max_num_batched_tokens} tokens per step")
     api = (f"  OpenAI API  {url}/v1   (models: {', '.join(engine_model_names(info))}; "
            f"API key {'required' if info['api_key'] else 'not required'})")
-    pages = f"  chat page   {url}/      dashboard {url}/dashboard      metrics {url}/metrics      docs {url}/docs"
+    pages = (f"  chat page   {url}/      dashboard {url}/dashboard      metrics {url}/metrics      docs "
+             f"{url}/docs")
     return [head, memory, api, pages]
 
 

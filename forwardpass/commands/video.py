@@ -1,5 +1,6 @@
-"""``forwardpass video "a handwritten 3 moving left" -o clip.gif``: text → clip with the embedded moving-digits
-model (or --model DIR). ``--framewise`` runs the frame-by-frame baseline instead of the whole clip."""
+"""``forwardpass video "a handwritten 3 moving left" -o clip.gif``: text → clip with the embedded
+moving-digits model (or --model DIR). ``--framewise`` runs the frame-by-frame baseline
+instead of the whole clip."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import argparse
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("video", help="generate a short video clip from a text prompt",
-                              description="Generate a clip with a video diffusion pipeline: text encoder → video "
-                              "DiT over all frames' latents at once → the image VAE per frame.")  # fmt: skip
+                              description="Generate a clip with a video diffusion pipeline: text encoder → "
+                              "video DiT over all frames' latents at once → the image VAE per "
+                              "frame.")  # fmt: skip
     p.add_argument("prompt", help='what to show, e.g. "a handwritten 3 moving left"')
     p.add_argument(
         "-o", "--output", default="clip.gif", help="output file: .gif (Pillow) or .mp4 (needs PyAV)"
@@ -22,8 +24,8 @@ def register(subparsers) -> None:
     p.add_argument("--negative-prompt", default=None, help="what to steer away from (used when guidance > 1)")
     p.add_argument("--seed", type=int, default=None, help="random seed (same seed → same clip)")
     p.add_argument("--framewise", action="store_true",
-                   help="frame-by-frame baseline: each frame generated from the previous ones (frames × the cost; "
-                   "drifts)")  # fmt: skip
+                   help="frame-by-frame baseline: each frame generated from the previous ones (frames × the "
+                   "cost; drifts)")  # fmt: skip
     p.add_argument("--fps", type=int, default=8, help="frames per second of the file (1–60)")
     p.add_argument("--scale", type=int, default=4, help="nearest-neighbour upscale of each frame (1–16)")
     p.add_argument("--frames-dir", default=None, help="also save every frame as PNG in this folder")
@@ -57,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
         if importlib.util.find_spec("av") is None:
             from forwardpass.errors import ConfigError
 
-            raise ConfigError("MP4 output needs PyAV (`pip install av`); or write a .gif, which needs nothing "
-                              "extra", param="output")  # fmt: skip
+            raise ConfigError("MP4 output needs PyAV (`pip install av`); or write a .gif, which needs "
+                              "nothing extra", param="output")  # fmt: skip
     torch.set_num_threads(args.threads)
     device = check_device(args.device)
     pipe = VideoPipeline.from_pretrained(args.model or DEFAULT_VIDEO_MODEL_DIR).to(device)

@@ -7,7 +7,8 @@ import torch
 
 
 def to_numpy(images: torch.Tensor) -> np.ndarray:
-    """Decoder output in about [-1, 1], ``[B, C, H, W]`` → float32 ``[B, H, W, C]`` in [0, 1] (diffusers' "np")."""
+    """Decoder output in about [-1, 1], ``[B, C, H, W]`` → float32 ``[B, H, W, C]`` in
+    [0, 1] (diffusers' "np")."""
     return ((images.float().clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1).cpu().numpy()
 
 
@@ -33,8 +34,8 @@ GUTTER = 128  # mid grey: visible between white-on-black digits, and between bla
 
 
 def make_image_grid(images: list, rows: int | None = None, cols: int | None = None, pad: int = 2):
-    """Paste PIL images into a ``rows × cols`` grid (default: ``grid_shape``) with a mid-grey gutter of ``pad``
-    pixels."""
+    """Paste PIL images into a ``rows × cols`` grid (default: ``grid_shape``) with a mid-grey
+    gutter of ``pad`` pixels."""
     from PIL import Image
 
     if rows is None or cols is None:

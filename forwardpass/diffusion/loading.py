@@ -1,6 +1,7 @@
 """Reading a diffusers-style pipeline folder.
 
-    DIR/model_index.json              {"_class_name": "ImagePipeline", "vae": ["forwardpass", "TinyAutoencoderKL"], ...}
+    DIR/model_index.json              {"_class_name": "ImagePipeline",
+                                       "vae": ["forwardpass", "TinyAutoencoderKL"], ...}
     DIR/text_encoder/config.json + model.safetensors
     DIR/tokenizer/tokenizer.json
     DIR/transformer/config.json + diffusion_pytorch_model.safetensors
@@ -37,7 +38,8 @@ TOKENIZER_CLASSES = {"PromptTokenizer", "PreTrainedTokenizerFast", "BertTokenize
 REQUIRED = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
 # What kind of object each component slot must hold.
 SLOT_KIND = {"text_encoder": "model", "transformer": "model", "vae": "model", "student_transformer": "model",
-             "tokenizer": "tokenizer", "scheduler": "scheduler", "student_scheduler": "scheduler"}  # fmt: skip
+             "tokenizer": "tokenizer", "scheduler": "scheduler",
+             "student_scheduler": "scheduler"}  # fmt: skip
 
 
 def read_model_index(root: str | Path) -> tuple[Path, dict[str, Any]]:

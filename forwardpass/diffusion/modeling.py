@@ -80,7 +80,8 @@ class ConfigModule(nn.Module):
         for name, tensor in own.items():
             if tuple(state[name].shape) != tuple(tensor.shape):
                 raise WeightShapeError(
-                    f"{path}: tensor {name} has shape {tuple(state[name].shape)}, config expects {tuple(tensor.shape)}"
+                    f"{path}: tensor {name} has shape {tuple(state[name].shape)}, config expects "
+                    f"{tuple(tensor.shape)}"
                 )
         # Stored weights may be fp16 to keep the repository small; compute is always fp32 here.
         self.load_state_dict({k: state[k].float() for k in own}, strict=True)

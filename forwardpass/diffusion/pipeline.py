@@ -66,7 +66,8 @@ class ImagePipeline:
         attention_backend: str | None = None,
     ) -> ImagePipeline:  # fmt: skip
         """Load a pipeline folder. ``few_step=True`` uses the distilled student (``student_transformer`` +
-        ``student_scheduler``) instead of the teacher; ``scheduler`` swaps in another scheduler by class name."""
+        ``student_scheduler``) instead of the teacher; ``scheduler`` swaps in another
+        scheduler by class name."""
         root, index = read_model_index(path)
         slots = {"transformer": "transformer", "scheduler": "scheduler"}
         defaults = dict(index.get("forwardpass_defaults", {}))
@@ -93,7 +94,8 @@ class ImagePipeline:
         return pipe
 
     def set_scheduler(self, name: str, **config: Any) -> None:
-        """Swap the scheduler by class name (``"DDIMScheduler"``) or alias (``"ddim"``); unknown → ConfigError.
+        """Swap the scheduler by class name (``"DDIMScheduler"``) or alias (``"ddim"``); unknown →
+        ConfigError.
 
         It is configured for this denoiser's ``prediction_type`` (``Scheduler.for_model``: e.g. on the flow
         model DDIM gets no x̂₀ clipping, a zero-terminal-SNR table and trailing timesteps); ``config``
@@ -177,7 +179,8 @@ class ImagePipeline:
         if branches == 3:
             uncond, neg, cond = out.chunk(3)
             d_cond, d_neg = (cond - uncond).flatten(1), (neg - uncond).flatten(1)
-            along = (d_neg * d_cond).sum(1, keepdim=True) / (d_cond * d_cond).sum(1, keepdim=True).clamp_min(1e-12)
+            along = ((d_neg * d_cond).sum(1, keepdim=True)
+                     / (d_cond * d_cond).sum(1, keepdim=True).clamp_min(1e-12))
             perp = (d_neg - along * d_cond).view_as(cond)
             out = uncond + guidance * (cond - uncond) - guidance * perp
         elif branches == 2:
@@ -208,7 +211,8 @@ class ImagePipeline:
         for p in prompts:
             unknown = self.tokenizer.unknown_words(p)
             if unknown:
-                log.warning("prompt %r: words %s are not in the model's vocabulary and are ignored", p, unknown)
+                log.warning("prompt %r: words %s are not in the model's vocabulary and are ignored", p,
+                            unknown)
         prompts = [p for p in prompts for _ in range(per_prompt)]
         batch = len(prompts)
         do_cfg = guidance > 1.0
@@ -228,7 +232,8 @@ class ImagePipeline:
             noise = torch.randn(shape, generator=generator, device=_gen_device(generator)).to(self.device)
             return noise * self.scheduler.init_noise_sigma
         if tuple(latents.shape) != shape:
-            raise ValidationError(f"latents must have shape {shape}, got {tuple(latents.shape)}", param="latents")
+            raise ValidationError(f"latents must have shape {shape}, got {tuple(latents.shape)}",
+                                  param="latents")
         return latents.to(self.device, torch.float32)
 
     def _check_scheduler(self) -> None:
@@ -238,8 +243,8 @@ class ImagePipeline:
         type(self.scheduler).check_model_prediction(kind)
         wanted = self.scheduler.config.get("prediction_type")
         if kind != "flow" and self.scheduler.space == "vp" and wanted != kind:
-            raise ConfigError(f"{type(self.scheduler).__name__} has prediction_type={wanted!r} but the denoiser "
-                              f"predicts {kind!r}; make them agree")
+            raise ConfigError(f"{type(self.scheduler).__name__} has prediction_type={wanted!r} but the "
+                              f"denoiser predicts {kind!r}; make them agree")
         if kind == "flow" and self.scheduler.config.get("clip_sample"):
             log.warning("%s clips x̂₀ to ±%g, but this model's latents are not bounded: expect broken images "
                         "(set clip_sample=False)", type(self.scheduler).__name__,
@@ -253,7 +258,8 @@ class ImagePipeline:
             raise ValidationError("prompt must be a string or a non-empty list of strings", param="prompt")
         if any(not p.strip() for p in prompts):
             raise ValidationError(
-                "prompt is empty: this model is text-conditioned; describe the image (e.g. 'a handwritten 7')",
+                "prompt is empty: this model is text-conditioned; describe the image (e.g. 'a handwritten "
+                "7')",
                 param="prompt",
             )
         if negative is not None and len(negative) != len(prompts):
@@ -273,16 +279,16 @@ class ImagePipeline:
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0 or v % m:
                 raise ValidationError(
                     f"{name}={v!r} must be a positive multiple of {m} (VAE factor {self.vae_scale_factor} × "
-                    f"DiT patch size {self.transformer.config['patch_size']}), e.g. {self.vae.config['sample_size']}",
-                    param=name,
+                    f"DiT patch size {self.transformer.config['patch_size']}), e.g. "
+                    f"{self.vae.config['sample_size']}", param=name,
                 )
         trained = [tuple(size) for size in self.defaults.get("trained_sizes") or ()]
         if trained and (width, height) not in trained:
             sizes = ", ".join(f"{w}x{h}" for w, h in trained)
             raise ValidationError(
-                f"this model was trained on {sizes} images only (model_index.json trained_sizes, as width x height); "
-                f"at {width}x{height} it does not draw a larger image, just a small one somewhere inside it. "
-                f"Generate at {sizes} and resize the result if you need it larger", param="size")
+                f"this model was trained on {sizes} images only (model_index.json trained_sizes, as width x "
+                f"height); at {width}x{height} it does not draw a larger image, just a small one somewhere "
+                f"inside it. Generate at {sizes} and resize the result if you need it larger", param="size")
         if isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1:
             raise ValidationError(f"num_images_per_prompt must be an integer >= 1, got {num_images!r}",
                                   param="num_images_per_prompt")  # fmt: skip
@@ -317,8 +323,10 @@ class ImagePipeline:
         negative = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else negative_prompt
         steps = self.defaults["num_inference_steps"] if num_inference_steps is None else num_inference_steps
         guidance = self.defaults["guidance_scale"] if guidance_scale is None else guidance_scale
-        guidance_rescale = self.defaults.get("guidance_rescale", 0.0) if guidance_rescale is None else guidance_rescale
-        negative_mode = self.defaults.get("negative_mode", "replace") if negative_mode is None else negative_mode
+        if guidance_rescale is None:
+            guidance_rescale = self.defaults.get("guidance_rescale", 0.0)
+        if negative_mode is None:
+            negative_mode = self.defaults.get("negative_mode", "replace")
         if negative_mode not in ("replace", "perp"):
             raise ValidationError(f"negative_mode must be 'replace' or 'perp', got {negative_mode!r}",
                                   param="negative_mode")
@@ -333,7 +341,8 @@ class ImagePipeline:
             generator = torch.Generator().manual_seed(int(seed))
 
         # 1. text: the negative (unconditional) half first, then the conditional half, as one batch.
-        context, mask, branches = self._text_batch(prompts, negative, num_images_per_prompt, guidance, negative_mode)
+        context, mask, branches = self._text_batch(prompts, negative, num_images_per_prompt, guidance,
+                                                   negative_mode)
         batch = len(prompts) * num_images_per_prompt
 
         # 2. initial noise

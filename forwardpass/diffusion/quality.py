@@ -90,5 +90,6 @@ def recognition_stats(
 
 def recognition_rate(pipe, classifier: DigitClassifier, n: int = 200, batch_size: int = 50, seed: int = 0,
                      **call_kwargs) -> float:  # fmt: skip
-    """Generate ``n`` images (digits 0–9 in turn) and return the fraction recognized as the requested digit."""
+    """Generate ``n`` images (digits 0–9 in turn) and return the fraction recognized
+    as the requested digit."""
     return recognition_stats(pipe, classifier, n=n, batch_size=batch_size, seed=seed, **call_kwargs)["rate"]

@@ -77,7 +77,8 @@ class TinyTextEncoder(ConfigModule):
 
 
 class PromptTokenizer:
-    """Wraps a ``tokenizers`` tokenizer.json; pads a batch to its longest prompt, truncates at ``max_length``."""
+    """Wraps a ``tokenizers`` tokenizer.json; pads a batch to its longest prompt,
+    truncates at ``max_length``."""
 
     def __init__(self, tokenizer, max_length: int):
         self.tok = tokenizer

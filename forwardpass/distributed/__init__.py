@@ -5,7 +5,8 @@
 * ``executor``: the driver (rank 0) spawns the workers (or joins torchrun's), detects their failures.
 * ``driver``: rank 0's engine: what cannot be split is refused, each step is broadcast before it runs.
 * ``worker``: a worker's loop: receive the step, run its share of the forward pass.
-* ``moe``: the MoE block with its experts partitioned (expert parallel) or each expert split (tensor parallel).
+* ``moe``: the MoE block with its experts partitioned (expert parallel) or each expert split (tensor
+  parallel).
 * ``data_parallel``: N engine replicas behind one front end, requests to the least loaded.
 
 See ``docs/distributed.md``.

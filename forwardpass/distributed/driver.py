@@ -1,10 +1,10 @@
 """Rank 0's side of tensor parallelism inside the engine: refuse what cannot be split, start the workers, and
-be the engine's executor (``engine/scheduling/executor.py``): rank 0's shard, a :class:`DriverRunner` that broadcasts each
-step before running its own share.
+be the engine's executor (``engine/scheduling/executor.py``): rank 0's shard, a :class:`DriverRunner` that
+broadcasts each step before running its own share.
 
 ``forwardpass/launch.py`` calls :func:`start_parallel_executor` for a ``tensor_parallel_size > 1`` config and
-hands the executor to ``engine/scheduling/builder.py``, so the KV cache plan, plug-ins and core are built by the same code as
-on one rank; the builder and this package do not import each other.
+hands the executor to ``engine/scheduling/builder.py``, so the KV cache plan, plug-ins and core are built by
+the same code as on one rank; the builder and this package do not import each other.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def local_attention_spec(spec: ModelSpec, size: int) -> ModelSpec:
 
 
 class ParallelExecutor:
-    """Rank 0's executor (``engine/scheduling/executor.py``): the started workers, rank 0's shard, the broadcasting runner."""
+    """Rank 0's executor (``engine/scheduling/executor.py``): the started workers, rank 0's shard, the
+    broadcasting runner."""
 
     def __init__(self, group: ParallelGroup):
         self.group, self.size = group, group.size
@@ -122,14 +123,15 @@ class ParallelExecutor:
 
 
 def start_parallel_executor(model_dir: Path, config: EngineConfig) -> tuple[ParallelExecutor, EngineConfig]:
-    """Refuse what cannot be split, then start the workers: ``(executor, config)`` for rank 0's build, the config
-    carrying the decode-kernel decision every rank takes."""
+    """Refuse what cannot be split, then start the workers: ``(executor, config)`` for rank 0's build, the
+    config carrying the decode-kernel decision every rank takes."""
     cfg = load_model_config(model_dir)
     check_supported(config, ModelSpec.from_config(cfg, name=model_name(model_dir)))
-    # every rank builds with the same plan: the decode-kernel decision ("auto": whether it is built yet) is taken
-    # once, here, and handed to the workers as a plain yes or no
+    # every rank builds with the same plan: the decode-kernel decision ("auto": whether it is built yet) is
+    # taken once, here, and handed to the workers as a plain yes or no
     from forwardpass.attention.cpu_kernel import resolve_decode_kernel
 
-    kernel = resolve_decode_kernel(config.cpu_kernels, config.device, config.torch_dtype, config.attention_backend)
+    kernel = resolve_decode_kernel(config.cpu_kernels, config.device, config.torch_dtype,
+                                   config.attention_backend)
     config = dataclasses.replace(config, cpu_kernels=kernel is not None)
     return ParallelExecutor(ParallelGroup.start(str(model_dir), config)), config

@@ -132,7 +132,8 @@ class ParallelGroup:
         return group
 
     def _wait_for_workers(self, n: int, stage: str = "up") -> None:
-        """Until every worker reached ``stage``; one that fails or exits first fails the start with its error."""
+        """Until every worker reached ``stage``; one that fails or exits first fails the
+        start with its error."""
         keys = [f"{stage}/{r}" for r in range(1, n)]
         errors = [f"error/{r}" for r in range(1, n)]
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -89,7 +89,8 @@ def run_worker(
             timeout_s=config.distributed_timeout_s,
             expert_parallel=config.enable_expert_parallel,
         )
-        # the same plan as rank 0 (its decode-kernel decision arrives in config.cpu_kernels), the same preparation
+        # the same plan as rank 0 (its decode-kernel decision arrives in
+        # config.cpu_kernels), the same preparation
         plan = resolve_plan(config, model)
         with building_with(tp):
             net, _ = prepare_model(model, plan)
@@ -97,7 +98,8 @@ def run_worker(
         setup: WorkerSetup = tp.broadcast_object()
         kernel = plan.kernels.decode
         if setup.decode_kernel != (kernel is not None):
-            raise RuntimeError(f"rank {rank} decided decode_kernel={kernel is not None}, the driver {setup.decode_kernel}")
+            raise RuntimeError(f"rank {rank} decided decode_kernel={kernel is not None}, the driver "
+                               f"{setup.decode_kernel}")
         runner = _runner_class()(
             net,
             setup.groups,

@@ -1,4 +1,5 @@
-"""``AsyncEmbedder``: the server's embedding front end. Compute runs off the event loop, batched across requests.
+"""``AsyncEmbedder``: the server's embedding front end. Compute runs off the event loop, batched across
+requests.
 
 Requests queue their (already tokenized) inputs; one worker task takes everything waiting, runs it through
 ``EmbeddingRunner.embed_ids`` on a single compute thread (so the token budget batches inputs of several

@@ -1,4 +1,5 @@
-"""Which job a model directory serves: ``generate`` (a decoder, the paged engine) or ``embed`` (an encoder)."""
+"""Which job a model directory serves: ``generate`` (a decoder, the paged engine) or
+``embed`` (an encoder)."""
 
 from __future__ import annotations
 

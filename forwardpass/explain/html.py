@@ -12,8 +12,10 @@ from forwardpass.analysis.report import fmt_bytes, fmt_flops, fmt_rate, fmt_time
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;background:#fff}
 h1{font-size:1.5em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.5em 0}td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:left}
-.tok{display:inline-block;margin:2px;padding:2px 5px;border-radius:4px;background:#e8f0fe;font-family:monospace}
+table{border-collapse:collapse;margin:.5em 0}
+td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:left}
+.tok{display:inline-block;margin:2px;padding:2px 5px;border-radius:4px;background:#e8f0fe;
+font-family:monospace}
 .tok.split{background:#fde2e4;border-bottom:3px solid #c2185b}.id{color:#777;font-size:.8em}
 .drawn{font-weight:bold;color:#c2185b}.no{color:#bbb}.mono{font-family:monospace}
 .note{color:#666;font-size:.9em}
@@ -41,21 +43,26 @@ def heatmap(rows: list[list[float]], row_labels: list[str], col_labels: list[str
     left, top = 90, 70
     w, h = left + n_c * cell + (90 if right_labels else 10), top + n_r * cell + 10
     vmax = vmax or max((v for r in rows for v in r), default=1.0) or 1.0
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img" aria-label="{_e(title)}">']
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img" '
+           f'aria-label="{_e(title)}">']
     for j, lab in enumerate(col_labels):
         x = left + j * cell + cell / 2
-        out.append(f'<text x="{x}" y="{top - 4}" font-size="9" transform="rotate(-60 {x} {top - 4})">{_e(lab)}</text>')
+        out.append(f'<text x="{x}" y="{top - 4}" font-size="9" '
+                   f'transform="rotate(-60 {x} {top - 4})">{_e(lab)}</text>')
     for i, row in enumerate(rows):
         y = top + i * cell
-        out.append(f'<text x="{left - 4}" y="{y + cell - 3}" font-size="9" text-anchor="end">{_e(row_labels[i])}</text>')
+        out.append(f'<text x="{left - 4}" y="{y + cell - 3}" font-size="9" '
+                   f'text-anchor="end">{_e(row_labels[i])}</text>')
         if right_labels:
-            out.append(f'<text x="{left + n_c * cell + 6}" y="{y + cell - 5}" font-size="10">{_e(right_labels[i])}</text>')
+            out.append(f'<text x="{left + n_c * cell + 6}" y="{y + cell - 5}" '
+                       f'font-size="10">{_e(right_labels[i])}</text>')
         for j, v in enumerate(row):
             if mask_upper and j > i:
                 fill = "#f4f4f4"
             else:
                 fill = _color(v / vmax)
-            out.append(f'<rect x="{left + j * cell}" y="{y}" width="{cell - 1}" height="{cell - 1}" fill="{fill}">'
+            out.append(f'<rect x="{left + j * cell}" y="{y}" width="{cell - 1}" height="{cell - 1}" '
+                       f'fill="{fill}">'
                        f"<title>{_e(row_labels[i])} → {_e(col_labels[j])}: {v:.3g}</title></rect>")
     out.append("</svg>")
     return "".join(out)
@@ -63,22 +70,25 @@ def heatmap(rows: list[list[float]], row_labels: list[str], col_labels: list[str
 
 def kv_strip(ex: dict[str, Any]) -> str:
     """The KV cache after each step: one square per entry, blocks outlined; prefill fills at once."""
-    steps = ([("prefill", ex["prefill"])] if ex["prefill"] else []) + [(f"step {d['step']}", d) for d in ex["decode"]]
+    steps = (([("prefill", ex["prefill"])] if ex["prefill"] else [])
+             + [(f"step {d['step']}", d) for d in ex["decode"]])
     bs = ex["engine"]["block_size"]
     total = max((d["kv_entries"] for _, d in steps), default=1)
     cell = max(4, min(14, 900 // max(total, 1)))
     w, h = 90 + total * cell + 20, 10 + len(steps) * (cell + 6)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img" aria-label="KV cache">']
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img" '
+           'aria-label="KV cache">']
     prev = 0
     for i, (name, d) in enumerate(steps):
         y = 5 + i * (cell + 6)
         out.append(f'<text x="84" y="{y + cell - 1}" font-size="10" text-anchor="end">{_e(name)}</text>')
         for k in range(d["kv_entries"]):
             fill = "#c2185b" if k >= prev else "#1e88e5"
-            out.append(f'<rect x="{90 + k * cell}" y="{y}" width="{cell - 1}" height="{cell}" fill="{fill}"/>')
+            out.append(f'<rect x="{90 + k * cell}" y="{y}" width="{cell - 1}" height="{cell}" '
+                       f'fill="{fill}"/>')
         for b in range(math.ceil(d["kv_entries"] / bs)):
-            out.append(f'<rect x="{90 + b * bs * cell - 0.5}" y="{y - 1}" width="{bs * cell}" height="{cell + 2}" '
-                       'fill="none" stroke="#333" stroke-width="0.6"/>')
+            out.append(f'<rect x="{90 + b * bs * cell - 0.5}" y="{y - 1}" width="{bs * cell}" '
+                       f'height="{cell + 2}" fill="none" stroke="#333" stroke-width="0.6"/>')
         prev = d["kv_entries"]
     out.append("</svg>")
     return "".join(out)
@@ -103,7 +113,8 @@ def roofline_svg(ex: dict[str, Any]) -> str:
     def py(y: float) -> float:
         return T + (y1 - math.log10(max(y, 1e-30))) / (y1 - y0) * (H - T - 40)
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" aria-label="roofline">',
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" '
+           'aria-label="roofline">',
            f'<rect x="{L}" y="{T}" width="{W - L - 20}" height="{H - T - 40}" fill="none" stroke="#999"/>']
     roof = []
     for k in range(101):
@@ -114,8 +125,10 @@ def roofline_svg(ex: dict[str, Any]) -> str:
         out.append(f'<text x="{px(10**d)}" y="{H - 22}" font-size="10" text-anchor="middle">1e{d}</text>')
     for d in range(math.ceil(y0), math.floor(y1) + 1):
         out.append(f'<text x="{L - 4}" y="{py(10**d) + 3}" font-size="10" text-anchor="end">1e{d}</text>')
-    out.append(f'<text x="{W / 2}" y="{H - 6}" font-size="11" text-anchor="middle">arithmetic intensity (FLOP/byte)</text>')
-    out.append(f'<text x="12" y="{H / 2}" font-size="11" transform="rotate(-90 12 {H / 2})" text-anchor="middle">FLOP/s</text>')
+    out.append(f'<text x="{W / 2}" y="{H - 6}" font-size="11" text-anchor="middle">arithmetic intensity '
+               '(FLOP/byte)</text>')
+    out.append(f'<text x="12" y="{H / 2}" font-size="11" transform="rotate(-90 12 {H / 2})" '
+               'text-anchor="middle">FLOP/s</text>')
     for p in pts:
         color = "#c2185b" if p["stage"] == "prefill" else "#1e88e5"
         x = px(max(p["intensity"], 10**x0))
@@ -126,14 +139,16 @@ def roofline_svg(ex: dict[str, Any]) -> str:
         out.append(f'<circle cx="{x}" cy="{py(p["achieved_flops_per_s"])}" r="4" fill="{color}">'
                    f'<title>{p["stage"]} {p["step"]} measured</title></circle>')
     out.append(f'<text x="{L + 8}" y="{T + 14}" font-size="11">● measured  □ predicted (compute, memory + '
-               'overhead) · <tspan fill="#c2185b">prefill</tspan> <tspan fill="#1e88e5">decode</tspan></text>')
+               'overhead) · <tspan fill="#c2185b">prefill</tspan> '
+               '<tspan fill="#1e88e5">decode</tspan></text>')
     out.append("</svg>")
     return "".join(out)
 
 
 def render_html(ex: dict[str, Any]) -> str:
     p = ex["params"]
-    head = f"<!doctype html><html><head><meta charset=utf-8><title>forwardpass explain</title><style>{_CSS}</style>"
+    head = ("<!doctype html><html><head><meta charset=utf-8><title>forwardpass explain</title>"
+            f"<style>{_CSS}</style>")
     parts = [head + "</head><body>", f"<h1>forwardpass explain · {_e(ex['model'])}</h1>",
              f"<p class=mono id=params>{_e(json.dumps(p))}</p>"]
     parts.append("<h2>1. Tokenization</h2><div id=tokens>")
@@ -146,21 +161,25 @@ def render_html(ex: dict[str, Any]) -> str:
     if pf:
         parts.append(f"<p id=prefill>{pf['tokens']} prompt tokens in {pf['steps']} forward pass(es): "
                      f"{fmt_time(pf['time_s'])}, {fmt_flops(pf['flops'])}, {fmt_bytes(pf['bytes'])}, bound: "
-                     f"<b>{_e(pf['bound'])}</b>. The KV cache fills at once with {pf['kv_entries']} entries.</p>")
+                     f"<b>{_e(pf['bound'])}</b>. The KV cache fills at once with {pf['kv_entries']} "
+                     "entries.</p>")
     parts.append(kv_strip(ex))
-    parts.append("<p class=note>one square per cached token (blue: there before the step, pink: written by it); "
-                 f"outlines are KV blocks of {ex['engine']['block_size']} tokens</p>")
+    parts.append("<p class=note>one square per cached token (blue: there before the step, pink: written by "
+                 f"it); outlines are KV blocks of {ex['engine']['block_size']} tokens</p>")
     parts.append("<h2>3. Decode steps</h2><table id=decode><tr><th>step</th><th>token</th><th>KV entries</th>"
-                 "<th>time</th><th>FLOPs</th><th>bytes</th><th>bound</th><th>pool</th><th>top of the pool</th></tr>")
+                 "<th>time</th><th>FLOPs</th><th>bytes</th><th>bound</th><th>pool</th>"
+                 "<th>top of the pool</th></tr>")
     for d in ([{"step": "prefill", **pf}] if pf else []) + ex["decode"]:
         top = ", ".join(f"{_show(c['text'])} {c['prob']:.2f}" for c in d["candidates"][:4])
-        parts.append(f"<tr><td>{d['step']}</td><td class=drawn>{_show(d['text'])}</td><td>{d['kv_entries']}</td>"
-                     f"<td>{fmt_time(d['time_s'])}</td><td>{fmt_flops(d['flops'])}</td><td>{fmt_bytes(d['bytes'])}</td>"
+        parts.append(f"<tr><td>{d['step']}</td><td class=drawn>{_show(d['text'])}</td>"
+                     f"<td>{d['kv_entries']}</td><td>{fmt_time(d['time_s'])}</td><td>{fmt_flops(d['flops'])}</td><td>{fmt_bytes(d['bytes'])}</td>"
                      f"<td>{_e(d['bound'])}</td><td>{d['pool_size']}</td><td>{top}</td></tr>")
     parts.append("</table><h2>4. The sampling funnel</h2>")
     for d in ([{"step": "prefill", **pf}] if pf else []) + ex["decode"][:5]:
+        verdict = ("reproduced" if d["verified"] else "not reproduced" if d["verified"] is False
+                   else "unseeded")
         parts.append(f"<h3>{_e(d['step'])}: drew <span class=drawn>{_show(d['text'])}</span> "
-                     f"({'reproduced' if d['verified'] else 'not reproduced' if d['verified'] is False else 'unseeded'})"
+                     f"({verdict})"
                      "</h3><table class=funnel><tr><th>token</th><th>raw p</th><th>after temperature</th>"
                      "<th>min_p</th><th>top_k</th><th>top_p</th><th>pool p</th></tr>")
         for c in d["funnel"]:
@@ -174,14 +193,16 @@ def render_html(ex: dict[str, Any]) -> str:
     if ex["layers"]:
         parts.append("<h2>5. The signal through the layers</h2><p class=note>L2 norm of each token's hidden "
                      "state after the embedding and after each decoder layer</p>")
-        parts.append(heatmap([layer["norms"] for layer in ex["layers"]], [layer["name"] for layer in ex["layers"]],
-                             labels, title="hidden-state norms",
+        parts.append(heatmap([layer["norms"] for layer in ex["layers"]],
+                             [layer["name"] for layer in ex["layers"]], labels, title="hidden-state norms",
                              right_labels=[f"mean {layer['mean_norm']:.3g}" for layer in ex["layers"]]))
     a = ex["attention"]
     if a:
-        parts.append(f"<h2>6. Attention: layer {a['layer']}, head {a['head']}</h2><p class=note>rows are queries, "
-                     "columns keys; grey above the diagonal is the causal mask</p>")
-        parts.append(heatmap(a["weights"], labels, labels, title="attention weights", vmax=1.0, mask_upper=True))
+        parts.append(f"<h2>6. Attention: layer {a['layer']}, head {a['head']}</h2>"
+                     "<p class=note>rows are queries, columns keys; grey above the diagonal is the causal "
+                     "mask</p>")
+        parts.append(heatmap(a["weights"], labels, labels, title="attention weights", vmax=1.0,
+                             mask_upper=True))
     if ex["routing"]:
         parts.append("<h2>7. MoE routing</h2>")
         for r in ex["routing"]:
@@ -197,8 +218,8 @@ def render_html(ex: dict[str, Any]) -> str:
         hw, oh = rf["hardware"], rf["overhead"]
         parts.append(f"<p>{_e(hw['label'])}: peak {fmt_rate(hw['peak_flops'], 'FLOP/s')}, "
                      f"{fmt_rate(hw['bandwidth'], 'B/s')}"
-                     + (f"; overhead {fmt_time(oh['per_step_s'])} per step + {fmt_time(oh['per_layer_s'])} per "
-                        "layer (measured)" if oh else "") + "</p>")
+                     + (f"; overhead {fmt_time(oh['per_step_s'])} per step + {fmt_time(oh['per_layer_s'])} "
+                        "per layer (measured)" if oh else "") + "</p>")
     parts.append(roofline_svg(ex))
     parts.append(f"<h2>Completion</h2><p class=mono id=completion>{_e(ex['completion'])}</p>"
                  f"<p id=verified>every draw reproduced from the recomputed logits: {ex['verified']}</p>")

@@ -100,8 +100,8 @@ def explain_image(prompt: str, *, model: str | Path | None = None, seed: int = 0
     root = Path(model) if model else DEFAULT_MODEL_DIR
     hw = get_hardware(hardware)
     oh = resolve_overhead(overhead)
-    runs = [_run(root, prompt, few_step=False, steps=steps, guidance=guidance, seed=seed, frames=frames, hw=hw,
-                 overhead=oh)]
+    runs = [_run(root, prompt, few_step=False, steps=steps, guidance=guidance, seed=seed, frames=frames,
+                 hw=hw, overhead=oh)]
     try:
         runs.append(_run(root, prompt, few_step=True, steps=student_steps, guidance=None, seed=seed,
                          frames=frames, hw=hw, overhead=oh))
@@ -140,12 +140,14 @@ def render_image_html(ex: dict[str, Any]) -> str:
              f"<style>{_CSS} img{{image-rendering:pixelated;margin:2px}}</style></head><body>"),
              f"<h1>forwardpass explain-image · {_e(ex['prompt'])}</h1>"]
     for r in ex["runs"]:
-        parts.append(f"<h2>{_e(r['name'])}: {r['steps']} steps of {_e(r['scheduler'])}, guidance {r['guidance']}"
-                     f" — {r['forward_passes']} denoiser passes ({r['passes_per_step']} per step)</h2><div>")
+        parts.append(f"<h2>{_e(r['name'])}: {r['steps']} steps of {_e(r['scheduler'])}, guidance "
+                     f"{r['guidance']} — {r['forward_passes']} denoiser passes ({r['passes_per_step']} per "
+                     "step)</h2><div>")
         for f in [*r["strip"], {"step": "final", "image": r["image"]}]:
             b64 = base64.b64encode(_png(f["image"])).decode()
             parts.append(f'<figure style="display:inline-block;margin:4px"><img alt="step {f["step"]}" '
-                         f'src="data:image/png;base64,{b64}"><figcaption>step {f["step"]}</figcaption></figure>')
+                         f'src="data:image/png;base64,{b64}"><figcaption>step {f["step"]}</figcaption>'
+                         '</figure>')
         parts.append("</div><table><tr><th>step</th><th>t</th><th>passes so far</th><th>time</th>"
                      "<th>FLOPs</th><th>predicted</th><th>bound</th></tr>")
         for s in r["per_step"]:

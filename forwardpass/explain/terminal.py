@@ -80,16 +80,18 @@ def render(ex: dict[str, Any], out: Any = None, *, funnels: int = 3) -> None:
                     str(d["kv_entries"]), fmt_time(d["time_s"]),
                     fmt_flops(d["flops"]), fmt_bytes(d["bytes"]), str(d["bound"]), str(d["pool_size"]), top)
     con.print(tab)
-    con.print("[bold]the KV cache, step by step[/] (one ▇ per cached token; the last one was written by the step)")
+    con.print("[bold]the KV cache, step by step[/] (one ▇ per cached token; the last one was written by the "
+              "step)")
     for d in rows:
         n = d["kv_entries"]
         con.print(f"  {('prefill' if not d['step'] else 'step ' + str(d['step'])):>8} "
-                  f"[blue]{'▇' * (n - 1 if d['step'] else 0)}[/][magenta]{'▇' * (1 if d['step'] else n)}[/] {n}")
+                  f"[blue]{'▇' * (n - 1 if d['step'] else 0)}[/][magenta]{'▇' * (1 if d['step'] else n)}[/] "
+                  f"{n}")
 
     # sampling funnels
     for d in rows[:funnels]:
-        f = Table(title=f"sampling funnel → drew {_show(d['text'])} "
-                        f"({'verified' if d['verified'] else 'NOT reproduced' if d['verified'] is False else 'unseeded'})")
+        verdict = "verified" if d["verified"] else "NOT reproduced" if d["verified"] is False else "unseeded"
+        f = Table(title=f"sampling funnel → drew {_show(d['text'])} ({verdict})")
         for col in ("token", "raw p", "after T", "min_p", "top_k", "top_p", "pool p"):
             f.add_column(col)
         for c in d["funnel"]:
@@ -112,8 +114,8 @@ def render(ex: dict[str, Any], out: Any = None, *, funnels: int = 3) -> None:
     if a:
         w = a["weights"]
         n = min(len(w), 32)
-        con.print(f"\n[bold]attention of layer {a['layer']}, head {a['head']}[/] (rows: queries, columns: keys; "
-                  "blank above the diagonal is the causal mask)")
+        con.print(f"\n[bold]attention of layer {a['layer']}, head {a['head']}[/] (rows: queries, columns: "
+                  "keys; blank above the diagonal is the causal mask)")
         labels = [_show(s["text"])[:8] for s in ex["sequence"]]
         for i in range(n):
             cells = "".join(_SHADES[min(4, int(w[i][j] * 5))] * 2 if j <= i else "  " for j in range(n))

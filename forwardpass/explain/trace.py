@@ -33,7 +33,8 @@ def _pieces(tok: Any, ids: list[int]) -> list[dict[str, Any]]:
     for i, t in enumerate(ids):
         piece = tok.id_to_token(t) if tok is not None else None
         text = tok.decode([t], skip_special_tokens=False) if tok is not None else str(t)
-        starts = i == 0 or not text or text[0].isspace() or not (text[0].isalnum() and out[-1]["text"][-1:].isalnum())
+        starts = (i == 0 or not text or text[0].isspace()
+                  or not (text[0].isalnum() and out[-1]["text"][-1:].isalnum()))
         word += starts
         out.append({"id": t, "text": text, "piece": piece, "word": word})
     sizes: dict[int, int] = {}
@@ -44,7 +45,8 @@ def _pieces(tok: Any, ids: list[int]) -> list[dict[str, Any]]:
     return out
 
 
-def _params(engine: Any, max_tokens: int, seed: int | None, ignore_eos: bool, **overrides: Any) -> SamplingParams:
+def _params(engine: Any, max_tokens: int, seed: int | None, ignore_eos: bool,
+            **overrides: Any) -> SamplingParams:
     base = engine.default_sampling_params()
     kw = {k: getattr(base, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")}
     kw.update({k: v for k, v in overrides.items() if v is not None})
@@ -106,7 +108,8 @@ def explain(
         from forwardpass.config import EngineConfig
         from forwardpass.engine.frontend.llm_engine import LLMEngine
 
-        engine = LLMEngine(resolve_model(str(model) if model else None), EngineConfig(dtype=dtype, device=device))
+        engine = LLMEngine(resolve_model(str(model) if model else None),
+                           EngineConfig(dtype=dtype, device=device))
     core, tok, spec = engine.core, engine.tokenizer, engine.spec
     params = _params(engine, max_tokens, seed, ignore_eos, temperature=temperature, top_k=top_k,
                      top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
@@ -184,7 +187,8 @@ def explain(
     gen_ = make_generator(params.seed, 0) if params.seed is not None else None
     funnels = []
     for i in range(N):
-        f = sampling_funnel(views.logits[i], params, prompt_ids, generated[:i], gen_, core.eos_token_ids, text)
+        f = sampling_funnel(views.logits[i], params, prompt_ids, generated[:i], gen_, core.eos_token_ids,
+                            text)
         funnels.append({**f.to_dict(), "redrawn": f.drawn, "verified": f.drawn == generated[i]
                         if params.seed is not None or params.greedy else None})
     if prefill:
@@ -219,7 +223,8 @@ def explain(
         "engine": {"block_size": bs, "num_kv_blocks": core.kv.num_blocks, "dtype": dtype_name,
                    "device": core.config.device, "layers": layers, "heads": spec.heads,
                    "kv_heads": spec.kv_heads},
-        "execution_plan": core.plan.describe(),  # how the engine that ran the request computes (forwardpass/plan.py)
+        # how the engine that ran the request computes (forwardpass/plan.py)
+        "execution_plan": core.plan.describe(),
         "tokens": _pieces(tok, prompt_ids),
         "generated": [{"id": t, "text": text(t)} for t in generated],
         "completion": tok.decode(generated) if tok is not None else None,
@@ -228,7 +233,8 @@ def explain(
         "layers": [{"name": n, "norms": norms, "mean_norm": sum(norms) / len(norms)}
                    for n, norms in zip(names, views.norms)],
         "sequence": [{"id": t, "text": text(t)} for t in seq],
-        "attention": {"layer": views.attention_layer, "head": views.attention_head, "weights": views.attention}
+        "attention": {"layer": views.attention_layer, "head": views.attention_head,
+                      "weights": views.attention}
         if views.attention else None,
         "routing": views.routing,
         "roofline": roofline,

@@ -53,13 +53,15 @@ def _standard(model: torch.nn.Module) -> bool:
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     return layers is not None and all(
-        type(lyr).forward is DecoderLayer.forward and type(lyr.self_attn) is DecoderAttention for lyr in layers
+        type(lyr).forward is DecoderLayer.forward and type(lyr.self_attn) is DecoderAttention
+        for lyr in layers
     )
 
 
 @torch.inference_mode()
 def layer_views(
-    model: torch.nn.Module, token_ids: list[int], logit_rows: list[int], *, layer: int | None = None, head: int = 0
+    model: torch.nn.Module, token_ids: list[int], logit_rows: list[int], *, layer: int | None = None,
+    head: int = 0
 ) -> LayerViews:
     """Run the Llama-family ``model`` layer by layer over ``token_ids``; logits of ``logit_rows``.
 

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from forwardpass.errors import UnsupportedArchitectureError
 
-_ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+_ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu,
+         "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
          "relu2": lambda x: F.relu(x).square()}  # relu2: Nemotron-H's squared ReLU
 
 
@@ -15,7 +16,8 @@ def get_activation(name: str):
     try:
         return _ACTS[name]
     except KeyError:
-        raise UnsupportedArchitectureError(f"hidden_act {name!r} is not supported (supported: {sorted(_ACTS)})") from None
+        raise UnsupportedArchitectureError(f"hidden_act {name!r} is not supported (supported: "
+                                           f"{sorted(_ACTS)})") from None
 
 
 def silu_and_mul(gate_up: torch.Tensor, act=F.silu) -> torch.Tensor:

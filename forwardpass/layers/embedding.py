@@ -1,10 +1,10 @@
 """Token embeddings, whose matrix is also the LM head where the model ties the two.
 
-A tied matrix is multiplied by every step's hidden states (a quarter of a 0.6B model's weights), so it takes the
-plan's LM-head weight method (layers/weight_methods.py): quantized to 8 bits when the plan quantizes, or packed for
-oneDNN and the small-batch kernel. A lookup then gathers just the rows it reads from whatever holds the matrix
-(dequantizing those rows, or reading them across the packed panels). An untied embedding stays fp32: a lookup reads
-a few rows per token, so it costs memory, not time.
+A tied matrix is multiplied by every step's hidden states (a quarter of a 0.6B model's weights), so it takes
+the plan's LM-head weight method (layers/weight_methods.py): quantized to 8 bits when the plan quantizes, or
+packed for oneDNN and the small-batch kernel. A lookup then gathers just the rows it reads from whatever holds
+the matrix (dequantizing those rows, or reading them across the packed panels). An untied embedding stays
+fp32: a lookup reads a few rows per token, so it costs memory, not time.
 """
 
 from __future__ import annotations
@@ -41,4 +41,5 @@ class TokenEmbedding(nn.Module):
         return self.weight.rows(ids)  # a quantized or packed matrix: just the rows read
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}" + (", tied to the LM head" if self.head_method else "")
+        tied = ", tied to the LM head" if self.head_method else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}" + tied

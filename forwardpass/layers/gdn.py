@@ -59,7 +59,8 @@ def gated_delta_chunked(
     system = (k_beta @ k.transpose(-1, -2)) * decay
     intra = (q @ k.transpose(-1, -2)) * decay
     new_v = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
-    k_cum = torch.linalg.solve_triangular(system, k_beta * g.exp()[..., None], upper=False, unitriangular=True)
+    k_cum = torch.linalg.solve_triangular(system, k_beta * g.exp()[..., None], upper=False,
+                                          unitriangular=True)
     state = (initial_state.float() if initial_state is not None
              else torch.zeros(heads, k.shape[-1], dv, dtype=torch.float32, device=q.device))
     q = q * g.exp()[..., None]
@@ -74,7 +75,8 @@ def gated_delta_chunked(
 
 
 def gated_delta_step(
-    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+    beta: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: state ``[B, Hv, Dk, Dv]``, q/k ``[B, Hk, Dk]``, v ``[B, Hv, Dv]``, g/beta
     ``[B, Hv]`` → (o ``[B, Hv, Dv]``, new state), in float32."""

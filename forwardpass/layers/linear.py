@@ -19,13 +19,15 @@ from torch import nn
 
 from forwardpass.layers.packed import PackedWeight
 from forwardpass.layers.small_matmul import MAX_ROWS
+from forwardpass.quant.kblock_weight import KBlockWeight, RowStack
 from forwardpass.quant.weight import QuantizedWeight
 
 
 class SmallMatmul(Protocol):
     """The compiled small-batch fp32 matmul: ``x [M, K] @ weight [N, K].T (+ bias)``."""
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor: ...
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 class LinearDelta(Protocol):
@@ -45,7 +47,8 @@ def linear(
     ``small_matmul`` is the engine's compiled kernel for decode-sized batches (``layers/small_matmul.py``):
     fp32 batches of at most ``MAX_ROWS`` rows take it, larger ones oneDNN.
     """
-    if isinstance(weight, (QuantizedWeight, PackedWeight)):  # computes through its own kernels
+    # computes through its own kernels
+    if isinstance(weight, (QuantizedWeight, PackedWeight, KBlockWeight, RowStack)):
         return weight.matmul(x, bias)
     if (
         _ONEDNN
@@ -70,7 +73,8 @@ class Linear(nn.Module):
     :meth:`process_weights_after_loading` lets the method pack or quantize it once.
 
     ``delta`` is the layer's LoRA slot where the plan has LoRA (``forwardpass/lora/manager.py``): it adds the
-    low-rank updates of the adapters in the current batch to the base output. The LM head is no adapter target.
+    low-rank updates of the adapters in the current batch to the base output. The LM head is no adapter
+    target.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, role: str = "projection"):
@@ -83,7 +87,8 @@ class Linear(nn.Module):
         self.method = method_for(plan, role)
         self.method.create_weights(self, out_features, in_features)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        self.delta: LinearDelta | None = plan.lora_slot() if plan.lora_slot is not None and role != "lm_head" else None
+        self.delta: LinearDelta | None = (plan.lora_slot() if plan.lora_slot is not None and role != "lm_head"
+                                          else None)
 
     def process_weights_after_loading(self) -> None:
         self.method.process_weights_after_loading(self)

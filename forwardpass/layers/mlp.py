@@ -14,7 +14,8 @@ from forwardpass.plan import current_plan
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu", bias: bool = False):
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu",
+                 bias: bool = False):
         super().__init__()
         # gate and up read the same input: one merged matmul instead of two.
         self.gate_up_proj = MergedLinear(
@@ -27,6 +28,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.fused is not None and self.act is F.silu and gate_up.dtype == torch.float32 and gate_up.is_cpu:
+        if (self.fused is not None and self.act is F.silu and gate_up.dtype == torch.float32
+                and gate_up.is_cpu):
             return self.down_proj(self.fused.silu_and_mul(gate_up))
         return self.down_proj(silu_and_mul(gate_up, self.act))

@@ -107,7 +107,8 @@ class ExpertWeights(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size),
                                          requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size),
+                                      requires_grad=False)
         plan = current_plan()  # the experts take the projections' block format when the plan quantizes
         self.quantized_format, self.quant_kernel = plan.quantized_format, plan.quant_kernel
 
@@ -132,7 +133,8 @@ class FusedMoE(nn.Module):
             raise ValueError(f"num_experts_per_tok={top_k} must be between 1 and num_experts={num_experts}")
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.intermediate_size = intermediate_size
-        # the router, named as in HF checkpoints; fp32 always: a flipped expert choice changes more than rounding
+        # the router, named as in HF checkpoints; fp32 always: a flipped expert choice
+        # changes more than rounding
         self.gate = Linear(hidden_size, num_experts, role="dense")
         self.experts = ExpertWeights(num_experts, hidden_size, intermediate_size)
         self.act = get_activation(hidden_act)

@@ -1,11 +1,12 @@
 """fp32 weights packed once for oneDNN's GEMM, read in place by our small-batch kernel.
 
-``torch.ops.mkldnn._linear_pointwise`` on a plain ``[N, K]`` weight reorders it into oneDNN's blocked layout on
-every call: a read and a write of the whole matrix before the GEMM starts. For a 128-token prefill of a 0.6B
-model that is ~5-10% of the time (measured on a Zen 4 core pair: 4-11% more GFLOP/s per projection at 128 rows
-with the weight reordered once, ahead), and for 16-64 rows, batched decode, 7-50%. ``_reorder_linear_weight``
-does the reordering once; the catch is that the result is an opaque MKLDNN tensor, and batch-1 decode wants our
-own kernel, which reads weights at the memory roof where oneDNN's set-up per call and its GEMM blocking do not.
+``torch.ops.mkldnn._linear_pointwise`` on a plain ``[N, K]`` weight reorders it into oneDNN's blocked layout
+on every call: a read and a write of the whole matrix before the GEMM starts. For a 128-token prefill of a
+0.6B model that is ~5-10% of the time (measured on a Zen 4 core pair: 4-11% more GFLOP/s per projection at 128
+rows with the weight reordered once, ahead), and for 16-64 rows, batched decode, 7-50%.
+``_reorder_linear_weight`` does the reordering once; the catch is that the result is an opaque MKLDNN tensor,
+and batch-1 decode wants our own kernel, which reads weights at the memory roof where oneDNN's set-up per call
+and its GEMM blocking do not.
 
 Keeping both layouts would double the weights' memory. Instead the packed buffer is the only copy, and our
 kernel reads it too: oneDNN's layout for fp32 weights here is panels ``[N/64][Kp][64]`` (for each block of 64
@@ -14,10 +15,10 @@ wants (``layers/csrc/small_matmul.cpp``, ``panel::``). The layout is not a publi
 checked, not assumed: a weight is packed only if the panels view of oneDNN's buffer holds exactly the weight's
 values in those places; otherwise it stays a plain tensor on the paths it used before.
 
-A linear layer whose plan packs its weights (``layers/weight_methods.py::PackedFp32Method``) packs it once after
-loading; ``forwardpass.layers.linear.linear`` sends the matmul here. Up to ``MAX_ROWS`` rows take our kernel
-(decode steps), more take oneDNN's GEMM on the same buffer (prefill chunks). ``FORWARDPASS_PACKED_WEIGHTS=0``
-keeps every weight plain (for comparisons).
+A linear layer whose plan packs its weights (``layers/weight_methods.py::PackedFp32Method``) packs it once
+after loading; ``forwardpass.layers.linear.linear`` sends the matmul here. Up to ``MAX_ROWS`` rows take our
+kernel (decode steps), more take oneDNN's GEMM on the same buffer (prefill chunks).
+``FORWARDPASS_PACKED_WEIGHTS=0`` keeps every weight plain (for comparisons).
 """
 
 from __future__ import annotations
@@ -47,14 +48,16 @@ _ONEDNN = (
 class PackedWeight(nn.Module):
     """``W [N, K]`` in oneDNN's packed layout; ``matmul(x)`` = ``x · Wᵀ``.
 
-    ``panels`` (a buffer, so ``state_dict`` counts its bytes) is a view of the packed tensor's memory, which it
-    keeps alive. The module cannot move to another device: it is built for the CPU engine that holds it.
+    ``panels`` (a buffer, so ``state_dict`` counts its bytes) is a view of the packed tensor's memory, which
+    it keeps alive. The module cannot move to another device: it is built for the CPU engine that holds it.
     """
 
     panels: torch.Tensor
-    keeps_own_memory = True  # panels views oneDNN's buffer: a copy elsewhere (engine/huge_pages.py) would be a second one
+    # panels views oneDNN's buffer: a copy elsewhere (engine/huge_pages.py) would be a second one
+    keeps_own_memory = True
 
-    def __init__(self, onednn: torch.Tensor, panels: torch.Tensor, out_features: int, in_features: int, kernel: Any):
+    def __init__(self, onednn: torch.Tensor, panels: torch.Tensor, out_features: int, in_features: int,
+                 kernel: Any):
         super().__init__()
         self._onednn = onednn
         self._kernel = kernel  # the compiled small_matmul (``layers/small_matmul.py``) that reads the panels
@@ -83,14 +86,15 @@ class PackedWeight(nn.Module):
         """``W[ids]`` (an embedding lookup on a tied LM head's matrix): each row gathered across its panel."""
         flat = ids.reshape(-1)
         if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
-            raise IndexError(f"index out of range: ids must be in [0, {self.out_features})")  # as nn.Embedding
+            # as nn.Embedding
+            raise IndexError(f"index out of range: ids must be in [0, {self.out_features})")
         out = self.panels[flat // PANEL, : self.in_features, flat % PANEL]
         return out.view(*ids.shape, self.in_features)
 
     @classmethod
     def pack(cls, weight: torch.Tensor, kernel: Any) -> PackedWeight | None:
-        """``weight`` packed for the compiled ``kernel`` module (its ``small_matmul`` and ``panels_view``), or None
-        where oneDNN's buffer is not the panels layout (or cannot be)."""
+        """``weight`` packed for the compiled ``kernel`` module (its ``small_matmul`` and ``panels_view``), or
+        None where oneDNN's buffer is not the panels layout (or cannot be)."""
         n, k = weight.shape
         if not _ONEDNN or n % PANEL or k == 0 or weight.dtype != torch.float32 or weight.device.type != "cpu":
             return None

@@ -86,7 +86,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[to
     if kind == "yarn":
         return _yarn_inv_freq(head_dim, theta, scaling)
     raise ConfigError(
-        f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3, yarn)", param="rope_scaling"
+        f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3, yarn)",
+        param="rope_scaling"
     )
 
 

@@ -35,8 +35,8 @@ def host_isa() -> str:
     return pick_isa("FORWARDPASS_MATMUL_ISA", "avx512", {"avx512f"}, cpu_flags())
 
 
-#: Rows up to which the kernel beats oneDNN/MKL (measured with benchmarks/small_matmul.py): the AVX-512 build's
-#: broadcast kernel for 17-64 rows holds on to 64, the AVX2 build to 32.
+#: Rows up to which the kernel beats oneDNN/MKL (measured with benchmarks/small_matmul.py): the AVX-512
+#: build's broadcast kernel for 17-64 rows holds on to 64, the AVX2 build to 32.
 MAX_ROWS = 64 if host_isa() == "avx512" else 32
 
 KERNEL = kernel_for(host_isa())  # the build MAX_ROWS is measured for

@@ -32,7 +32,8 @@ def segment_sum(x: torch.Tensor) -> torch.Tensor:
     x = x[..., None].expand(*x.size(), n)
     x = x.masked_fill(~torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=-1), 0)
     out = torch.cumsum(x, dim=-2)
-    return out.masked_fill(~torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=0), -torch.inf)
+    return out.masked_fill(~torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=0),
+                           -torch.inf)
 
 
 def ssd_scan(
@@ -104,7 +105,8 @@ def causal_conv(
 def causal_conv_step(
     x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per sequence: x ``[B, C]``, window ``[B, C, K - 1]`` → (silu(conv) ``[B, C]``, new window)."""
+    """One token per sequence: x ``[B, C]``, window ``[B, C, K - 1]`` → (silu(conv)
+    ``[B, C]``, new window)."""
     full = torch.cat([window.to(x.dtype), x[..., None]], dim=-1)  # [B, C, K]
     out = (full * weight).sum(-1)
     if bias is not None:
@@ -112,7 +114,8 @@ def causal_conv_step(
     return F.silu(out), full[..., 1:]
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, groups: int, eps: float) -> torch.Tensor:
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, groups: int,
+                   eps: float) -> torch.Tensor:
     """Mamba2's output norm: ``x · silu(gate)``, RMS-normalized in ``groups`` groups, times ``weight``."""
     dtype = gate.dtype
     h = x.float() * F.silu(gate.float())

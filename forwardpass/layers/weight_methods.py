@@ -4,20 +4,22 @@ A :class:`~forwardpass.layers.linear.Linear` takes its method from the execution
 (:func:`method_for`, by the layer's role) and hands it three moments of its life:
 
 * ``create_weights``: the parameters the checkpoint loader fills (an fp32 ``weight`` for every method here);
-* ``process_weights_after_loading``: once, after loading: pack the weight for oneDNN, or quantize it to blocks;
+* ``process_weights_after_loading``: once, after loading: pack the weight for oneDNN, or quantize it to
+  blocks;
 * ``apply``: ``x · Wᵀ (+ bias)`` through the kernels of the weight it now holds.
 
 Code that needs a weight's values (a grouped projection, a reference) asks :func:`dense_weight`, never the
-stored object. A GGUF file's quantized tensors arrive as blocks already (``loader/gguf.py``): a layer holding a
-``QuantizedWeight`` keeps it whatever its method, which then leaves it as stored.
+stored object. A GGUF file's quantized tensors arrive as blocks already (``loader/gguf_weights.py``): a layer
+holding a ``QuantizedWeight`` (Q8_0, Q4_0), a ``KBlockWeight`` (Q4_1, Q5_x, K-quants) or a ``RowStack`` of
+them keeps it whatever its method, which then leaves it as stored.
 
 Roles: ``"projection"`` (attention and MLP projections), ``"lm_head"`` (a separate output matrix, 8 bits when
-quantizing), ``"dense"`` (read as a matrix or too sensitive to round: MoE routers, DeepSeek's ``kv_b_proj`` and
-``wo_a``): kept plain fp32 by every plan.
+quantizing), ``"dense"`` (read as a matrix or too sensitive to round: MoE routers, DeepSeek's ``kv_b_proj``
+and ``wo_a``): kept plain fp32 by every plan.
 
 A batch-invariant plan (``ExecutionPlan.batch_invariant``) gives every method ``batch_invariant=True``: each
-batch size takes the one kernel whose rows do not interact (the small-batch fp32 kernel a piece of rows at a time,
-the int8 kernel for quantized weights), never the GEMM a larger batch would switch to.
+batch size takes the one kernel whose rows do not interact (the small-batch fp32 kernel a piece of rows at a
+time, the int8 kernel for quantized weights), never the GEMM a larger batch would switch to.
 """
 
 from __future__ import annotations
@@ -30,29 +32,37 @@ from torch import nn
 
 from forwardpass.layers.packed import PackedWeight
 from forwardpass.layers.small_matmul import MAX_ROWS
+from forwardpass.quant.kblock_weight import KBlockWeight, RowStack
 from forwardpass.quant.weight import QuantizedWeight
 
 if TYPE_CHECKING:
     from forwardpass.plan import ExecutionPlan
 
 ROLES = ("projection", "lm_head", "dense")
-#: the small-batch kernel on a plain (unpacked) weight is row-invariant up to this many rows (its transposed path
-#: for larger batches sums in another order); on packed panels up to MAX_ROWS (tests/test_batch_invariance.py)
+#: the small-batch kernel on a plain (unpacked) weight is row-invariant up to this many rows (its transposed
+#: path for larger batches sums in another order); on packed panels up to MAX_ROWS
+#: (tests/test_batch_invariance.py)
 PLAIN_INVARIANT_ROWS = 16
 
 
-def dense_weight(weight: torch.Tensor | PackedWeight | QuantizedWeight) -> torch.Tensor:
+#: weights that arrive quantized from a checkpoint (a GGUF file) and are kept as stored by every method
+BlockWeight = QuantizedWeight | KBlockWeight | RowStack
+BLOCK_WEIGHTS = (QuantizedWeight, KBlockWeight, RowStack)
+
+
+def dense_weight(weight: torch.Tensor | PackedWeight | BlockWeight) -> torch.Tensor:
     """The plain ``[N, K]`` values of a stored weight (the tensor itself when it is one; a copy otherwise)."""
     if isinstance(weight, PackedWeight):
         return weight.unpacked()
-    if isinstance(weight, QuantizedWeight):
+    if isinstance(weight, BLOCK_WEIGHTS):
         return weight.dequantize()
     return weight
 
 
 @dataclass(frozen=True)
 class Fp32Method:
-    """fp32 weights as loaded; decode-sized batches on the compiled small-batch matmul where the plan has it."""
+    """fp32 weights as loaded; decode-sized batches on the compiled small-batch matmul where the plan has
+    it."""
 
     small_matmul: Any = None
     #: every batch through the small-batch kernel, a piece of rows at a time (the batch-invariant plan)
@@ -65,9 +75,9 @@ class Fp32Method:
     def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None:
         layer.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
 
-    def load_blocks(self, layer: nn.Module, weight: QuantizedWeight) -> None:
-        """A checkpoint tensor that arrives quantized (a GGUF file's blocks, ``loader/gguf.py``): the layer holds it
-        as stored, whatever its method; the methods' post-processing leaves a ``QuantizedWeight`` as it is."""
+    def load_blocks(self, layer: nn.Module, weight: BlockWeight) -> None:
+        """A checkpoint tensor that arrives quantized (a GGUF file's blocks, ``loader/gguf_weights.py``): the
+        layer holds it as stored, whatever its method; the methods' post-processing leaves it as it is."""
         del layer.weight  # the fp32 parameter made by create_weights, never filled
         layer.weight = weight
 
@@ -79,12 +89,13 @@ class Fp32Method:
 
         w = layer.weight
         if self.batch_invariant:
-            if isinstance(w, QuantizedWeight):  # quantized at load, or a GGUF file's blocks
+            if isinstance(w, BLOCK_WEIGHTS):  # quantized at load, or a GGUF file's blocks
                 return w.matmul_batch_invariant(x, bias)
             rows = MAX_ROWS if isinstance(w, PackedWeight) else PLAIN_INVARIANT_ROWS
             x2 = x.reshape(-1, x.shape[-1])
             if x2.shape[0] > rows:  # pieces the kernel takes: a larger batch would go to oneDNN's GEMM
-                pieces = [linear(x2[i : i + rows], w, bias, self.small_matmul) for i in range(0, len(x2), rows)]
+                pieces = [linear(x2[i : i + rows], w, bias, self.small_matmul)
+                          for i in range(0, len(x2), rows)]  # fmt: skip
                 out = torch.cat(pieces)
                 return out.view(*x.shape[:-1], out.shape[-1])
         return linear(x, w, bias, self.small_matmul)
@@ -92,8 +103,8 @@ class Fp32Method:
 
 @dataclass(frozen=True)
 class PackedFp32Method(Fp32Method):
-    """fp32 weights packed once for oneDNN and read in place by the small-batch kernel (layers/packed.py); a weight
-    whose packed layout does not check out stays plain (``Fp32Method``)."""
+    """fp32 weights packed once for oneDNN and read in place by the small-batch kernel (layers/packed.py); a
+    weight whose packed layout does not check out stays plain (``Fp32Method``)."""
 
     kernel_module: Any = None  # the small-batch matmul's module (``panels_view``)
 
@@ -113,8 +124,8 @@ class PackedFp32Method(Fp32Method):
 
 @dataclass(frozen=True)
 class QuantizeAtLoadMethod(Fp32Method):
-    """fp32 weights loaded, then quantized to ``fmt`` blocks one matrix at a time (peak memory: the fp32 model plus
-    one quantized matrix); the C++ kernels multiply them (``kernel=False``: the PyTorch reference)."""
+    """fp32 weights loaded, then quantized to ``fmt`` blocks one matrix at a time (peak memory: the fp32 model
+    plus one quantized matrix); the C++ kernels multiply them (``kernel=False``: the PyTorch reference)."""
 
     fmt: str = "q8_0"
     kernel: bool = True

@@ -1,10 +1,10 @@
 """Parameter and byte accounting of a ``ModelSpec``: the one place the engine's per-step cost model
 (``engine/scheduling/cost.py``) and the roofline analyzer (``forwardpass/analysis``) take their counts from.
 
-Every function reads the spec only. ``ModelSpec`` exposes them as its own properties and methods (``spec.params``,
-``spec.kv_bytes_per_token(2)``, ...), so a reader holding a spec need not import this module; the formulas live here.
-A family's own sizes count through its sub-spec (``SSMSpec.params``, ``GDNSpec.state_size``,
-``DeepseekV4Spec.attention_params``, ...), next to its model.
+Every function reads the spec only. ``ModelSpec`` exposes them as its own properties and methods
+(``spec.params``, ``spec.kv_bytes_per_token(2)``, ...), so a reader holding a spec need not import this
+module; the formulas live here. A family's own sizes count through its sub-spec (``SSMSpec.params``,
+``GDNSpec.state_size``, ``DeepseekV4Spec.attention_params``, ...), next to its model.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def attention_params(s: ModelSpec) -> int:
     """q, k, v, o projections of one layer (MLA: q (LoRA or not), the KV down- and up-projections)."""
     if s.kv_lora_rank:
         qk = s.qk_nope_head_dim + s.qk_rope_head_dim
-        q = s.hidden * s.q_lora_rank + s.q_lora_rank * s.heads * qk if s.q_lora_rank else s.hidden * s.heads * qk
+        q = (s.hidden * s.q_lora_rank + s.q_lora_rank * s.heads * qk if s.q_lora_rank
+             else s.hidden * s.heads * qk)
         kv = s.hidden * s.kv_latent_dim + s.kv_lora_rank * s.heads * (s.qk_nope_head_dim + s.v_head_dim)
         return q + kv + s.heads * s.v_head_dim * s.hidden
     gate = s.hidden * s.q_dim if s.attn_output_gate else 0  # Qwen3-Next: q_proj gives a gate too
@@ -150,7 +151,8 @@ def cache_bytes_per_sequence(s: ModelSpec, context: int, kv_bytes: float, state_
     window at most) plus its fixed-size states (float32 by default)."""
     if s.dsv4 is not None:  # its window is bounded, its entries grow as L / m
         return s.dsv4.cache_bytes(context, kv_bytes) + state_bytes_per_sequence(s, state_bytes)
-    return kv_bytes_per_token(s, kv_bytes) * kv_positions(s, context) + state_bytes_per_sequence(s, state_bytes)
+    return (kv_bytes_per_token(s, kv_bytes) * kv_positions(s, context)
+            + state_bytes_per_sequence(s, state_bytes))
 
 
 def kv_positions(s: ModelSpec, context: int) -> float:

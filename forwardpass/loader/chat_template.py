@@ -116,9 +116,11 @@ def _tojson(
     x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
 ) -> str:
     # Unlike jinja's built-in tojson this does not HTML-escape, which is what templates expect.
-    _check_width(indent if isinstance(indent, int) else len(indent) if isinstance(indent, str) else 0, "tojson indent")
+    _check_width(indent if isinstance(indent, int) else len(indent) if isinstance(indent, str) else 0,
+                 "tojson indent")
     if isinstance(indent, int) and indent > MAX_JSON_INDENT:
-        raise ChatTemplateLimitError(f"the chat template asked for tojson indent={indent}; the limit is {MAX_JSON_INDENT}")
+        raise ChatTemplateLimitError(f"the chat template asked for tojson indent={indent}; the limit is "
+                                     f"{MAX_JSON_INDENT}")
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -214,7 +216,8 @@ class _LimitedSandbox(ImmutableSandboxedEnvironment):
                     _check_width(a, f"str.{name} width")
                 if name == "expandtabs":
                     _check_size(len(owner) * max([8, *[a for a in args if isinstance(a, int)]]), "expandtabs")
-            elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+            elif (name == "replace" and len(args) >= 2 and isinstance(args[0], str)
+                  and isinstance(args[1], str)):
                 count = owner.count(args[0]) if args[0] else len(owner) + 1
                 _check_size(len(owner) + count * max(0, len(args[1]) - len(args[0])), "str.replace")
             elif name == "join" and args and isinstance(args[0], (list, tuple)):
@@ -255,7 +258,8 @@ def _center(value: Any, width: int = 80) -> str:
 def _indent(s: Any, width: int | str = 4, first: bool = False, blank: bool = False) -> str:
     _check_width(width if isinstance(width, int) else len(width), "indent width")
     text = str(s)
-    _check_size(len(text) + (text.count("\n") + 1) * (width if isinstance(width, int) else len(width)), "indent")
+    _check_size(len(text) + (text.count("\n") + 1) * (width if isinstance(width, int) else len(width)),
+                "indent")
     return jinja2.filters.do_indent(text, width, first, blank)
 
 
@@ -377,7 +381,8 @@ def render_chat_template(
         raise
     except SecurityError as exc:
         raise ChatTemplateError(
-            f"the chat template tried an unsafe operation and was stopped by the sandbox (SecurityError: {exc})"
+            "the chat template tried an unsafe operation and was stopped by the sandbox (SecurityError: "
+            f"{exc})"
         ) from exc
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"chat template error: {exc}") from exc

@@ -36,7 +36,8 @@ def load_model_config(path: str | Path) -> ModelConfig:
     Raw keys only (a nested ``text_config`` is un-nested); build a ``ModelSpec`` from it to use it."""
     path = Path(path)
     if not path.exists():
-        raise ModelNotFoundError(f"model path {str(path)!r} does not exist; pass a directory written by save_pretrained")
+        raise ModelNotFoundError(f"model path {str(path)!r} does not exist; pass a directory written by "
+                                 "save_pretrained")
     cfg_path = path if path.is_file() else model_file(path, "config.json")
     if not cfg_path.is_file():
         raise MissingFileError(

@@ -50,7 +50,13 @@ def resolve_model_path(model: str | os.PathLike[str], revision: str | None = Non
         from forwardpass.assets import default_llm_path
 
         return default_llm_path()
+    from forwardpass.loader.ctranslate2 import ctranslate2_model_dir, is_ctranslate2_dir, packaged_model_path
+
     path = Path(model).expanduser()
+    if not path.exists():  # a packaged model's name (tiny.en: faster-whisper's files; smollm2: a GGUF file)
+        from forwardpass.loader.gguf_packages import packaged_gguf
+
+        path = packaged_model_path(str(model)) or packaged_gguf(str(model)) or path
     if path.exists():
         if revision is not None:
             raise ModelNotFoundError(f"--revision {revision} applies to Hugging Face ids, but {model} is a "
@@ -59,6 +65,9 @@ def resolve_model_path(model: str | os.PathLike[str], revision: str | None = Non
             from forwardpass.loader.gguf import gguf_model_dir
 
             return gguf_model_dir(path)
+        # a CTranslate2 (faster-whisper) directory: a model directory made from it
+        if is_ctranslate2_dir(path):
+            return ctranslate2_model_dir(path)
         return path
     name = str(model)
     if not looks_like_hub_id(name):
@@ -87,13 +96,14 @@ def _snapshot(repo_id: str, revision: str | None) -> Path:
         raise ModelNotFoundError(f"{repo_id}{at}: {exc}", param="model") from None
     if offline():
         raise ModelNotFoundError(
-            f"{repo_id}{at} is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE is set; download it "
-            f"where the network allows (hf download {repo_id}) or pass a model directory", param="model")
+            f"{repo_id}{at} is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE is set; download "
+            f"it where the network allows (hf download {repo_id}) or pass a model directory", param="model")
     try:
-        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=ALLOW_PATTERNS))
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache,
+                                      allow_patterns=ALLOW_PATTERNS))
     except GatedRepoError:
-        raise ModelNotFoundError(f"{repo_id} is gated on the Hugging Face Hub: accept its licence there and log "
-                                 "in (hf auth login), then retry", param="model") from None
+        raise ModelNotFoundError(f"{repo_id} is gated on the Hugging Face Hub: accept its licence there and "
+                                 "log in (hf auth login), then retry", param="model") from None
     except RepositoryNotFoundError:
         raise ModelNotFoundError(f"{repo_id} is not a model on the Hugging Face Hub (nor a local directory)",
                                  param="model") from None

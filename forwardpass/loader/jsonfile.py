@@ -18,8 +18,8 @@ def read_json_object(
     hint = f"; {fix}" if fix else ""
     size = Path(path).stat().st_size
     if size > MAX_JSON_BYTES:
-        raise error(f"{path} is {size} bytes; JSON files of a model directory are at most {MAX_JSON_BYTES}{hint}",
-                    **error_kwargs)
+        raise error(f"{path} is {size} bytes; JSON files of a model directory are at most "
+                    f"{MAX_JSON_BYTES}{hint}", **error_kwargs)
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -14,9 +14,9 @@ and routing, Mamba2 / Nemotron-H's ``SSMSpec``, Qwen3-Next's ``GDNSpec``, DeepSe
 Whisper's ``WhisperSpec``, ...), registered by architecture and model_type in ``models/registry.py``;
 ``ModelSpec.from_config`` asks that registry first. The family sub-spec classes are importable from here too.
 
-Parameter and byte counts (``spec.params``, ``spec.kv_bytes_per_token(b)``, ...) are ``loader/accounting.py``'s,
-shared by the cost model and the analyzer. Field names are short (``hidden``, ``layers``, ``heads``) because
-those formulas read like the equations they implement.
+Parameter and byte counts (``spec.params``, ``spec.kv_bytes_per_token(b)``, ...) are
+``loader/accounting.py``'s, shared by the cost model and the analyzer. Field names are short (``hidden``,
+``layers``, ``heads``) because those formulas read like the equations they implement.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ MIXER_GDN = "gated_deltanet"  # Gated DeltaNet linear attention (Qwen3-Next): a 
 
 LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 
-#: a family's derivation: (config.json mapping, display name) -> its ModelSpec (registered in models/registry.py)
+#: a family's derivation: (config.json mapping, display name) -> its ModelSpec
+#: (registered in models/registry.py)
 SpecDerivation = Callable[[Mapping[str, Any], str], "ModelSpec"]
 
 # family names that live next to their model now, still importable from here
@@ -66,9 +67,9 @@ def __getattr__(name: str) -> Any:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The model as every reader sees it: the common core of a decoder (sizes, heads, rope, windows, MoE routing,
-    dtypes) plus each family's own sub-spec (``ssm``, ``gdn``, ``dsv4``, ``whisper``; ``family`` for one registered
-    from outside)."""
+    """The model as every reader sees it: the common core of a decoder (sizes, heads, rope, windows, MoE
+    routing, dtypes) plus each family's own sub-spec (``ssm``, ``gdn``, ``dsv4``, ``whisper``; ``family`` for
+    one registered from outside)."""
 
     name: str
     architecture: str
@@ -102,7 +103,8 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None  # the checkpoint's dtype as config.json states it
     # Gemma 2 / 3
-    attn_scale: float | None = None  # query scale (Gemma: query_pre_attn_scalar ** -0.5); None = head_dim ** -0.5
+    # query scale (Gemma: query_pre_attn_scalar ** -0.5); None = head_dim ** -0.5
+    attn_scale: float | None = None
     attn_logit_softcap: float | None = None  # tanh-cap of attention scores (Gemma 2)
     final_logit_softcap: float | None = None  # tanh-cap of the output logits (Gemma 2)
     local_rope_theta: float | None = None  # rope base of sliding layers when it differs (Gemma 3)
@@ -130,7 +132,8 @@ class ModelSpec:
     type_vocab_size: int = 0  # segment embeddings (BERT 2); 0 = none
     dsv4: DeepseekV4Spec | None = None  # DeepSeek-V4 compressed attention, hyper-connections, routing
     whisper: WhisperSpec | None = None  # encoder–decoder speech model: the audio encoder's sizes
-    family: Any = None  # the sub-spec of a family registered from outside forwardpass/ (docs/adding-a-model.md)
+    # the sub-spec of a family registered from outside forwardpass/ (docs/adding-a-model.md)
+    family: Any = None
 
     def __post_init__(self) -> None:
         if not self.layer_windows:  # built by hand without windows: every layer attends to everything
@@ -154,7 +157,8 @@ class ModelSpec:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], name: str = "") -> ModelSpec:
         """Build the spec from a config.json mapping (already un-nested from ``text_config``): the derivation
-        registered for its architecture (else its model_type) in ``models/registry.py``, else ``decoder_spec``."""
+        registered for its architecture (else its model_type) in ``models/registry.py``, else
+        ``decoder_spec``."""
         validate_config(cfg, name)  # typed bounds of every size (and checkpoint shapes) before any allocation
         from forwardpass.models.registry import spec_derivation  # the families' modules, imported when asked
 
@@ -232,13 +236,14 @@ class ModelSpec:
 
 # ---- the common core -----------------------------------------------------------------------------
 def decoder_spec(cfg: Mapping[str, Any], name: str = "", **given: Any) -> ModelSpec:
-    """The spec of a decoder from the keys most families share (Llama's: ``hidden_size``, ``num_hidden_layers``,
-    ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``intermediate_size``, ``vocab_size``, the
-    ``num_experts`` / ``num_local_experts`` MoE keys, rope, ``layer_types`` / ``use_sliding_window``, ...).
+    """The spec of a decoder from the keys most families share (Llama's: ``hidden_size``,
+    ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
+    ``intermediate_size``, ``vocab_size``, the ``num_experts`` / ``num_local_experts`` MoE keys, rope,
+    ``layer_types`` / ``use_sliding_window``, ...).
 
-    A family's derivation passes what it resolves itself as ``given`` ModelSpec fields: those are taken as they are
-    and their keys not read (Mamba2 gives its layers and heads, DeepSeek its MLA sizes and routing); any other field
-    it adds (its sub-spec) goes into the spec too."""
+    A family's derivation passes what it resolves itself as ``given`` ModelSpec fields: those are taken as
+    they are and their keys not read (Mamba2 gives its layers and heads, DeepSeek its MLA sizes and routing);
+    any other field it adds (its sub-spec) goes into the spec too."""
     f = dict(given)
 
     def need(key: str) -> Any:
@@ -266,7 +271,8 @@ def decoder_spec(cfg: Mapping[str, Any], name: str = "", **given: Any) -> ModelS
     if "intermediate" not in f:
         f["intermediate"] = int(cfg.get("intermediate_size") or 0)
         if len(f["moe_layer_ids"]) < layers and f["intermediate"] <= 0:
-            raise ConfigError(f"config {name} has dense layers but no 'intermediate_size'", param="intermediate_size")
+            raise ConfigError(f"config {name} has dense layers but no 'intermediate_size'",
+                              param="intermediate_size")
     if "rope_theta" not in f:
         f["rope_theta"], scaling = rope_parameters(cfg)
         f.setdefault("rope_scaling", scaling)
@@ -313,8 +319,8 @@ def architecture(cfg: Mapping[str, Any]) -> str:
 
 
 def moe_fields(cfg: Mapping[str, Any], layers: int, need: Callable[[str], Any]) -> dict[str, Any]:
-    """Qwen-MoE / Mixtral experts: ``num_experts`` (or ``num_local_experts``), ``num_experts_per_tok``, sparse layers
-    every ``decoder_sparse_step`` except ``mlp_only_layers``."""
+    """Qwen-MoE / Mixtral experts: ``num_experts`` (or ``num_local_experts``), ``num_experts_per_tok``, sparse
+    layers every ``decoder_sparse_step`` except ``mlp_only_layers``."""
     # transformers 5 writes `num_local_experts` for Qwen3-MoE too; Qwen's own configs say `num_experts`
     num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if num_experts <= 0:
@@ -347,7 +353,8 @@ def rope_parameters(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any] | Non
         if params.get("rope_type", "default") != "default" and not scaling:
             scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     if scaling is not None and not isinstance(scaling, Mapping):
-        raise ConfigError(f"rope_scaling must be an object, got {type(scaling).__name__}", param="rope_scaling")
+        raise ConfigError(f"rope_scaling must be an object, got {type(scaling).__name__}",
+                          param="rope_scaling")
     return float(theta if theta is not None else 10000.0), (dict(scaling) if scaling else None)
 
 

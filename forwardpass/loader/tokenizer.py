@@ -79,7 +79,8 @@ def _load_chat_templates(model_dir: Path, config: dict) -> dict[str, str]:
         for item in raw:
             if not (isinstance(item, dict) and isinstance(item.get("template"), str)):
                 raise TokenizerError(
-                    f"{model_dir / TOKENIZER_CONFIG_FILE}: chat_template entries must be {{name, template}} objects"
+                    f"{model_dir / TOKENIZER_CONFIG_FILE}: chat_template entries must be {{name, template}} "
+                    "objects"
                 )
             templates[str(item.get("name", "default"))] = item["template"]
     elif raw is not None:

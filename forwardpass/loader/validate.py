@@ -73,7 +73,8 @@ def _int(cfg: Mapping[str, Any], key: str, where: str) -> int | None:
     lo, hi = SIZE_LIMITS[key]
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(
-            f"{where}: {key} must be an integer in [{lo}, {hi}], got {type(value).__name__} {value!r:.40}", param=key
+            f"{where}: {key} must be an integer in [{lo}, {hi}], got {type(value).__name__} {value!r:.40}",
+            param=key
         )
     if not lo <= value <= hi:
         raise ConfigError(f"{where}: {key} must be an integer in [{lo}, {hi}], got {value}", param=key)
@@ -86,7 +87,8 @@ def validate_config(cfg: Mapping[str, Any], name: str = "") -> None:
     sizes = {key: _int(cfg, key, where) for key in SIZE_LIMITS}
     for key in POSITIVE_FLOATS:
         v = cfg.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not 0 < v < float("inf")):
             raise ConfigError(f"{where}: {key} must be a positive finite number, got {v!r:.40}", param=key)
     hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
     kv, head_dim = sizes["num_key_value_heads"], sizes["head_dim"]
@@ -126,7 +128,8 @@ def check_checkpoint_shapes(model_dir: Path, cfg: Mapping[str, Any], where: str 
                 shapes[tensor] = tuple(meta["shape"])
     vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size") or cfg.get("d_model")  # d_model: Whisper
     for tensor, shape in shapes.items():
-        big = tensor.endswith(("embed_tokens.weight", "lm_head.weight", "wte.weight", "word_embeddings.weight")) \
+        big = tensor.endswith(("embed_tokens.weight", "lm_head.weight", "wte.weight",
+                               "word_embeddings.weight")) \
             and len(shape) == 2
         if big and shape != (vocab, hidden):
             raise WeightShapeError(
@@ -135,6 +138,6 @@ def check_checkpoint_shapes(model_dir: Path, cfg: Mapping[str, Any], where: str 
     layer_ids = {int(m.group(1)) for t in shapes if (m := _LAYER.search(t))}
     layers = cfg.get("num_hidden_layers")
     if layer_ids and isinstance(layers, int) and max(layer_ids) + 1 < layers:
-        raise MissingTensorError(f"{where} says num_hidden_layers={layers} but the checkpoint has no tensors for "
-                                 f"layers.{max(layer_ids) + 1}. and above ({max(layer_ids) + 1} layers)",
+        raise MissingTensorError(f"{where} says num_hidden_layers={layers} but the checkpoint has no tensors "
+                                 f"for layers.{max(layer_ids) + 1}. and above ({max(layer_ids) + 1} layers)",
                                  param="num_hidden_layers")

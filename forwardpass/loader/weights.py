@@ -153,7 +153,7 @@ def _read_header(file: Path) -> dict[str, dict]:
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptWeightsError(
                 f"{bad}: the header entry for tensor {name!r} is malformed ({exc}); {fix}"
-            )
+            ) from exc
         itemsize = _DTYPES.get(dtype, (None, 0))[1]
         if itemsize and end - begin != math.prod(shape) * itemsize:
             raise CorruptWeightsError(
@@ -287,8 +287,9 @@ def load_into(
 
 def checkpoint_names(model: torch.nn.Module, name: str) -> list[tuple[str, tuple[int, int] | None]]:
     """Checkpoint tensor names feeding the model's parameter ``name``: ``[(name, None)]``, or for a merged
-    parameter (a module listed in ``model.packed_modules``, e.g. ``qkv_proj`` of ``q_proj``/``k_proj``/``v_proj``)
-    one ``(name, (start, end))`` per checkpoint tensor, its rows in the merged parameter."""
+    parameter (a module listed in ``model.packed_modules``, e.g. ``qkv_proj`` of
+    ``q_proj``/``k_proj``/``v_proj``) one ``(name, (start, end))`` per checkpoint tensor, its rows in the
+    merged parameter."""
     packed = getattr(model, "packed_modules", {})
     parts = name.split(".")
     for i, part in enumerate(parts):

@@ -59,7 +59,8 @@ class LoRAAdapter:
 
     @property
     def num_bytes(self) -> int:
-        return sum(m.A.numel() * m.A.element_size() + m.B.numel() * m.B.element_size() for m in self.modules.values())
+        return sum(m.A.numel() * m.A.element_size() + m.B.numel() * m.B.element_size()
+                   for m in self.modules.values())
 
 
 def _err(adapter: str, msg: str) -> LoRAAdapterError:
@@ -69,8 +70,8 @@ def _err(adapter: str, msg: str) -> LoRAAdapterError:
 def read_adapter_config(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_dir():
-        raise LoRAAdapterError(f"LoRA adapter path {str(path)!r} is not a directory; pass a directory written by "
-                               "PeftModel.save_pretrained", param="lora_request")
+        raise LoRAAdapterError(f"LoRA adapter path {str(path)!r} is not a directory; pass a directory "
+                               "written by PeftModel.save_pretrained", param="lora_request")
     cfg_path = model_file(path, CONFIG_FILE)
     if not cfg_path.is_file():
         raise LoRAAdapterError(f"{cfg_path} is missing: a PEFT adapter directory needs {CONFIG_FILE}",
@@ -86,16 +87,17 @@ def check_adapter_config(cfg: dict, where: str) -> None:
     if cfg.get("use_dora"):
         raise _err(where, "DoRA (use_dora=true) is not supported; only plain LoRA adapters are")
     if cfg.get("modules_to_save"):
-        raise _err(where, f"modules_to_save={cfg['modules_to_save']!r} is not supported: the adapter replaces whole "
-                          "modules (e.g. a fine-tuned lm_head), which cannot be shared across a batch; train without it")
+        raise _err(where, f"modules_to_save={cfg['modules_to_save']!r} is not supported: the adapter "
+                          "replaces whole modules (e.g. a fine-tuned lm_head), which cannot be shared across "
+                          "a batch; train without it")
     if cfg.get("bias", "none") != "none" or cfg.get("lora_bias"):
         raise _err(where, "LoRA bias terms (bias != 'none' or lora_bias=true) are not supported")
     if cfg.get("fan_in_fan_out"):
         raise _err(where, "fan_in_fan_out=true (Conv1D base layers) is not supported")
     if cfg.get("target_parameters"):
-        raise _err(where, f"target_parameters={cfg['target_parameters']!r} (LoRA on raw parameters, which is how PEFT "
-                          "adapts fused MoE experts) is not supported; target the linear layers (q/k/v/o_proj, dense "
-                          "MLPs) only")
+        raise _err(where, f"target_parameters={cfg['target_parameters']!r} (LoRA on raw parameters, which is "
+                          "how PEFT adapts fused MoE experts) is not supported; target the linear layers "
+                          "(q/k/v/o_proj, dense MLPs) only")
     if cfg.get("layer_replication"):
         raise _err(where, "layer_replication is not supported")
     for key in ("r", "lora_alpha"):
@@ -174,8 +176,9 @@ def load_adapter(request, model: nn.Module, spec: ModelSpec, max_lora_rank: int,
     weights = model_file(path, WEIGHTS_FILE)
     if not weights.is_file():
         if (path / "adapter_model.bin").is_file():
-            raise _err(where, "only adapter_model.bin (pickle) is present; pickle files are never loaded. Convert: "
-                              "PeftModel.from_pretrained(base, dir).save_pretrained(dir, safe_serialization=True)")
+            raise _err(where, "only adapter_model.bin (pickle) is present; pickle files are never loaded. "
+                              "Convert: PeftModel.from_pretrained(base, dir).save_pretrained(dir, "
+                              "safe_serialization=True)")
         raise _err(where, f"{WEIGHTS_FILE} is missing")
 
     targets = adapter_targets(model)
@@ -184,8 +187,9 @@ def load_adapter(request, model: nn.Module, spec: ModelSpec, max_lora_rank: int,
         leaves = {name.rpartition(".")[2] for name in targets}
         missing = sorted(t for t in target_modules if t not in leaves and t not in targets)
         if missing:
-            raise _err(where, f"target module(s) {missing} do not exist as linear layers in this {arch or 'model'} "
-                              f"(it has {sorted(leaves)}); LoRA on embeddings, lm_head or MoE experts is not supported")
+            raise _err(where, f"target module(s) {missing} do not exist as linear layers in this "
+                              f"{arch or 'model'} (it has {sorted(leaves)}); LoRA on embeddings, lm_head or "
+                              "MoE experts is not supported")
 
     # Collect A and B per checkpoint module.
     pairs: dict[str, dict[str, torch.Tensor]] = {}
@@ -196,8 +200,8 @@ def load_adapter(request, model: nn.Module, spec: ModelSpec, max_lora_rank: int,
     for key in handle.keys():  # noqa: SIM118 - a safe_open handle is not iterable
         m = _KEY.match(key)
         if m is None or "lora_embedding" in key or "lora_magnitude" in key:
-            raise _err(where, f"tensor {key!r} is not a LoRA A/B weight of a linear layer (embedding adapters, DoRA "
-                              "magnitudes and other extras are not supported)")
+            raise _err(where, f"tensor {key!r} is not a LoRA A/B weight of a linear layer (embedding "
+                              "adapters, DoRA magnitudes and other extras are not supported)")
         module = m.group("module")
         module = module.removeprefix(_PREFIX)
         pairs.setdefault(module, {})[m.group("ab")] = handle.get_tensor(key)
@@ -213,29 +217,30 @@ def load_adapter(request, model: nn.Module, spec: ModelSpec, max_lora_rank: int,
     max_rank = 0
     for ckpt_module, ab in sorted(pairs.items()):
         if set(ab) != {"A", "B"}:
-            raise _err(where, f"module {ckpt_module!r} has lora_{'A' if 'A' in ab else 'B'} but not its partner")
+            raise _err(where, f"module {ckpt_module!r} has lora_{'A' if 'A' in ab else 'B'} but not its "
+                              "partner")
         if ckpt_module not in targets:
             leaf = ckpt_module.rpartition(".")[2]
             hint = ("LoRA on embeddings / lm_head is not supported" if leaf in ("embed_tokens", "lm_head")
-                    else "the module does not exist or is not a linear layer here (MoE experts are not supported), "
-                         "or the adapter was made for another architecture")
+                    else "the module does not exist or is not a linear layer here (MoE experts are not "
+                         "supported), or the adapter was made for another architecture")
             raise _err(where, f"target module {ckpt_module!r}: {hint}")
         A, B = ab["A"], ab["B"]
         r = A.shape[0]
         if A.dim() != 2 or B.dim() != 2 or B.shape[1] != r:
-            raise _err(where, f"module {ckpt_module!r}: lora_A {tuple(A.shape)} and lora_B {tuple(B.shape)} do not form a "
-                              "rank-r pair")
+            raise _err(where, f"module {ckpt_module!r}: lora_A {tuple(A.shape)} and lora_B {tuple(B.shape)} "
+                              "do not form a rank-r pair")
         if r > max_lora_rank:
-            raise _err(where, f"rank {r} (module {ckpt_module!r}) exceeds max_lora_rank={max_lora_rank}; start the engine "
-                              f"with max_lora_rank>={r}")
+            raise _err(where, f"rank {r} (module {ckpt_module!r}) exceeds max_lora_rank={max_lora_rank}; "
+                              f"start the engine with max_lora_rank>={r}")
         max_rank = max(max_rank, r)
         ours, sub = targets[ckpt_module]
         base = model.get_submodule(ours)
         out_size = base.output_sizes[sub] if sub is not None else base.out_features
         if A.shape[1] != base.in_features or B.shape[0] != out_size:
-            raise _err(where, f"module {ckpt_module!r} expects lora_A [r, {base.in_features}] and lora_B [{out_size}, r], "
-                              f"the adapter has {tuple(A.shape)} and {tuple(B.shape)}: it was made for a model of another "
-                              "shape")
+            raise _err(where, f"module {ckpt_module!r} expects lora_A [r, {base.in_features}] and lora_B "
+                              f"[{out_size}, r], the adapter has {tuple(A.shape)} and {tuple(B.shape)}: it "
+                              "was made for a model of another shape")
         r_cfg = _pattern_value(cfg.get("rank_pattern"), ckpt_module, default_r)
         alpha = _pattern_value(cfg.get("alpha_pattern"), ckpt_module, default_alpha)
         if r_cfg != r:
@@ -244,8 +249,8 @@ def load_adapter(request, model: nn.Module, spec: ModelSpec, max_lora_rank: int,
     if not per_module:
         raise _err(where, f"{WEIGHTS_FILE} holds no LoRA weights")
 
-    adapter = LoRAAdapter(request.lora_name, request.lora_int_id, path, max_rank, scaling_of(default_r, default_alpha),
-                          config=cfg)
+    adapter = LoRAAdapter(request.lora_name, request.lora_int_id, path, max_rank,
+                          scaling_of(default_r, default_alpha), config=cfg)
     for ours, parts in per_module.items():
         base = model.get_submodule(ours)
         total_r = sum(p[1].shape[0] for p in parts)

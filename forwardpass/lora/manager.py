@@ -2,13 +2,14 @@
 
 **How a mixed batch is computed.** When the engine is built with LoRA enabled, its execution plan gives
 every adapter-capable projection (``layers.linear.Linear``) a :class:`LoRALayer` as its ``delta``
-slot when the layer is constructed (:meth:`LoRAManager.slot_factory`), and the manager finds them: after the untouched base matmul, ``Linear.forward`` calls it, and it adds for each adapter
-present in the batch ``B(A·x[rows])`` to ``y[rows]``. Before each forward pass the model runner calls
+slot when the layer is constructed (:meth:`LoRAManager.slot_factory`), and the manager finds them: after the
+untouched base matmul, ``Linear.forward`` calls it, and it adds for each adapter present in the batch
+``B(A·x[rows])`` to ``y[rows]``. Before each forward pass the model runner calls
 :meth:`LoRAManager.begin_step` with the adapter of each chunk; it groups the flattened rows by adapter
-(``[(adapter id, rows)]``, rows as a slice when contiguous, else an index tensor), shared by every
-slot, and :meth:`end_step` clears it. Rows without an adapter cost nothing; a batch with no adapter
-costs one empty-list check per projection. The manager is also the scheduler's admission policy
-(:meth:`can_admit`: at most ``max_loras`` distinct adapters run at once).
+(``[(adapter id, rows)]``, rows as a slice when contiguous, else an index tensor), shared by every slot, and
+:meth:`end_step` clears it. Rows without an adapter cost nothing; a batch with no adapter costs one empty-list
+check per projection. The manager is also the scheduler's admission policy (:meth:`can_admit`: at most
+``max_loras`` distinct adapters run at once).
 
 Trade-off (vs. gathering a per-row ``A``/``B`` and one batched matmul, as in vLLM's punica/SGMV
 kernels): grouping does ``2 × (adapters in the batch)`` small matmuls per projection and never copies
@@ -60,7 +61,8 @@ class LoRALayer:
 
     def __init__(self, batch: LoRABatch):
         self.batch = batch
-        self.weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # adapter id -> (A [R, in], B [out, R])
+        # adapter id -> (A [R, in], B [out, R])
+        self.weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         groups = self.batch.groups
@@ -84,14 +86,16 @@ class LoRAManager:
 
     @staticmethod
     def slot_factory(batch: LoRABatch) -> Callable[[], LoRALayer]:
-        """What the execution plan gives each adapter-capable projection at construction: a slot reading ``batch``."""
+        """What the execution plan gives each adapter-capable projection at construction: a
+        slot reading ``batch``."""
         return lambda: LoRALayer(batch)
 
     def __init__(self, model: nn.Module, spec: ModelSpec, batch: LoRABatch, max_loras: int = 1,
-                 max_lora_rank: int = 16, max_cpu_loras: int | None = None, dtype: torch.dtype = torch.float32,
-                 device: str = "cpu"):
+                 max_lora_rank: int = 16, max_cpu_loras: int | None = None,
+                 dtype: torch.dtype = torch.float32, device: str = "cpu"):
         if not isinstance(max_loras, int) or max_loras < 1:
-            raise LoRAAdapterError(f"max_loras must be a positive integer, got {max_loras!r}", param="max_loras")
+            raise LoRAAdapterError(f"max_loras must be a positive integer, got {max_loras!r}",
+                                   param="max_loras")
         if not isinstance(max_lora_rank, int) or max_lora_rank < 1:
             raise LoRAAdapterError(f"max_lora_rank must be a positive integer, got {max_lora_rank!r}",
                                    param="max_lora_rank")
@@ -107,18 +111,20 @@ class LoRAManager:
         self.layers: dict[str, LoRALayer] = {}
         for name in adapter_targets(model).values():
             module = model.get_submodule(name[0])
-            if isinstance(module, Linear) and isinstance(module.delta, LoRALayer) and module.delta.batch is batch:
+            if (isinstance(module, Linear) and isinstance(module.delta, LoRALayer)
+                    and module.delta.batch is batch):
                 self.layers[name[0]] = module.delta
 
     # ----- adapters ------------------------------------------------------------------------------
     def add_adapter(self, request: LoRARequest) -> LoRAAdapter:
         """Load (or touch) the adapter named by ``request``; raises LoRAAdapterError if unusable."""
         if not isinstance(request, LoRARequest):
-            raise LoRAAdapterError(f"lora_request must be a forwardpass.LoRARequest, got {type(request).__name__}",
-                                   param="lora_request")
+            raise LoRAAdapterError("lora_request must be a forwardpass.LoRARequest, got "
+                                   f"{type(request).__name__}", param="lora_request")
         aid = request.lora_int_id
         known = self.requests.get(aid)
-        if known is not None and (known.lora_path != request.lora_path or known.lora_name != request.lora_name):
+        if known is not None and (known.lora_path != request.lora_path
+                                  or known.lora_name != request.lora_name):
             raise LoRAAdapterError(
                 f"lora_int_id {aid} already names adapter {known.lora_name!r} ({known.lora_path}); give "
                 f"{request.lora_name!r} ({request.lora_path}) another id", param="lora_request")
@@ -175,7 +181,8 @@ class LoRAManager:
         for aid in adapter_ids - set(self.adapters):
             request = self.requests[aid]
             try:
-                adapter = load_adapter(request, self.model, self.spec, self.max_lora_rank, self.dtype, self.device)
+                adapter = load_adapter(request, self.model, self.spec, self.max_lora_rank, self.dtype,
+                                       self.device)
             except Exception as exc:  # noqa: BLE001 - any load error is this adapter's, reported to its requests
                 broken[aid] = f"LoRA adapter {request.lora_name!r} could not be reloaded: {exc}"
                 continue

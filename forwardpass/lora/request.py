@@ -14,7 +14,8 @@ class LoRARequest:
     lora_path: str = ""  # a PEFT adapter directory (adapter_config.json + adapter_model.safetensors)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.lora_int_id, int) or isinstance(self.lora_int_id, bool) or self.lora_int_id < 1:
+        if (not isinstance(self.lora_int_id, int) or isinstance(self.lora_int_id, bool)
+                or self.lora_int_id < 1):
             raise ValidationError(f"lora_int_id must be a positive integer, got {self.lora_int_id!r}",
                                   param="lora_request")
         if not self.lora_name:

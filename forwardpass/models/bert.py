@@ -146,8 +146,8 @@ class BertModel(nn.Module):
     ) -> torch.Tensor:
         if input_ids.dim() != 2:  # the generation engine's flattened [T] batch: this model cannot generate
             raise UnsupportedArchitectureError(
-                "BertModel is an encoder: it embeds text and cannot generate; load it with LLM(model, task='embed') "
-                "or forwardpass serve --task embed"
+                "BertModel is an encoder: it embeds text and cannot generate; load it with LLM(model, "
+                "task='embed') or forwardpass serve --task embed"
             )
         if input_ids.shape[1] > self.max_positions:
             raise ValidationError(

@@ -1,4 +1,5 @@
-"""The spec of BERT-style encoders (``models/bert.py``): learned absolute positions only, segment embeddings."""
+"""The spec of BERT-style encoders (``models/bert.py``): learned absolute positions
+only, segment embeddings."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from forwardpass.loader.spec import ModelSpec, decoder_spec
 
 def bert_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     """The segment-embedding count, and only learned absolute positions (the ``relative_key*`` variants add a
-    distance embedding to the attention scores, which is not built); the rest (``layer_norm_eps`` as the norm's
-    epsilon) from the common core."""
+    distance embedding to the attention scores, which is not built); the rest (``layer_norm_eps`` as the
+    norm's epsilon) from the common core."""
     kind = cfg.get("position_embedding_type", "absolute")
     if kind != "absolute":
-        raise ConfigError(f"position_embedding_type {kind!r} is not supported; only 'absolute' BERT models are",
-                          param="position_embedding_type")
+        raise ConfigError(f"position_embedding_type {kind!r} is not supported; only 'absolute' BERT models "
+                          "are", param="position_embedding_type")
     if not cfg.get("max_position_embeddings"):
         raise ConfigError("a BERT config needs max_position_embeddings (its learned position table)",
                           param="max_position_embeddings")

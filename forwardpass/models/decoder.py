@@ -1,18 +1,19 @@
 """The shell every decoder family fills: embedding → N × layer → final norm → LM head.
 
-A family supplies its layer class (``layer(spec, i)``) and, where it differs, its norm, its rotary embedding and the
-few hooks below; the shell supplies the rest, once:
+A family supplies its layer class (``layer(spec, i)``) and, where it differs, its norm, its rotary embedding
+and the few hooks below; the shell supplies the rest, once:
 
-* :class:`DecoderModel`: the token embedding (vocabulary-parallel under tensor parallelism, the LM head's matrix
-  where tied), the layers, the final norm and the rotary table computed once per forward and shared by every layer;
-  the decode stack (``models/llama_decode_stack.py``) where one was built over the layers. Hooks: :meth:`embed`
-  (Gemma's normalizer, DeepSeek-V4's residual streams), :meth:`run_layers` (Gemma's local rotary, DeepSeek-V4's
-  per-layer arguments), :meth:`finish` (DeepSeek-V4's stream collapse before its norm).
-* :class:`CausalLM`: the decoder under ``model`` (``decoder_attribute``), the LM head (none where tied, then the
-  embedding's matrix is the head; a vocabulary slice per rank under tensor parallelism), :meth:`compute_logits`
-  through the head's weight method, and :meth:`load_weights` by checkpoint name: merged modules through
-  ``packed_modules`` and other names through the public ``checkpoint_renames`` map. A family whose parameters need
-  more than a name (stacked experts: ``models/moe_loading.py``) overrides :meth:`load_parameter`.
+* :class:`DecoderModel`: the token embedding (vocabulary-parallel under tensor parallelism, the LM head's
+  matrix where tied), the layers, the final norm and the rotary table computed once per forward and shared by
+  every layer; the decode stack (``models/llama_decode_stack.py``) where one was built over the layers. Hooks:
+  :meth:`embed` (Gemma's normalizer, DeepSeek-V4's residual streams), :meth:`run_layers` (Gemma's local
+  rotary, DeepSeek-V4's per-layer arguments), :meth:`finish` (DeepSeek-V4's stream collapse before its norm).
+* :class:`CausalLM`: the decoder under ``model`` (``decoder_attribute``), the LM head (none where tied, then
+  the embedding's matrix is the head; a vocabulary slice per rank under tensor parallelism),
+  :meth:`compute_logits` through the head's weight method, and :meth:`load_weights` by checkpoint name: merged
+  modules through ``packed_modules`` and other names through the public ``checkpoint_renames`` map. A family
+  whose parameters need more than a name (stacked experts: ``models/moe_loading.py``) overrides
+  :meth:`load_parameter`.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ NormFactory = Callable[[int, float], nn.Module]
 
 
 def token_embedding(spec: ModelSpec) -> nn.Module:
-    """The token embedding: this rank's vocabulary rows under tensor parallelism, else the whole matrix (which takes
-    the LM head's weight method where the model ties the two)."""
+    """The token embedding: this rank's vocabulary rows under tensor parallelism, else the whole matrix (which
+    takes the LM head's weight method where the model ties the two)."""
     tp = tensor_parallel()
     if tp.enabled:
         return VocabParallelEmbedding(spec.vocab, spec.hidden, tp)
@@ -48,11 +49,11 @@ def token_embedding(spec: ModelSpec) -> nn.Module:
 
 
 class DecoderModel(nn.Module):
-    """``embed_tokens`` → ``layers`` → ``norm``; each layer is called as ``layer(x, cos, sin, ctx)`` (``layer(x,
-    ctx)`` without a rotary embedding: Mamba2) and returns the new hidden states."""
+    """``embed_tokens`` → ``layers`` → ``norm``; each layer is called as ``layer(x, cos, sin, ctx)``
+    (``layer(x, ctx)`` without a rotary embedding: Mamba2) and returns the new hidden states."""
 
-    #: every layer of a pure decode step in one C++ call (models/llama_decode_stack.py), built after loading where
-    #: the plan has it and the layers are exactly what it computes; None: the modules
+    #: every layer of a pure decode step in one C++ call (models/llama_decode_stack.py), built after loading
+    #: where the plan has it and the layers are exactly what it computes; None: the modules
     decode_stack: Any = None
 
     def __init__(
@@ -134,7 +135,7 @@ class CausalLM(nn.Module):
         head = self.decoder.embed_tokens.as_head(hidden) if self.lm_head is None else self.lm_head(hidden)
         return head.float()
 
-    # ----- loading --------------------------------------------------------------------------------------------
+    # ----- loading ------------------------------------------------------------------------------------------
     def checkpoint_name(self, name: str) -> str:
         """The checkpoint's name for our (module or parameter) name ``name`` (``checkpoint_renames``)."""
         for ours, theirs in self.checkpoint_renames.items():
@@ -143,8 +144,9 @@ class CausalLM(nn.Module):
         return name
 
     def checkpoint_names(self, name: str) -> list[tuple[str, tuple[int, int] | None]]:
-        """The checkpoint tensors feeding parameter ``name``: ``[(name, None)]``, or one ``(name, (start, end))``
-        per projection stored side by side in a merged parameter (``packed_modules``)."""
+        """The checkpoint tensors feeding parameter ``name``: ``[(name, None)]``, or one
+        ``(name, (start, end))`` per projection stored side by side in a merged parameter
+        (``packed_modules``)."""
         return [(self.checkpoint_name(ckpt), span) for ckpt, span in checkpoint_names(self, name)]
 
     def load_parameter(self, name: str, param: torch.Tensor, source: WeightSource) -> None:

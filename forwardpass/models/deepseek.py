@@ -59,7 +59,8 @@ class MLAttention(nn.Module):
             self.q_proj = Linear(spec.hidden, self.heads * qk)
         self.kv_a_proj_with_mqa = Linear(spec.hidden, self.rank + self.rope, bias=spec.qkv_bias)
         self.kv_a_layernorm = RMSNorm(self.rank, spec.rms_norm_eps)
-        self.kv_b_proj = Linear(self.rank, self.heads * (self.nope + self.v_dim), role="dense")  # absorbed: a matrix
+        # absorbed: a matrix
+        self.kv_b_proj = Linear(self.rank, self.heads * (self.nope + self.v_dim), role="dense")
         self.o_proj = Linear(self.heads * self.v_dim, spec.hidden, bias=spec.o_bias)
         self.rotate = apply_rotary_interleaved if spec.rope_interleave else apply_rotary
         self.scale = qk**-0.5
@@ -67,7 +68,8 @@ class MLAttention(nn.Module):
         if scaling.get("rope_type", scaling.get("type")) == "yarn" and scaling.get("mscale_all_dim"):
             self.scale *= yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"])) ** 2
 
-    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int,
+                      dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
         """This layer's cache: the latent and the shared rotary key of every token."""
         return {self.layer_idx: MLASpec(block_size=block_size, latent_dim=self.rank + self.rope, dtype=dtype)}
 
@@ -96,7 +98,8 @@ class DeepseekMoE(FusedMoE):
                          renormalize=spec.renormalize_topk, hidden_act=spec.hidden_act)
         self.spec = spec
         if spec.topk_method == "noaux_tc":  # stored as mlp.gate.e_score_correction_bias
-            self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(spec.num_experts), requires_grad=False)
+            self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(spec.num_experts),
+                                                             requires_grad=False)
         self.shared_experts = (GatedMLP(spec.hidden, spec.shared_expert_intermediate, spec.hidden_act)
                                if spec.shared_expert_intermediate else None)
 
@@ -153,7 +156,8 @@ class DeepseekModel(DecoderModel):
 
 class DeepseekV2ForCausalLM(MoECausalLMMixin, CausalLM):
     packed_modules: ClassVar[dict[str, list[str]]] = {"gate_up_proj": ["gate_proj", "up_proj"]}
-    expert_layout = QWEN_EXPERT_LAYOUT  # mlp.experts.{e}.gate_proj / up_proj / down_proj, or the stacks as stored
+    # mlp.experts.{e}.gate_proj / up_proj / down_proj, or the stacks as stored
+    expert_layout = QWEN_EXPERT_LAYOUT
 
     def build_decoder(self, spec: ModelSpec) -> DeepseekModel:
         return DeepseekModel(spec)

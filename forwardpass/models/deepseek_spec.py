@@ -1,10 +1,12 @@
-"""The spec of DeepSeek-V2 / V3 (``models/deepseek.py``): multi-latent attention sizes and DeepSeek MoE routing.
+"""The spec of DeepSeek-V2 / V3 (``models/deepseek.py``): multi-latent attention sizes and DeepSeek MoE
+routing.
 
 Multi-latent attention (``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``, optional
 ``q_lora_rank``) is checked to add up, with one clear error naming the field; every head then has its own K/V
-expanded from one latent, so ``kv_heads = heads`` and ``head_dim`` is the q·k width. The MoE: ``n_routed_experts``
-in the layers from ``first_k_dense_replace`` on, ``n_shared_experts`` always-on experts, V2's softmax greedy /
-group-limited routing or V3's sigmoid ``noaux_tc`` (also Nemotron-H's MoE layers: ``models/mamba_spec.py``).
+expanded from one latent, so ``kv_heads = heads`` and ``head_dim`` is the q·k width. The MoE:
+``n_routed_experts`` in the layers from ``first_k_dense_replace`` on, ``n_shared_experts`` always-on experts,
+V2's softmax greedy / group-limited routing or V3's sigmoid ``noaux_tc`` (also Nemotron-H's MoE layers:
+``models/mamba_spec.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ def deepseek_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
         given.update(kv_heads=int(require(cfg, "num_attention_heads", name)),
                      head_dim=given["qk_nope_head_dim"] + given["qk_rope_head_dim"])
     if cfg.get("n_routed_experts"):
-        given.update(deepseek_moe_fields(cfg, int(require(cfg, "num_hidden_layers", name)), architecture(cfg)))
+        given.update(deepseek_moe_fields(cfg, int(require(cfg, "num_hidden_layers", name)),
+                                         architecture(cfg)))
     return decoder_spec(cfg, name, **given)
 
 
@@ -36,20 +39,25 @@ def mla_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         value = cfg.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"multi-latent attention needs a positive integer {key}, got {value!r}", param=key)
+            raise ConfigError(f"multi-latent attention needs a positive integer {key}, got {value!r}",
+                              param=key)
         out[key] = value
     q_rank = cfg.get("q_lora_rank") or 0
     if not isinstance(q_rank, int) or q_rank < 0:
-        raise ConfigError(f"q_lora_rank must be a non-negative integer or null, got {q_rank!r}", param="q_lora_rank")
+        raise ConfigError(f"q_lora_rank must be a non-negative integer or null, got {q_rank!r}",
+                          param="q_lora_rank")
     out["q_lora_rank"] = q_rank
     if out["qk_rope_head_dim"] % 2:
-        raise ConfigError(f"qk_rope_head_dim must be even for rotary embedding, got {out['qk_rope_head_dim']}",
+        raise ConfigError("qk_rope_head_dim must be even for rotary embedding, got "
+                          f"{out['qk_rope_head_dim']}",
                           param="qk_rope_head_dim")
     head_dim = cfg.get("head_dim")
-    if head_dim is not None and head_dim not in (out["qk_rope_head_dim"], out["qk_nope_head_dim"] + out["qk_rope_head_dim"]):
+    if head_dim is not None and head_dim not in (out["qk_rope_head_dim"],
+                                                 out["qk_nope_head_dim"] + out["qk_rope_head_dim"]):
         raise ConfigError(
-            f"head_dim={head_dim} must equal qk_rope_head_dim ({out['qk_rope_head_dim']}) or qk_nope_head_dim + "
-            f"qk_rope_head_dim ({out['qk_nope_head_dim'] + out['qk_rope_head_dim']})", param="head_dim")
+            f"head_dim={head_dim} must equal qk_rope_head_dim ({out['qk_rope_head_dim']}) or "
+            f"qk_nope_head_dim + qk_rope_head_dim ({out['qk_nope_head_dim'] + out['qk_rope_head_dim']})",
+            param="head_dim")
     return out
 
 
@@ -65,12 +73,13 @@ def deepseek_moe_fields(cfg: Mapping[str, Any], layers: int, arch: str) -> dict[
     v3 = arch == "DeepseekV3ForCausalLM" or cfg.get("model_type") == "deepseek_v3"
     method = "noaux_tc" if v3 else str(cfg.get("topk_method") or "greedy")
     if method not in ("greedy", "group_limited_greedy", "noaux_tc"):
-        raise ConfigError(f"topk_method {method!r} is not supported (greedy, group_limited_greedy)", param="topk_method")
+        raise ConfigError(f"topk_method {method!r} is not supported (greedy, group_limited_greedy)",
+                          param="topk_method")
     n_group = int(cfg.get("n_group") or 1)
     topk_group = int(cfg.get("topk_group") or n_group)
     if method != "greedy" and (e % n_group or not 1 <= topk_group <= n_group):
-        raise ConfigError(f"n_routed_experts={e} must split into n_group={n_group} groups, and 1 <= topk_group "
-                          f"<= n_group (got {topk_group})", param="n_group")
+        raise ConfigError(f"n_routed_experts={e} must split into n_group={n_group} groups, and 1 <= "
+                          f"topk_group <= n_group (got {topk_group})", param="n_group")
     if method == "noaux_tc" and topk_group * (e // n_group) < k:
         raise ConfigError(f"topk_group={topk_group} groups of {e // n_group} experts cannot supply "
                           f"num_experts_per_tok={k}", param="topk_group")

@@ -83,8 +83,8 @@ class SharedExpert(nn.Module):
         self.w1, self.w2, self.w3 = Linear(hidden, inter), Linear(inter, hidden), Linear(hidden, inter)
 
     def forward(self, x: torch.Tensor, limit: float) -> torch.Tensor:
-        # each projection through its own Linear (its weight method): a weight the plan quantized or packed is no
-        # tensor to concatenate; torch.cat of w1's and w3's weights crashed every int8/int4 engine
+        # each projection through its own Linear (its weight method): a weight the plan quantized or packed is
+        # no tensor to concatenate; torch.cat of w1's and w3's weights crashed every int8/int4 engine
         return self.w2(clamped_glu(self.w1(x), self.w3(x), limit))
 
 
@@ -191,8 +191,8 @@ class HyperHead(nn.Module):
 
 
 class DeepseekV4Model(DecoderModel):
-    """The shell over ``hc_mult`` residual streams: the embedding is copied into each, every layer mixes them, and
-    the head's hyper-connection collapses them before the final norm."""
+    """The shell over ``hc_mult`` residual streams: the embedding is copied into each, every layer mixes them,
+    and the head's hyper-connection collapses them before the final norm."""
 
     def __init__(self, spec: ModelSpec):
         v4 = spec.dsv4

@@ -12,8 +12,8 @@ Per layer (parameter names are the checkpoint's, ``model.layers.{i}.attn.*``):
   rotated back by the query position, then the grouped output projection ``wo_a`` (``o_groups``
   blocks) → ``wo_b``.
 
-Cache (``engine/scheduling/compressed_spec.py``): the K=V vectors in the layer's sliding pages, the entries in the
-compressed group (keyed by entry index), the compressor's not-yet-pooled projections in the state
+Cache (``engine/scheduling/compressed_spec.py``): the K=V vectors in the layer's sliding pages, the entries in
+the compressed group (keyed by entry index), the compressor's not-yet-pooled projections in the state
 slot. Each sequence of the batch is handled on its own (a reference path: see the module notes in
 ``attention/compressed.py``); ``ctx=None`` runs the whole input as one sequence and keeps nothing.
 """
@@ -54,7 +54,8 @@ class Norm(nn.Module):
 
 
 class Compressor(nn.Module):
-    """Pools ``rate`` tokens into one entry of ``dim`` values (CSA: two overlapping series, ``2·dim`` wide)."""
+    """Pools ``rate`` tokens into one entry of ``dim`` values (CSA: two overlapping
+    series, ``2·dim`` wide)."""
 
     def __init__(self, hidden: int, dim: int, rate: int, overlap: bool):
         super().__init__()
@@ -120,8 +121,10 @@ class DeepseekV4Attention(nn.Module):
             if self.sparse:
                 self.indexer = Indexer(spec, v4, self.rate)
 
-    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
-        """Sliding K=V pages, compressed entries and the compressor's state (``models/deepseek_v4_cache_spec.py``)."""
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int,
+                      dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+        """Sliding K=V pages, compressed entries and the compressor's state
+        (``models/deepseek_v4_cache_spec.py``)."""
         return layer_cache_specs(self.v4, self.layer, self.dim, block_size, dtype)
 
     # ----- the projections of the whole batch ---------------------------------------------------------

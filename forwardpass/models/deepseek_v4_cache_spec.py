@@ -16,8 +16,8 @@ group its lifetime calls for:
   series joins the next entry): at most ``2m - 1`` tokens, so a fixed-size slot per request, taken at
   admission, carried across chunks, dropped on preemption (recompute rebuilds it) and at finish.
 
-No prefix caching (the sliding pages are reused as soon as they leave the window). ``DeepseekV4Attention`` declares
-its layer's three caches with :func:`layer_cache_specs`.
+No prefix caching (the sliding pages are reused as soon as they leave the window). ``DeepseekV4Attention``
+declares its layer's three caches with :func:`layer_cache_specs`.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def layer_cache_specs(
     v4: DeepseekV4Spec, layer: int, head_dim: int, block_size: int, dtype: torch.dtype
 ) -> dict[int, KVCacheSpec | None]:
     """Layer ``layer``'s caches by cache id: its sliding K=V pages at ``layer``, its compressed entries at
-    ``entries_cache_id`` and its compressor state at ``state_cache_id`` (None there for a sliding-only layer)."""
+    ``entries_cache_id`` and its compressor state at ``state_cache_id`` (None there for
+    a sliding-only layer)."""
     out: dict[int, KVCacheSpec | None] = {
         layer: SharedKVSlidingSpec(block_size=block_size, num_kv_heads=1, head_dim=head_dim, dtype=dtype,
                                    sliding_window=v4.window),

@@ -1,8 +1,10 @@
-"""The spec of DeepSeek-V4 (``models/deepseek_v4*.py``): ``DeepseekV4Spec`` and the derivation that reads its keys.
+"""The spec of DeepSeek-V4 (``models/deepseek_v4*.py``): ``DeepseekV4Spec`` and the derivation that reads its
+keys.
 
-Compressed attention (layer types and compress rates), hash / top-k MoE layers, the two rotary bases (``main`` for
-sliding layers, ``compress`` for CSA / HCA layers and their compressors), hyper-connection and indexer sizes, as
-transformers' ``DeepseekV4Config`` resolves them. Its cache kinds: ``models/deepseek_v4_cache_spec.py``.
+Compressed attention (layer types and compress rates), hash / top-k MoE layers, the two rotary bases (``main``
+for sliding layers, ``compress`` for CSA / HCA layers and their compressors), hyper-connection and indexer
+sizes, as transformers' ``DeepseekV4Config`` resolves them. Its cache kinds:
+``models/deepseek_v4_cache_spec.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from forwardpass.errors import ConfigError
 from forwardpass.loader.spec import ModelSpec, decoder_spec, require
 
 DSV4_SLIDING = "sliding_attention"
-DSV4_CSA = "compressed_sparse_attention"  # compressed every m tokens, an indexer picks top-k entries per query
+# compressed every m tokens, an indexer picks top-k entries per query
+DSV4_CSA = "compressed_sparse_attention"
 DSV4_HCA = "heavily_compressed_attention"  # compressed every m' tokens, every entry visible
 
 
@@ -80,7 +83,8 @@ class DeepseekV4Spec:
             out += 2 * hidden * width + m * width + d
         if self.sparse(layer):
             di = self.index_head_dim
-            out += q_lora_rank * self.index_heads * di + hidden * self.index_heads + 4 * hidden * di + 2 * m * di + di
+            out += (q_lora_rank * self.index_heads * di + hidden * self.index_heads + 4 * hidden * di
+                    + 2 * m * di + di)
         return out
 
     def hyper_params(self, hidden: int) -> int:
@@ -105,8 +109,8 @@ class DeepseekV4Spec:
 
 
 def deepseek_v4_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
-    """DeepSeek-V4: one K=V head shared by every query head, its own routing, windows and rotary; the common core
-    for the rest."""
+    """DeepSeek-V4: one K=V head shared by every query head, its own routing, windows and rotary; the common
+    core for the rest."""
     hidden, layers = int(require(cfg, "hidden_size", name)), int(require(cfg, "num_hidden_layers", name))
     heads = int(require(cfg, "num_attention_heads", name))
     head_dim = int(cfg.get("head_dim") or hidden // heads)
@@ -123,8 +127,8 @@ def deepseek_v4_fields(cfg: Mapping[str, Any], layers: int, heads: int, head_dim
     compress rates, hash / top-k MoE layers, the two rotary bases (``main`` for sliding layers,
     ``compress`` for CSA / HCA layers and their compressors), hyper-connection and indexer sizes."""
     if cfg.get("quantization_config"):
-        raise ConfigError("DeepSeek-V4 checkpoints with a quantization_config (FP8 / FP4 experts) are not supported; "
-                          "use a bf16 / fp32 checkpoint", param="quantization_config")
+        raise ConfigError("DeepSeek-V4 checkpoints with a quantization_config (FP8 / FP4 experts) are not "
+                          "supported; use a bf16 / fp32 checkpoint", param="quantization_config")
     rates = dict(cfg.get("compress_rates") or {DSV4_CSA: 4, DSV4_HCA: 128})
     for key, legacy in ((DSV4_CSA, "compress_rate_csa"), (DSV4_HCA, "compress_rate_hca")):
         rates[key] = cfg.get(legacy) or rates.get(key)
@@ -132,7 +136,8 @@ def deepseek_v4_fields(cfg: Mapping[str, Any], layers: int, heads: int, head_dim
     if types is None and isinstance(cfg.get("compress_ratios"), list):
         types = [_DSV4_RATE_TYPES.get(r, str(r)) for r in cfg["compress_ratios"]]
     if types is None:  # transformers' default: two HCA layers, then CSA / HCA interleaved
-        types = [DSV4_HCA] * min(layers, 2) + [DSV4_CSA if i % 2 else DSV4_HCA for i in range(max(layers - 2, 0))]
+        types = ([DSV4_HCA] * min(layers, 2)
+                 + [DSV4_CSA if i % 2 else DSV4_HCA for i in range(max(layers - 2, 0))])
     types = list(types)[:layers]
     mlp = cfg.get("mlp_layer_types")
     if mlp is None:
@@ -144,7 +149,8 @@ def deepseek_v4_fields(cfg: Mapping[str, Any], layers: int, heads: int, head_dim
     bad = sorted({str(t) for t in types if t not in (DSV4_SLIDING, DSV4_CSA, DSV4_HCA)} |
                  {str(t) for t in mlp if t not in ("hash_moe", "moe")})
     if bad:
-        raise ConfigError(f"DeepSeek-V4 layer_types / mlp_layer_types has unknown entries {bad}", param="layer_types")
+        raise ConfigError(f"DeepSeek-V4 layer_types / mlp_layer_types has unknown entries {bad}",
+                          param="layer_types")
     sizes = {"sliding_window": cfg.get("sliding_window") or 128, "o_groups": cfg.get("o_groups") or 8,
              "o_lora_rank": cfg.get("o_lora_rank") or 1024, "index_n_heads": cfg.get("index_n_heads") or 64,
              "index_head_dim": cfg.get("index_head_dim") or 128, "index_topk": cfg.get("index_topk") or 512,
@@ -156,7 +162,8 @@ def deepseek_v4_fields(cfg: Mapping[str, Any], layers: int, heads: int, head_dim
             raise ConfigError(f"deepseek_v4: {key} must be an integer in [1, 2**20], got {value!r:.40}",
                               param=key.split(".")[0])
     if heads % sizes["o_groups"]:
-        raise ConfigError(f"num_attention_heads={heads} must split into o_groups={sizes['o_groups']}", param="o_groups")
+        raise ConfigError(f"num_attention_heads={heads} must split into o_groups={sizes['o_groups']}",
+                          param="o_groups")
     partial = cfg.get("partial_rotary_factor")
     rope_dim = int(head_dim * partial) if partial else int(cfg.get("qk_rope_head_dim") or head_dim // 8)
     if rope_dim % 2 or not 0 < rope_dim <= min(head_dim, sizes["index_head_dim"]):
@@ -164,7 +171,8 @@ def deepseek_v4_fields(cfg: Mapping[str, Any], layers: int, heads: int, head_dim
                           param="partial_rotary_factor")
     scoring = str(cfg.get("scoring_func") or "sqrtsoftplus")
     if scoring not in ("sqrtsoftplus", "sigmoid"):
-        raise ConfigError(f"scoring_func {scoring!r} is not supported (sqrtsoftplus, sigmoid)", param="scoring_func")
+        raise ConfigError(f"scoring_func {scoring!r} is not supported (sqrtsoftplus, sigmoid)",
+                          param="scoring_func")
     if str(cfg.get("hidden_act") or "silu") != "silu":
         raise ConfigError("DeepSeek-V4 experts are SwiGLU: hidden_act must be silu", param="hidden_act")
     rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
@@ -203,5 +211,6 @@ def deepseek_v4_fields(cfg: Mapping[str, Any], layers: int, heads: int, head_dim
            "expert_intermediate": inter, "shared_expert_intermediate": inter, "renormalize_topk": True,
            "router_scoring": scoring, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
            "routed_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0)}
-    return {"dsv4": dsv4, "moe": moe, "layer_windows": (window,) * layers, "q_lora_rank": sizes["q_lora_rank"],
-            "qk_rope_head_dim": rope_dim, "rope_theta": main_theta, "rope_interleave": True}
+    return {"dsv4": dsv4, "moe": moe, "layer_windows": (window,) * layers,
+            "q_lora_rank": sizes["q_lora_rank"], "qk_rope_head_dim": rope_dim, "rope_theta": main_theta,
+            "rope_interleave": True}

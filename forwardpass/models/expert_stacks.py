@@ -1,10 +1,11 @@
 """Stacked routed-expert weights of the MoE blocks that are not ``layers/moe.py::FusedMoE`` (DeepSeek-V4's
 ``experts.w13`` / ``experts.w2``, Nemotron-H's relu² ``experts.up_proj`` / ``experts.down_proj``).
 
-They take the plan's block format after loading, as ``FusedMoE``'s ``ExpertWeights`` do (``quant/apply.py``: MoE
-expert stacks are quantized like the projections): without this an int8 / int4 engine kept these models' routed
-experts, most of their weights, in fp32 while its plan said ``q8_0`` / ``q4_0``. A quantized stack is indexed per
-expert (``QuantizedWeight.__getitem__``) and multiplied through ``layers/linear.py::linear`` like a tensor.
+They take the plan's block format after loading, as ``FusedMoE``'s ``ExpertWeights`` do (``quant/apply.py``:
+MoE expert stacks are quantized like the projections): without this an int8 / int4 engine kept these models'
+routed experts, most of their weights, in fp32 while its plan said ``q8_0`` / ``q4_0``. A quantized stack is
+indexed per expert (``QuantizedWeight.__getitem__``) and multiplied through ``layers/linear.py::linear`` like
+a tensor.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from forwardpass.quant.weight import QuantizedWeight
 
 
 class ExpertStacks(nn.Module):
-    """``[E, N, K]`` parameters under the names a checkpoint's loader fills (``ExpertStacks(w13=(E, 2I, H), ...)``),
-    quantized one stack at a time after loading where the plan quantizes (peak memory: one stack's blocks)."""
+    """``[E, N, K]`` parameters under the names a checkpoint's loader fills
+    (``ExpertStacks(w13=(E, 2I, H), ...)``), quantized one stack at a time after loading where the plan
+    quantizes (peak memory: one stack's blocks)."""
 
     def __init__(self, **shapes: tuple[int, int, int]):
         super().__init__()

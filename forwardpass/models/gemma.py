@@ -71,13 +71,15 @@ class GemmaDecoderLayer(DecoderLayer):
 
 
 class GemmaModel(DecoderModel):
-    """The shell with Gemma's norms, the embedding times ``sqrt(hidden)``, a local rotary base for sliding layers."""
+    """The shell with Gemma's norms, the embedding times ``sqrt(hidden)``, a local rotary
+    base for sliding layers."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__(spec, GemmaDecoderLayer, norm=GemmaRMSNorm,
                          rotary=RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling))
         self.local_rotary = (
-            RotaryEmbedding(spec.head_dim, spec.local_rope_theta) if spec.local_rope_theta is not None else None
+            RotaryEmbedding(spec.head_dim, spec.local_rope_theta) if spec.local_rope_theta is not None
+            else None
         )
         self.embed_scale = spec.hidden**0.5
 

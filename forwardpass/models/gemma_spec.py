@@ -1,8 +1,9 @@
 """The spec of Gemma 2 / 3 (``models/gemma.py``): what Gemma's keys add to the common core.
 
 The query scale (``query_pre_attn_scalar ** -0.5``), the tanh-caps of attention scores and output logits
-(``attn_logit_softcapping`` / ``final_logit_softcapping``), Gemma 3's per-layer-type rotary (``rope_parameters``
-keyed by layer type, or the older ``rope_theta`` / ``rope_local_base_freq``) and its q/k norms.
+(``attn_logit_softcapping`` / ``final_logit_softcapping``), Gemma 3's per-layer-type rotary
+(``rope_parameters`` keyed by layer type, or the older ``rope_theta`` / ``rope_local_base_freq``) and its q/k
+norms.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from forwardpass.loader.spec import (
 
 
 def gemma_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
-    """Gemma 2 / 3: the common core, with Gemma 3's rotary bases, then the scale and soft-caps (the scale needs the
-    resolved ``head_dim``)."""
+    """Gemma 2 / 3: the common core, with Gemma 3's rotary bases, then the scale and soft-caps (the scale
+    needs the resolved ``head_dim``)."""
     given: dict[str, Any] = {"qk_norm": architecture(cfg) == "Gemma3ForCausalLM"}
     if str(cfg.get("model_type") or "").startswith("gemma3"):
         given["rope_theta"], given["rope_scaling"], given["local_rope_theta"] = gemma3_rope(cfg)
@@ -48,4 +49,5 @@ def gemma3_rope(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None, f
         scaling = full if full.get("rope_type", "default") != "default" else None
         return theta, scaling, float(local.get("rope_theta", 10_000.0))
     _, scaling = rope_parameters(cfg)
-    return float(cfg.get("rope_theta") or 1_000_000.0), scaling, float(cfg.get("rope_local_base_freq") or 10_000.0)
+    return (float(cfg.get("rope_theta") or 1_000_000.0), scaling,
+            float(cfg.get("rope_local_base_freq") or 10_000.0))

@@ -42,7 +42,8 @@ class DecoderAttention(nn.Module):
         if (tp := tensor_parallel()).enabled:  # this rank's heads: q/k/v column-split, o_proj row-split
             self.qkv_proj, self.num_heads, self.num_kv_heads = qkv_parallel(
                 spec.hidden, spec.heads, spec.kv_heads, d, tp, bias=spec.qkv_bias)
-            self.o_proj = RowParallelLinear(spec.q_dim, spec.hidden, tp, bias=spec.o_bias, what="the query heads' width")
+            self.o_proj = RowParallelLinear(spec.q_dim, spec.hidden, tp, bias=spec.o_bias,
+                                            what="the query heads' width")
         else:
             self.qkv_proj = MergedLinear(
                 spec.hidden,
@@ -62,7 +63,8 @@ class DecoderAttention(nn.Module):
         if (self.fused is not None and qkv.dtype == torch.float32 and qkv.is_contiguous()
                 and qkv.device.type == "cpu" and cos.shape[-1] == self.head_dim):  # fmt: skip
             # q/k norm + rotary in one compiled call, in place on the fresh projection (layers/fused.py)
-            norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm else (None, None, 0.0)
+            norms = ((self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm
+                     else (None, None, 0.0))
             self.fused.qk_norm_rope_(qkv, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim, *norms)
             q, k, v = (p.view(t, -1, self.head_dim) for p in self.qkv_proj.split(qkv))
             return self.o_proj(self.attn(q, k, v, ctx).reshape(t, self.num_heads * self.head_dim))
@@ -105,7 +107,8 @@ class LlamaForCausalLM(CausalLM):
     #: the decode stack's ops, from the plan at construction (None: no stack)
     decode_stack_ops: Any = None
     kv_cache_dtype: torch.dtype = torch.float32
-    packed_modules: ClassVar[dict[str, list[str]]] = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    packed_modules: ClassVar[dict[str, list[str]]] = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
+                                                      "gate_up_proj": ["gate_proj", "up_proj"]}
 
     def __init__(self, spec: ModelSpec):
         super().__init__(spec)
@@ -118,11 +121,12 @@ class LlamaForCausalLM(CausalLM):
         return DecoderModel(spec, self.layer_cls, rotary=rotary)
 
     def process_weights_after_loading(self) -> None:
-        """Once every layer holds its final weights (packed, quantized): the decode stack over them, where the plan
-        has it and every layer is exactly what the stack computes (models/llama_decode_stack.py)."""
+        """Once every layer holds its final weights (packed, quantized): the decode stack over them, where the
+        plan has it and every layer is exactly what the stack computes (models/llama_decode_stack.py)."""
         if self.decode_stack_ops is not None:
             from forwardpass.layers.small_matmul import small_matmul_capsule
             from forwardpass.models.llama_decode_stack import build_decode_stack
 
-            stack = build_decode_stack(self, self.decode_stack_ops, small_matmul_capsule(), self.kv_cache_dtype)
+            stack = build_decode_stack(self, self.decode_stack_ops, small_matmul_capsule(),
+                                       self.kv_cache_dtype)
             self.model.decode_stack = stack

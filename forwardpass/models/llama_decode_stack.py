@@ -22,6 +22,7 @@ from torch import nn
 
 from forwardpass.attention.context import AttentionContext, GroupMetadata
 from forwardpass.layers.packed import PackedWeight
+from forwardpass.quant.kblock_weight import KBlockWeight
 from forwardpass.quant.weight import QuantizedWeight
 
 
@@ -33,11 +34,13 @@ class DecodeStack:
 
     def applies(self, x: torch.Tensor, cos: torch.Tensor, ctx: AttentionContext | None) -> bool:
         return (
-            ctx is not None and ctx.decode_kernel is not None and 0 < ctx.num_decode == x.shape[0] <= self.max_rows
+            ctx is not None and ctx.decode_kernel is not None
+            and 0 < ctx.num_decode == x.shape[0] <= self.max_rows
             and x.dtype == torch.float32 and x.device.type == "cpu" and cos.shape[-1] == self.head_dim
         )  # fmt: skip
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 ctx: AttentionContext) -> torch.Tensor:
         groups: list[GroupMetadata] = ctx.groups  # type: ignore[assignment]  # every layer attends (build_decode_stack)
         return self._stack.forward(
             x, cos, sin, ctx.kv_caches, ctx.layer_group, [g.slot_mapping for g in groups],
@@ -49,8 +52,8 @@ def build_decode_stack(
     model: nn.Module, ops: Any, dense_capsule: Any, kv_cache_dtype: torch.dtype = torch.float32
 ) -> DecodeStack | None:
     """The stack for ``model`` (a Llama-family ``...ForCausalLM``) on the compiled ``ops`` (the paged-decode
-    extension) with ``dense_capsule`` (the small-batch fp32 matmul's entry point, for fp32 weights) over KV caches
-    of ``kv_cache_dtype``, or None where some part is not exactly what the stack computes."""
+    extension) with ``dense_capsule`` (the small-batch fp32 matmul's entry point, for fp32 weights) over KV
+    caches of ``kv_cache_dtype``, or None where some part is not exactly what the stack computes."""
     from forwardpass.attention.layer import KERNEL_CACHE_DTYPES, CachedAttention
     from forwardpass.layers.linear import Linear, MergedLinear
     from forwardpass.layers.mlp import GatedMLP
@@ -68,6 +71,12 @@ def build_decode_stack(
         if type(linear) is not cls or linear.delta is not None:  # a LoRA slot adds to the output
             return None
         w = linear.weight
+        if isinstance(w, KBlockWeight):  # a GGUF K-block type: its kernel's entry point, (x, codes, meta)
+            capsule = w.matvec_capsule()
+            if capsule is None:
+                return None
+            max_rows.append(w.gemm_rows - 1)  # more rows dequantize for a float GEMM (KBlockWeight.matmul)
+            return ops.Projection(capsule, w.codes, w.meta, linear.bias)
         if isinstance(w, QuantizedWeight):
             if w._kernel is None or w.qs.device.type != "cpu" or w.qs.dim() != 2:
                 return None
@@ -95,7 +104,8 @@ def build_decode_stack(
         attn, mlp = layer.self_attn, layer.mlp
         if (type(attn) is not DecoderAttention or attn.fused is None or type(attn.attn) is not CachedAttention
                 or attn.attn.softcap is not None or type(mlp) is not GatedMLP or mlp.fused is None
-                or mlp.act is not F.silu or not norm(layer.input_layernorm) or not norm(layer.post_attention_layernorm)
+                or mlp.act is not F.silu or not norm(layer.input_layernorm)
+                or not norm(layer.post_attention_layernorm)
                 or (attn.q_norm is not None and not (norm(attn.q_norm) and norm(attn.k_norm)))):  # fmt: skip
             return None
         projs = [projection(attn.qkv_proj, MergedLinear), projection(attn.o_proj, Linear),

@@ -1,5 +1,5 @@
-"""The specs of the Llama family (``models/llama.py``: Llama, Mistral, Qwen2, Qwen3 and their MoE variants): the
-common core (``loader/spec.py::decoder_spec``) plus each architecture's few differences."""
+"""The specs of the Llama family (``models/llama.py``: Llama, Mistral, Qwen2, Qwen3 and their MoE variants):
+the common core (``loader/spec.py::decoder_spec``) plus each architecture's few differences."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from forwardpass.loader.spec import ModelSpec, decoder_spec
 
 
 def mistral_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
-    """Mistral / Mixtral: without ``layer_types``, every layer slides by ``sliding_window`` (as HF's Mistral does)."""
+    """Mistral / Mixtral: without ``layer_types``, every layer slides by ``sliding_window``
+    (as HF's Mistral does)."""
     spec = decoder_spec(cfg, name, **_mixtral(cfg))
     window = cfg.get("sliding_window")
     if window and not cfg.get("layer_types"):
@@ -21,13 +22,15 @@ def mistral_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
 
 def _mixtral(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Mixtral always renormalizes the chosen experts' weights."""
-    mixtral = cfg.get("model_type") == "mixtral" or (cfg.get("architectures") or [""])[0] == "MixtralForCausalLM"
+    mixtral = (cfg.get("model_type") == "mixtral"
+               or (cfg.get("architectures") or [""])[0] == "MixtralForCausalLM")
     experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     return {"renormalize_topk": True} if mixtral and experts else {}
 
 
 def qwen2_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
-    """Qwen2 always has q/k/v biases and never an o_proj bias (HF Qwen2Attention ignores ``attention_bias``)."""
+    """Qwen2 always has q/k/v biases and never an o_proj bias (HF Qwen2Attention ignores
+    ``attention_bias``)."""
     return decoder_spec(cfg, name, qkv_bias=True, o_bias=False)
 
 

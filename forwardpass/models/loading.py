@@ -56,7 +56,8 @@ def load_model(
     """Return ``(model, spec)`` for a Hugging Face model directory."""
     cfg = load_model_config(model_dir)
     if not cfg.architecture:
-        raise MissingFileError(f"{Path(model_dir) / 'config.json'} has no 'architectures' entry naming the model class")
+        raise MissingFileError(f"{Path(model_dir) / 'config.json'} has no 'architectures' entry naming the "
+                               "model class")
     resolve_model_class(cfg.architecture)  # fail on an unknown architecture before reading its fields
     spec = ModelSpec.from_config(cfg, name=model_name(model_dir))
     find_weight_files(model_dir)

@@ -66,7 +66,8 @@ class Mamba2Mixer(nn.Module):
         self.norm = RMSNorm(s.inner, s.norm_eps)  # only its weight: the gated form is gated_rms_norm
         self.out_proj = Linear(s.inner, spec.hidden, bias=s.bias)
 
-    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int,
+                      dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
         """One float32 slot per request: the conv window, then the SSM state."""
         return {self.layer_idx: StateSpec(block_size=block_size, state_size=self.s.state_size)}
 
@@ -129,7 +130,8 @@ class NemotronHAttention(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, spec.head_dim
-        self.qkv_proj = MergedLinear(spec.hidden, {"q_proj": spec.q_dim, "k_proj": spec.kv_dim, "v_proj": spec.kv_dim},
+        self.qkv_proj = MergedLinear(spec.hidden,
+                                     {"q_proj": spec.q_dim, "k_proj": spec.kv_dim, "v_proj": spec.kv_dim},
                                      bias=spec.qkv_bias)
         self.o_proj = Linear(spec.q_dim, spec.hidden, bias=spec.o_bias)
         self.attn = CachedAttention(layer_idx, scale=spec.head_dim**-0.5)
@@ -137,7 +139,8 @@ class NemotronHAttention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
-        out = self.attn(q.view(t, self.heads, -1), k.view(t, self.kv_heads, -1), v.view(t, self.kv_heads, -1), ctx)
+        out = self.attn(q.view(t, self.heads, -1), k.view(t, self.kv_heads, -1), v.view(t, self.kv_heads, -1),
+                        ctx)
         return self.o_proj(out.reshape(t, -1))
 
 

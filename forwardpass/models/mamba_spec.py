@@ -1,9 +1,10 @@
-"""The spec of Mamba2 and Nemotron-H (``models/mamba.py``): ``SSMSpec`` and the derivation that reads their keys.
+"""The spec of Mamba2 and Nemotron-H (``models/mamba.py``): ``SSMSpec`` and the derivation that reads their
+keys.
 
 Mamba2: every layer a Mamba2 mixer (``num_heads`` / ``head_dim`` / ``state_size``). Nemotron-H: a hybrid whose
-``layers_block_type`` (or the older ``hybrid_override_pattern`` string ``M`` / ``*`` / ``-`` / ``E``) says what each
-layer mixes with: a Mamba2 mixer (``mamba_num_heads`` / ``mamba_head_dim`` / ``ssm_state_size``), attention, an MLP
-(relu², not gated) or a MoE with DeepSeek-V3 routing.
+``layers_block_type`` (or the older ``hybrid_override_pattern`` string ``M`` / ``*`` / ``-`` / ``E``) says
+what each layer mixes with: a Mamba2 mixer (``mamba_num_heads`` / ``mamba_head_dim`` / ``ssm_state_size``),
+attention, an MLP (relu², not gated) or a MoE with DeepSeek-V3 routing.
 """
 
 from __future__ import annotations
@@ -71,15 +72,15 @@ class SSMSpec:
     def params(self) -> int:
         """in_proj (z, xBC, dt), conv weights and bias, A, D, dt_bias, gated norm, out_proj."""
         in_proj = self.inner + self.conv_dim + self.heads
-        return (self.hidden_in * in_proj + self.conv_dim * (self.conv_kernel + 1) + 3 * self.heads + self.inner
-                + self.inner * self.hidden_in)
+        return (self.hidden_in * in_proj + self.conv_dim * (self.conv_kernel + 1) + 3 * self.heads
+                + self.inner + self.inner * self.hidden_in)
 
     hidden_in: int = 0  # the model's hidden size (for ``params``)
 
 
 def mamba_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
-    """Mamba2 / Nemotron-H: layers, their mixers and the SSM sizes from the family's keys; attention sizes (where a
-    layer attends) and the rest from the common core."""
+    """Mamba2 / Nemotron-H: layers, their mixers and the SSM sizes from the family's keys; attention sizes
+    (where a layer attends) and the rest from the common core."""
     if cfg.get("model_type") not in ("mamba2", "nemotron_h"):  # registered by architecture: its model type
         cfg = {**cfg, "model_type": "nemotron_h" if architecture(cfg) == "NemotronHForCausalLM" else "mamba2"}
     hidden = int(require(cfg, "hidden_size", name))
@@ -119,10 +120,11 @@ def ssm_fields(cfg: Mapping[str, Any], hidden: int) -> dict[str, Any]:
             raise ConfigError(f"layers_block_type has entries {unknown} that are not supported (supported: "
                               f"{sorted(_NEMOTRON_H_TYPES)})", param="layers_block_type")
         if MIXER_MOE in types and cfg.get("moe_latent_size"):
-            raise ConfigError("Nemotron-H MoE layers with a latent projection (moe_latent_size) are not supported",
-                              param="moe_latent_size")
+            raise ConfigError("Nemotron-H MoE layers with a latent projection (moe_latent_size) are not "
+                              "supported", param="moe_latent_size")
         mixers = tuple(_NEMOTRON_H_TYPES[t] for t in types)
-        heads, head_dim, state = cfg.get("mamba_num_heads"), cfg.get("mamba_head_dim"), cfg.get("ssm_state_size")
+        heads, head_dim = cfg.get("mamba_num_heads"), cfg.get("mamba_head_dim")
+        state = cfg.get("ssm_state_size")
         mlp_gated = False
     else:
         raise ConfigError(f"model_type {model_type!r} is neither mamba2 nor nemotron_h", param="model_type")
@@ -132,20 +134,23 @@ def ssm_fields(cfg: Mapping[str, Any], hidden: int) -> dict[str, Any]:
              "conv_kernel": cfg.get("conv_kernel", 4), "chunk": cfg.get("chunk_size", 256)}
     for key, value in sizes.items():
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 16:
-            raise ConfigError(f"{model_type}: the Mamba2 {key} must be an integer in [1, 65536], got {value!r:.40}",
-                              param=key)
+            raise ConfigError(f"{model_type}: the Mamba2 {key} must be an integer in [1, 65536], got "
+                              f"{value!r:.40}", param=key)
     if heads % sizes["groups"]:
-        raise ConfigError(f"{model_type}: the Mamba2 heads ({heads}) must split into n_groups={sizes['groups']}",
-                          param="n_groups")
+        raise ConfigError(f"{model_type}: the Mamba2 heads ({heads}) must split into "
+                          f"n_groups={sizes['groups']}", param="n_groups")
     if model_type == "mamba2" and int(cfg.get("expand") or 2) * hidden != heads * head_dim:
-        raise ConfigError(f"mamba2: hidden_size * expand must equal num_heads * head_dim ({heads * head_dim})",
+        raise ConfigError("mamba2: hidden_size * expand must equal num_heads * head_dim "
+                          f"({heads * head_dim})",
                           param="num_heads")
     limit = cfg.get("time_step_limit") or (0.0, float("inf"))
     lo, hi = (json_float(v) for v in limit)
     if model_type == "nemotron_h":  # HF NemotronHMamba2Mixer: (time_step_min, inf), whatever the config says
         lo, hi = float(cfg.get("time_step_min") or 0.0), float("inf")
-    ssm = SSMSpec(**sizes, conv_bias=bool(cfg.get("use_conv_bias", True)), bias=bool(cfg.get("use_bias", False)),
-                  norm_eps=float(cfg.get("layer_norm_epsilon") or 1e-5), dt_min=lo, dt_max=hi, hidden_in=hidden)
+    ssm = SSMSpec(**sizes, conv_bias=bool(cfg.get("use_conv_bias", True)),
+                  bias=bool(cfg.get("use_bias", False)),
+                  norm_eps=float(cfg.get("layer_norm_epsilon") or 1e-5), dt_min=lo, dt_max=hi,
+                  hidden_in=hidden)
     out: dict[str, Any] = {"layer_mixers": mixers, "ssm": ssm, "mlp_gated": mlp_gated}
     if MIXER_MOE in mixers:  # DeepSeek-V3 routing (sigmoid, bias-corrected groups), non-gated relu² experts
         moe = deepseek_moe_fields({**cfg, "model_type": "deepseek_v3",

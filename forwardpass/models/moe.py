@@ -25,7 +25,8 @@ class MoEDecoderLayer(DecoderLayer):
         if (tp := tensor_parallel()).enabled:  # experts partitioned (expert parallel) or each one split
             from forwardpass.distributed.moe import ParallelFusedMoE
 
-            return ParallelFusedMoE(spec.hidden, spec.num_experts, spec.expert_intermediate, spec.experts_per_tok,
-                                    renormalize=spec.renormalize_topk, hidden_act=spec.hidden_act, tp=tp)
+            return ParallelFusedMoE(spec.hidden, spec.num_experts, spec.expert_intermediate,
+                                    spec.experts_per_tok, renormalize=spec.renormalize_topk,
+                                    hidden_act=spec.hidden_act, tp=tp)
         return FusedMoE(spec.hidden, spec.num_experts, spec.expert_intermediate, spec.experts_per_tok,
                         renormalize=spec.renormalize_topk, hidden_act=spec.hidden_act)

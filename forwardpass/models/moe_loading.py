@@ -1,11 +1,12 @@
 """Loading MoE checkpoints: routed experts from their checkpoint tensors into the stacked parameters.
 
-In memory the experts of a layer are stacks ``[E, N, K]`` (``layers/moe.py::ExpertWeights``: ``gate_up_proj`` and
-``down_proj``; ``models/expert_stacks.py::ExpertStacks`` for the blocks that are not a ``FusedMoE``). A checkpoint
-holds either those stacks as they are (transformers 5's in-memory layout written as is) or, as ``save_pretrained``
-writes them, one tensor per expert and projection, ``{block}.experts.{e}.{proj}.weight``, whose rows are stacked
-(``gate_up_proj``: the gate's rows, then the up projection's). :class:`ExpertCheckpointLayout` says how a family
-names them; :class:`MoECausalLMMixin` loads a ``CausalLM`` (``models/decoder.py``) with them.
+In memory the experts of a layer are stacks ``[E, N, K]`` (``layers/moe.py::ExpertWeights``: ``gate_up_proj``
+and ``down_proj``; ``models/expert_stacks.py::ExpertStacks`` for the blocks that are not a ``FusedMoE``). A
+checkpoint holds either those stacks as they are (transformers 5's in-memory layout written as is) or, as
+``save_pretrained`` writes them, one tensor per expert and projection, ``{block}.experts.{e}.{proj}.weight``,
+whose rows are stacked (``gate_up_proj``: the gate's rows, then the up projection's).
+:class:`ExpertCheckpointLayout` says how a family names them; :class:`MoECausalLMMixin` loads a ``CausalLM``
+(``models/decoder.py``) with them.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from forwardpass.models.expert_stacks import ExpertStacks
 class ExpertCheckpointLayout:
     """How one architecture names its MoE tensors in ``save_pretrained`` checkpoints."""
 
-    block: str  # module name of the MoE block in checkpoints: "mlp" (Qwen3-MoE) or "block_sparse_moe" (Mixtral)
+    # module name of the MoE block in checkpoints: "mlp" (Qwen3-MoE) or "block_sparse_moe" (Mixtral)
+    block: str
     gate: str = "gate_proj"  # per-expert gate projection name ("gate_proj" / "w1")
     up: str = "up_proj"  # ("up_proj" / "w3")
     down: str = "down_proj"  # ("down_proj" / "w2")
     #: stacked parameter → the per-expert projections whose rows it stacks, where the stacks are not
-    #: ``gate_up_proj`` / ``down_proj`` (DeepSeek-V4's ``w13`` / ``w2``, Nemotron-H's ``up_proj`` / ``down_proj``)
+    #: ``gate_up_proj`` / ``down_proj`` (DeepSeek-V4's ``w13`` / ``w2``, Nemotron-H's
+    #: ``up_proj`` / ``down_proj``)
     stacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
     def parts(self, which: str) -> tuple[str, ...]:
@@ -70,8 +73,8 @@ def _blocks(block: str, layout: ExpertCheckpointLayout) -> list[str]:
 
 def load_experts(param: torch.Tensor, source: WeightSource, block: str, which: str,
                  layout: ExpertCheckpointLayout) -> None:
-    """Stacked parameter ``{block}.experts.{which}`` (checkpoint names): the stack as stored, else its experts'
-    tensors, refusing a checkpoint with more experts than the stack holds."""
+    """Stacked parameter ``{block}.experts.{which}`` (checkpoint names): the stack as stored, else its
+    experts' tensors, refusing a checkpoint with more experts than the stack holds."""
     blocks = _blocks(block, layout)
     stacked = _first_present(source, [f"{b}.experts.{which}" for b in blocks])
     if stacked is not None:  # transformers-5 in-memory layout written as is

@@ -1,10 +1,10 @@
 """From a checkpoint to a model ready to compute: the execution plan first, then the model built with it.
 
-:func:`resolve_plan` decides everything that chooses code (weight methods, compiled kernels, decode stack, huge
-pages) from the ``EngineConfig``, the machine and the checkpoint, and loads the kernels it names, before any
-weight is read. :func:`prepare_model` builds the model inside the plan, loads its weights, lets every module
-post-process its own weights once, and places the weights in memory. The single-process engine and every
-tensor-parallel rank call these two, and nothing changes a model's kernels afterwards.
+:func:`resolve_plan` decides everything that chooses code (weight methods, compiled kernels, decode stack,
+huge pages) from the ``EngineConfig``, the machine and the checkpoint, and loads the kernels it names, before
+any weight is read. :func:`prepare_model` builds the model inside the plan, loads its weights, lets every
+module post-process its own weights once, and places the weights in memory. The single-process engine and
+every tensor-parallel rank call these two, and nothing changes a model's kernels afterwards.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def resolve_plan(
 ) -> ExecutionPlan:
     """The plan for ``model_dir`` under ``config`` on this machine, its compiled kernels loaded.
 
-    ``decode_kernel`` overrides ``config.cpu_kernels`` (a tensor-parallel worker takes its driver's decision, so every
-    rank computes the same way); ``lora_slot`` makes each projection's adapter slot (``LoRAManager.slot_factory``).
+    ``decode_kernel`` overrides ``config.cpu_kernels`` (a tensor-parallel worker takes its driver's decision,
+    so every rank computes the same way); ``lora_slot`` makes each projection's adapter slot
+    (``LoRAManager.slot_factory``).
     """
     from forwardpass.attention.cpu_kernel import fused_ops_for, resolve_decode_kernel, small_matmul_for
     from forwardpass.huge_pages import enabled as huge_pages_enabled
@@ -42,6 +43,7 @@ def resolve_plan(
     from forwardpass.layers.small_matmul import host_isa as matmul_isa
     from forwardpass.layers.small_matmul import loaded_kernel
     from forwardpass.loader.config import load_model_config
+    from forwardpass.loader.ctranslate2 import is_converted_dir
     from forwardpass.loader.gguf import is_gguf_dir
     from forwardpass.models.weight_path_checks import check_weight_path
     from forwardpass.quant import QUANTIZATIONS
@@ -63,23 +65,24 @@ def resolve_plan(
     kernel = resolve_decode_kernel(mode, config.device, dtype, config.attention_backend)
     ops, small = fused_ops_for(kernel), small_matmul_for(kernel)
     if config.batch_invariant and (kernel is None or small is None):
-        raise ConfigError("batch_invariant needs the compiled CPU kernels (paged attention, small-batch matmul), "
-                          "which could not be built here (see the warning above)", param="batch_invariant")
+        raise ConfigError("batch_invariant needs the compiled CPU kernels (paged attention, small-batch "
+                          "matmul), which could not be built here (see the warning above)",
+                          param="batch_invariant")
     isa = {"small_matmul": matmul_isa()} if small is not None else {}
     if fmt is not None or gguf:  # built now, before the model: an engine never swaps kernels mid-run
         if load_quant_kernel() is None and config.batch_invariant:
-            raise ConfigError("batch_invariant with quantized weights needs the C++ quantized-matmul kernel, which "
-                              "could not be built here", param="batch_invariant")
+            raise ConfigError("batch_invariant with quantized weights needs the C++ quantized-matmul kernel, "
+                              "which could not be built here", param="batch_invariant")
         isa.update(quant_matmul=quant_isa(), quant_gemm=gemm_path(cpu_flags()))
     return ExecutionPlan(
         device=config.device,
         dtype=dtype,
-        checkpoint_format="gguf" if gguf else "hf",
+        checkpoint_format="gguf" if gguf else "ctranslate2" if is_converted_dir(model_dir) else "hf",
         quantized_format=fmt,
         head_format=HEAD_FORMAT if fmt is not None else None,
         packed_weights=small is not None and envs.get("FORWARDPASS_PACKED_WEIGHTS"),
-        # kept by the batch-invariant plan: the stack calls the same kernels as the layers, so a pure decode step
-        # computes bitwise what a mixed step's layers do (tests/test_batch_invariance.py runs both kinds)
+        # kept by the batch-invariant plan: the stack calls the same kernels as the layers, so a pure decode
+        # step computes bitwise what a mixed step's layers do (tests/test_batch_invariance.py runs both kinds)
         decode_stack=ops is not None,
         batch_invariant=config.batch_invariant,
         kv_cache_dtype=config.torch_kv_dtype,
@@ -92,9 +95,9 @@ def resolve_plan(
 
 
 def check_batch_invariant(config: EngineConfig, model_dir: str | Path) -> None:
-    """Refuse, before any work, a batch-invariant plan this engine could not keep: the guarantee rests on kernels
-    whose rows do not interact (models/prepare.py, layers/weight_methods.py, attention/layer.py), and only the
-    model classes that use nothing else for their math say ``batch_invariant_supported``."""
+    """Refuse, before any work, a batch-invariant plan this engine could not keep: the guarantee rests on
+    kernels whose rows do not interact (models/prepare.py, layers/weight_methods.py, attention/layer.py), and
+    only the model classes that use nothing else for their math say ``batch_invariant_supported``."""
     from forwardpass.loader.config import load_model_config
     from forwardpass.models.registry import resolve_model_class
 
@@ -108,19 +111,20 @@ def check_batch_invariant(config: EngineConfig, model_dir: str | Path) -> None:
     if config.torch_kv_dtype not in (torch.float32, torch.float16):
         raise refuse(f"the paged kernel reads float32 or float16 caches, not {config.kv_cache_dtype}")
     if config.enable_lora:
-        raise refuse("LoRA adapters are applied with batched matmuls whose rows interact; not with enable_lora")
+        raise refuse("LoRA adapters are applied with batched matmuls whose rows interact; not with "
+                     "enable_lora")
     if config.tensor_parallel_size > 1:
         raise refuse("not verified with tensor parallelism; use tensor_parallel_size=1")
     arch = load_model_config(model_dir).architecture
     if not getattr(resolve_model_class(arch), "batch_invariant_supported", False):
-        raise refuse(f"{arch} computes with layers the batch-invariant kernels do not cover (MoE experts, MLA, "
-                     f"state-space or linear attention, attention logit caps); dense Llama-family models "
+        raise refuse(f"{arch} computes with layers the batch-invariant kernels do not cover (MoE experts, "
+                     "MLA, state-space or linear attention, attention logit caps); dense Llama-family models "
                      f"(Llama, Mistral, Qwen2, Qwen3) have it")
 
 
 def process_weights_after_loading(model: nn.Module) -> None:
-    """Every module's own post-processing of its loaded weights, children before their parents (a decoder's stack
-    is built over layers that already hold their final weights)."""
+    """Every module's own post-processing of its loaded weights, children before their parents (a decoder's
+    stack is built over layers that already hold their final weights)."""
     with torch.no_grad():
         for module in reversed(list(model.modules())):
             process = getattr(module, "process_weights_after_loading", None)
@@ -129,21 +133,26 @@ def process_weights_after_loading(model: nn.Module) -> None:
 
 
 def prepare_model(model_dir: str | Path, plan: ExecutionPlan) -> tuple[nn.Module, ModelSpec]:
-    """``(model, spec)``: built with ``plan``, weights loaded (a Hugging Face directory or a GGUF file's), each
-    module's weights post-processed once, the whole on 2 MB pages where the plan says so. Tensor parallel: call it
-    inside ``distributed.parallel_state.building_with`` (each rank loads its shard)."""
+    """``(model, spec)``: built with ``plan``, weights loaded (a Hugging Face directory or a GGUF file's),
+    each module's weights post-processed once, the whole on 2 MB pages where the plan says so. Tensor
+    parallel: call it inside ``distributed.parallel_state.building_with`` (each rank loads its shard)."""
     from forwardpass.huge_pages import move_model_to_huge_pages
+    from forwardpass.loader.ctranslate2 import is_converted_dir
     from forwardpass.loader.gguf import is_gguf_dir, load_gguf_model
     from forwardpass.models.loading import load_model
+    from forwardpass.models.whisper_ct2 import load_ctranslate2_whisper
 
     t0 = time.perf_counter()
     with building_with_plan(plan):
         if is_gguf_dir(model_dir):  # weights read from a llama.cpp file
             net, spec = load_gguf_model(model_dir, plan.dtype, plan.device)
+        elif is_converted_dir(model_dir):  # weights read from a CTranslate2 model.bin (models/whisper_ct2.py)
+            net, spec = load_ctranslate2_whisper(model_dir, plan.dtype, plan.device)
         else:
             net, spec = load_model(model_dir, plan.dtype, plan.device)
     process_weights_after_loading(net)
-    if plan.huge_pages:  # decode streams every weight once per step: 2 MB pages; after packing, which drops copies
+    # decode streams every weight once per step: 2 MB pages; after packing, which drops copies
+    if plan.huge_pages:
         move_model_to_huge_pages(net)
     size = sum(t.numel() * t.element_size() for t in net.state_dict().values())
     logger.info("loaded %s in %.2fs: %.1f MB of weights", model_dir, time.perf_counter() - t0, size / 1e6)

@@ -58,7 +58,8 @@ class GatedDeltaNet(nn.Module):
         self.norm.weight = nn.Parameter(torch.empty(g.v_dim), requires_grad=False)
         self.out_proj = Linear(g.v_heads * g.v_dim, spec.hidden)
 
-    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int,
+                      dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
         """One float32 slot per request: the conv window, then one [k_dim, v_dim] matrix per value head."""
         return {self.layer_idx: StateSpec(block_size=block_size, state_size=self.g.state_size)}
 
@@ -100,7 +101,8 @@ class GatedDeltaNet(nn.Module):
     def _prefill(self, qkv, decay, beta, state: torch.Tensor | None, w):
         g = self.g
         k1 = g.conv_kernel - 1
-        window = state[: g.conv_state_size].view(g.conv_dim, k1) if state is not None else qkv.new_zeros(g.conv_dim, k1)
+        window = (state[: g.conv_state_size].view(g.conv_dim, k1) if state is not None
+                  else qkv.new_zeros(g.conv_dim, k1))
         s0 = state[g.conv_state_size:].view(g.v_heads, g.k_dim, g.v_dim) if state is not None else None
         conv, window = causal_conv(qkv, window, w, None)
         o, final = gated_delta_chunked(*self._split(conv), decay, beta, g.chunk, s0)
@@ -182,7 +184,8 @@ class Qwen3NextModel(DecoderModel):
 class Qwen3NextForCausalLM(MoECausalLMMixin, CausalLM):
     packed_modules: ClassVar[dict[str, list[str]]] = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
                                                       "gate_up_proj": ["gate_proj", "up_proj"]}
-    expert_layout = QWEN_EXPERT_LAYOUT  # mlp.experts.{e}.gate_proj / up_proj / down_proj, or the stacks as stored
+    # mlp.experts.{e}.gate_proj / up_proj / down_proj, or the stacks as stored
+    expert_layout = QWEN_EXPERT_LAYOUT
 
     def build_decoder(self, spec: ModelSpec) -> Qwen3NextModel:
         return Qwen3NextModel(spec)

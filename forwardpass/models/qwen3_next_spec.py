@@ -1,7 +1,8 @@
 """The spec of Qwen3-Next (``models/qwen3_next.py``): ``GDNSpec`` and the derivation that reads its keys.
 
-``layer_types`` of ``linear_attention`` (Gated DeltaNet, sized by the ``linear_*`` keys) and ``full_attention``
-(gated attention with a partial rotary embedding and per-head q/k norms) layers, each followed by its MLP or MoE.
+``layer_types`` of ``linear_attention`` (Gated DeltaNet, sized by the ``linear_*`` keys) and
+``full_attention`` (gated attention with a partial rotary embedding and per-head q/k norms) layers, each
+followed by its MLP or MoE.
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ class GDNSpec:
     @property
     def params(self) -> int:
         qkvz = 2 * self.k_heads * self.k_dim + 2 * self.v_heads * self.v_dim
-        return (self.hidden_in * (qkvz + 2 * self.v_heads) + self.conv_dim * self.conv_kernel + 2 * self.v_heads
-                + self.v_dim + self.v_heads * self.v_dim * self.hidden_in)
+        return (self.hidden_in * (qkvz + 2 * self.v_heads) + self.conv_dim * self.conv_kernel
+                + 2 * self.v_heads + self.v_dim + self.v_heads * self.v_dim * self.hidden_in)
 
 
 def qwen3_next_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
-    """Qwen3-Next: the layer kinds and DeltaNet sizes here, attention sizes and the MoE from the common core."""
+    """Qwen3-Next: the layer kinds and DeltaNet sizes here, attention sizes and the MoE
+    from the common core."""
     hidden = int(require(cfg, "hidden_size", name))
     fields = gdn_fields(cfg, hidden)
     n = len(fields["layer_mixers"])
@@ -65,8 +67,8 @@ def gdn_fields(cfg: Mapping[str, Any], hidden: int) -> dict[str, Any]:
                           param="layer_types")
     n = cfg.get("num_hidden_layers")
     if n is not None and n != len(types):
-        raise ConfigError(f"config.json lists {len(types)} layer_types but num_hidden_layers is {n}; they must agree",
-                          param="layer_types")
+        raise ConfigError(f"config.json lists {len(types)} layer_types but num_hidden_layers is {n}; they "
+                          "must agree", param="layer_types")
     sizes = {"k_heads": cfg.get("linear_num_key_heads"), "v_heads": cfg.get("linear_num_value_heads"),
              "k_dim": cfg.get("linear_key_head_dim"), "v_dim": cfg.get("linear_value_head_dim"),
              "conv_kernel": cfg.get("linear_conv_kernel_dim", 4)}
@@ -80,6 +82,7 @@ def gdn_fields(cfg: Mapping[str, Any], hidden: int) -> dict[str, Any]:
     rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
     partial = float(rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0)
     if not 0 < partial <= 1:
-        raise ConfigError(f"partial_rotary_factor must be in (0, 1], got {partial}", param="partial_rotary_factor")
+        raise ConfigError(f"partial_rotary_factor must be in (0, 1], got {partial}",
+                          param="partial_rotary_factor")
     return {"layer_mixers": tuple(kinds[t] for t in types), "gdn": GDNSpec(**sizes, hidden_in=hidden),
             "attn_output_gate": True, "partial_rotary": partial}

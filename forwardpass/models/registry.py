@@ -1,12 +1,12 @@
 """config.json ``architectures`` name → model class, and → the derivation of its ``ModelSpec``.
 
 Both are looked up by name and imported on first use, so listing an architecture costs nothing. A family whose
-config keys differ from the common core's (``loader/spec.py::decoder_spec``) names its derivation, in a module next
-to its model (``models/*_spec.py``); ``ModelSpec.from_config`` asks :func:`spec_derivation` by architecture, then by
-``model_type`` (configs name the family there too), and falls back to the common core.
+config keys differ from the common core's (``loader/spec.py::decoder_spec``) names its derivation, in a module
+next to its model (``models/*_spec.py``); ``ModelSpec.from_config`` asks :func:`spec_derivation` by
+architecture, then by ``model_type`` (configs name the family there too), and falls back to the common core.
 
-An architecture defined outside ``forwardpass/`` registers itself with :func:`register_model` (its class, and its
-derivation where it has one) and is then loaded like any other (``docs/adding-a-model.md``).
+An architecture defined outside ``forwardpass/`` registers itself with :func:`register_model` (its class, and
+its derivation where it has one) and is then loaded like any other (``docs/adding-a-model.md``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ _REGISTRY: dict[str, Target] = {
 
 _LLAMA, _GEMMA, _DEEPSEEK = "forwardpass.models.llama_spec", "forwardpass.models.gemma_spec:gemma_spec", \
     "forwardpass.models.deepseek_spec:deepseek_spec"
-_MAMBA, _DSV4 = "forwardpass.models.mamba_spec:mamba_spec", "forwardpass.models.deepseek_v4_spec:deepseek_v4_spec"
+_MAMBA = "forwardpass.models.mamba_spec:mamba_spec"
+_DSV4 = "forwardpass.models.deepseek_v4_spec:deepseek_v4_spec"
 _QWEN3_NEXT = "forwardpass.models.qwen3_next_spec:qwen3_next_spec"
 _WHISPER, _BERT = "forwardpass.models.whisper_spec:whisper_spec", "forwardpass.models.bert_spec:bert_spec"
 
@@ -100,9 +101,9 @@ def is_embedding_architecture(architecture: str) -> bool:
 def register_model(
     architecture: str, target: Target, *, spec: Derivation | None = None, model_types: tuple[str, ...] = ()
 ) -> None:
-    """Make ``architecture`` loadable: ``target`` is its model class (or ``"module:Class"``), ``spec`` the function
-    deriving its ``ModelSpec`` from config.json (None: the common core's ``decoder_spec``), also used for configs
-    of the ``model_types`` given whose architecture is not registered."""
+    """Make ``architecture`` loadable: ``target`` is its model class (or ``"module:Class"``), ``spec`` the
+    function deriving its ``ModelSpec`` from config.json (None: the common core's ``decoder_spec``), also used
+    for configs of the ``model_types`` given whose architecture is not registered."""
     _REGISTRY[architecture] = target
     if spec is not None:
         _SPECS[architecture] = spec

@@ -1,17 +1,17 @@
 """Which weight paths an architecture can take, checked against the execution plan before its model is built.
 
-The plan's weight methods (``layers/weight_methods.py``) reach a model only through the layers that read the plan
-in their constructors: ``layers/linear.py::Linear``, a tied ``layers/embedding.py::TokenEmbedding``, MoE expert
-stacks (``layers/moe.py::ExpertWeights``, ``models/expert_stacks.py``). Every generating architecture is built
-from them except Whisper, whose encoder and decoder are torch ``nn.Linear`` layers and whose LM head is its token
-embedding read as a plain matrix. A plan that quantizes Whisper would load it in fp32 while reporting ``q8_0`` /
-``q4_0`` weights (``ExecutionPlan.describe``): :func:`check_weight_path` refuses it instead, naming the
-architecture and the path.
+The plan's weight methods (``layers/weight_methods.py``) reach a model only through the layers that read the
+plan in their constructors: ``layers/linear.py::Linear``, a tied ``layers/embedding.py::TokenEmbedding``, MoE
+expert stacks (``layers/moe.py::ExpertWeights``, ``models/expert_stacks.py``). Every generating architecture
+is built from them except Whisper, whose encoder and decoder are torch ``nn.Linear`` layers and whose LM head
+is its token embedding read as a plain matrix. A plan that quantizes Whisper would load it in fp32 while
+reporting ``q8_0`` / ``q4_0`` weights (``ExecutionPlan.describe``): :func:`check_weight_path` refuses it
+instead, naming the architecture and the path.
 
-The packed fp32 path is not refused anywhere: it is what the plan picks by default wherever the compiled kernels
-are loaded (``cpu_kernels="auto"`` once they are built), it changes no result, and a model whose layers do not
-take it (Whisper) keeps plain fp32 weights on the paths it always used. The table of every architecture × path is
-``docs/weight-paths.md``; ``tests/test_weight_path_matrix.py`` runs it.
+The packed fp32 path is not refused anywhere: it is what the plan picks by default wherever the compiled
+kernels are loaded (``cpu_kernels="auto"`` once they are built), it changes no result, and a model whose
+layers do not take it (Whisper) keeps plain fp32 weights on the paths it always used. The table of every
+architecture × path is ``docs/weight-paths.md``; ``tests/test_weight_path_matrix.py`` runs it.
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ class _HasArchitecture(Protocol):
 #: architecture (config.json ``architectures``) → why the plan's quantized weight methods never reach it
 NOT_QUANTIZABLE: dict[str, str] = {
     "WhisperForConditionalGeneration": (
-        "its encoder and decoder are built from torch nn.Linear layers and its LM head is the token embedding "
-        "read as a plain matrix, so no layer takes the plan's weight method and the model would run in fp32"
+        "its encoder and decoder are built from torch nn.Linear layers and its LM head is the token "
+        "embedding read as a plain matrix, so no layer takes the "
+        "plan's weight method and the model would run in fp32"
     ),
 }
 
 
 def check_weight_path(model: _HasArchitecture | str, plan: ExecutionPlan) -> None:
-    """Raise ``ConfigError`` where ``model`` (a ``ModelSpec``, a ``ModelConfig`` or an architecture name) cannot
-    take the weight path ``plan`` picks for its projections; return None where it can."""
+    """Raise ``ConfigError`` where ``model`` (a ``ModelSpec``, a ``ModelConfig`` or an architecture name)
+    cannot take the weight path ``plan`` picks for its projections; return None where it can."""
     architecture = model if isinstance(model, str) else model.architecture
     fmt = plan.quantized_format
     reason = NOT_QUANTIZABLE.get(architecture) if fmt is not None else None

@@ -27,6 +27,12 @@ from forwardpass.attention.layer import CachedAttention
 from forwardpass.errors import ConfigError
 from forwardpass.loader.spec import ModelSpec, WhisperSpec
 
+#: A decoder step of at most this many tokens runs its layers on one thread: their ops ([T, d] rows through
+#: d x 4d weights, one query row against the encoder's K/V) are too small to split, and waiting at each op's
+#: parallel barrier cost more than the work it shared (a 15-token tiny.en transcript: 0.40 s of decoder layers
+#: on two threads, 0.21 s on one, same host, same run; more on a loaded one).
+ONE_THREAD_TOKENS = 16
+
 
 class _Projections(nn.Module):
     """q/k/v/out projections under transformers' names (k has no bias)."""
@@ -87,7 +93,8 @@ class WhisperEncoder(nn.Module):
                 f"the encoder reads {self.frames} log-mel frames, got {features.shape[-1]}",
                 param="input_features",
             )
-        x = F.gelu(self.conv2(F.gelu(self.conv1(features)))).transpose(1, 2)
+        # contiguous once here: a transposed residual stream would be copied by every LayerNorm that reads it
+        x = F.gelu(self.conv2(F.gelu(self.conv1(features)))).transpose(1, 2).contiguous()
         x = x + self.embed_positions.weight
         for layer in self.layers:
             x = layer(x, backend)
@@ -166,10 +173,18 @@ class WhisperForConditionalGeneration(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
     ) -> torch.Tensor:
         dec = self.model.decoder
-        x = dec.embed_tokens(input_ids) + dec.embed_positions(positions)
-        for layer in dec.layers:
-            x = layer(x, ctx)
-        return dec.layer_norm(x)
+        threads = torch.get_num_threads()
+        one_thread = input_ids.shape[0] <= ONE_THREAD_TOKENS < threads * ONE_THREAD_TOKENS
+        if one_thread:  # see ONE_THREAD_TOKENS; compute_logits (memory-bound) keeps every thread
+            torch.set_num_threads(1)
+        try:
+            x = dec.embed_tokens(input_ids) + dec.embed_positions(positions)
+            for layer in dec.layers:
+                x = layer(x, ctx)
+            return dec.layer_norm(x)
+        finally:
+            if one_thread:
+                torch.set_num_threads(threads)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden @ self.model.decoder.embed_tokens.weight.T  # proj_out is tied to the embeddings

@@ -1,5 +1,6 @@
-"""The spec of Whisper (``models/whisper.py``): ``WhisperSpec`` (the audio encoder) and the derivation that reads
-its keys (``d_model``, ``decoder_layers``, ``encoder_layers``, ``num_mel_bins``, ...: none of the decoder names)."""
+"""The spec of Whisper (``models/whisper.py``): ``WhisperSpec`` (the audio encoder) and the derivation that
+reads its keys (``d_model``, ``decoder_layers``, ``encoder_layers``, ``num_mel_bins``, ...: none of the
+decoder names)."""
 
 from __future__ import annotations
 
@@ -51,14 +52,18 @@ def whisper_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     for key, h in (("decoder_attention_heads", heads), ("encoder_attention_heads", enc_heads)):
         if hidden % h:
             raise ConfigError(f"d_model={hidden} is not a multiple of {key}={h}", param=key)
-    # scale_embedding is ignored, as transformers' WhisperDecoder ignores it (its embed_scale is never applied)
+    # scale_embedding is ignored, as transformers' WhisperDecoder ignores it (its embed_scale is never
+    # applied)
     if need("num_mel_bins") not in (80, 128):
-        raise ConfigError(f"num_mel_bins must be 80 or 128 (Whisper's log-mel filter banks), got {cfg['num_mel_bins']}",
-                          param="num_mel_bins")
+        raise ConfigError(
+            f"num_mel_bins must be 80 or 128 (Whisper's log-mel filter banks), got {cfg['num_mel_bins']}",
+            param="num_mel_bins",
+        )
     act = str(cfg.get("activation_function") or "gelu")
     if act != "gelu":
-        raise ConfigError(f"Whisper activation_function {act!r} is not supported (only 'gelu')",
-                          param="activation_function")
+        raise ConfigError(
+            f"Whisper activation_function {act!r} is not supported (only 'gelu')", param="activation_function"
+        )
     archs = cfg.get("architectures") or ["WhisperForConditionalGeneration"]
     return ModelSpec(
         name=name or str(cfg.get("_name_or_path") or archs[0]),

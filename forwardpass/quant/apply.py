@@ -13,9 +13,9 @@ model plus one quantized matrix):
   The tied embedding's lookup dequantizes just the rows it reads; an untied embedding stays fp32
   (a lookup reads a few rows per token, so it costs memory, not time).
 
-Left in fp32, on purpose (the ``"dense"`` role): MoE router gates (tiny, and a flipped expert choice changes the
-output far more than rounding does), DeepSeek's ``kv_b_proj`` (MLA reads it as a matrix to absorb, not through a
-matmul) and DeepSeek-V4's grouped ``wo_a``; also norms, convolutions and biases.
+Left in fp32, on purpose (the ``"dense"`` role): MoE router gates (tiny, and a flipped expert choice changes
+the output far more than rounding does), DeepSeek's ``kv_b_proj`` (MLA reads it as a matrix to absorb, not
+through a matmul) and DeepSeek-V4's grouped ``wo_a``; also norms, convolutions and biases.
 """
 
 from __future__ import annotations

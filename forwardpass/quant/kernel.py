@@ -1,7 +1,7 @@
 """Builds and loads the quantized-matmul kernels for this CPU: ``csrc/quant_matmul.cpp`` (small batches; an
-AVX-512 VNNI build where the CPU has it, ``vpdpbusd`` two blocks per instruction, else AVX2; the VNNI build also
-has the GEMM for many rows, ``csrc/vnni_gemm.h``) and, on CPUs with AMX, ``csrc/amx_matmul.cpp`` (batches of 16+
-rows on the bf16 tile unit).
+AVX-512 VNNI build where the CPU has it, ``vpdpbusd`` two blocks per instruction, else AVX2; the VNNI build
+also has the GEMM for many rows, ``csrc/vnni_gemm.h``) and, on CPUs with AMX, ``csrc/amx_matmul.cpp`` (batches
+of 16+ rows on the bf16 tile unit).
 
 Compiled with torch's cpp_extension (a C++ compiler and ninja; ~40 s once, then cached in
 ``$TORCH_EXTENSIONS_DIR`` / ``~/.cache/torch_extensions``), the same way as the paged-decode kernel
@@ -22,11 +22,15 @@ from forwardpass.kernel_build import CppKernel, KernelLoader, cpu_flags, pick_is
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "quant_matmul.cpp"
-HEADER = SOURCE.with_name("block_weights.h")  # the weight layout and its argument checks, shared by both kernels
+# the weight layout and its argument checks, shared by both kernels
+HEADER = SOURCE.with_name("block_weights.h")
+# the activations' int8 quantization, shared with the K-block kernel
+ACT_HEADER = SOURCE.with_name("activations.h")
 GEMM_HEADER = SOURCE.with_name("vnni_gemm.h")  # the VNNI build's GEMM for many rows
 # the tile layout of the weights, and the small-batch matmul on it of each build
 TILES_HEADERS = tuple(SOURCE.with_name(n) for n in ("tile_layout.h", "tiles.h", "tiles_avx2.h"))
-TRANSPOSE_HEADER = Path(__file__).parent.parent / "layers" / "csrc" / "transpose16.h"  # the AMX kernel's stores
+# the AMX kernel's stores
+TRANSPOSE_HEADER = Path(__file__).parent.parent / "layers" / "csrc" / "transpose16.h"
 # no -ffast-math: the activation quantization must round exactly like the reference's float ops.
 AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 # VNNI's vpdpbusd does 64 int8 products per instruction (AVX2: 32 in three): chosen when this CPU has it
@@ -39,7 +43,7 @@ def kernel_for(isa: str) -> CppKernel:
     return CppKernel(
         f"forwardpass_quant_matmul_{isa}", SOURCE, cflags=AVX512_FLAGS if isa == "avx512vnni" else AVX2_FLAGS,
         ldflags=("-fopenmp",), what=f"the C++ quantized-matmul kernel ({isa})", expected_s=40,
-        headers=(HEADER, GEMM_HEADER, *TILES_HEADERS),
+        headers=(HEADER, ACT_HEADER, GEMM_HEADER, *TILES_HEADERS),
     )  # fmt: skip
 
 
@@ -55,25 +59,27 @@ AMX_FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-m
 
 
 def gemm_path(flags: frozenset[str]) -> str:
-    """How quantized matmuls of many rows multiply (prefill chunks, large decode batches), from the CPU's flags:
+    """How quantized matmuls of many rows multiply (prefill chunks, large decode batches), from the CPU's
+    flags:
 
     * ``"amx"``: the AMX kernel, weights dequantized to bf16 a panel at a time into L2 and multiplied on the
       tile unit (Intel since Sapphire Rapids);
-    * ``"vnni"``: the AVX-512 VNNI GEMM of the quantized-matmul kernel (``csrc/vnni_gemm.h``), int8 activations
-      times the int8 weights (in the tile layout, quant/tiles.py) copied a panel at a time (AMD Zen 4, Intel Ice
-      Lake and others without AMX);
-      measured on a Zen 4 core pair at 32-512 rows: 1.4-2x oneDNN's bf16 GEMM on the dequantized weights;
-    * ``"bf16"``: the weights dequantized to bf16 in memory and oneDNN's bf16 GEMM, where the CPU multiplies bf16
-      in hardware but has neither of the above; measured on a Sapphire Rapids core at 128-512 rows, bf16 ~3x
-      fp32 GFLOP/s;
-    * ``"avx2"``: the AVX2 build's small-batch kernel on the tile layout takes every batch size, int8 activations
-      as in decode (quant/weight.py, AVX2_TILES_PIECE), where the CPU has none of the above (AMD Zen 2/3);
-    * ``"fp32"``: the weights dequantized to fp32 and oneDNN's fp32 GEMM: transformers' math on the same weights.
-      Only when asked for (or where the kernel cannot be built): an AVX2 CPU emulates bf16, ~300x slower, and
-      its tile kernel beats this GEMM at every batch size measured.
+    * ``"vnni"``: the AVX-512 VNNI GEMM of the quantized-matmul kernel (``csrc/vnni_gemm.h``), int8
+      activations times the int8 weights (in the tile layout, quant/tiles.py) copied a panel at a time (AMD
+      Zen 4, Intel Ice Lake and others without AMX); measured on a Zen 4 core pair at 32-512 rows: 1.4-2x
+      oneDNN's bf16 GEMM on the dequantized weights;
+    * ``"bf16"``: the weights dequantized to bf16 in memory and oneDNN's bf16 GEMM, where the CPU multiplies
+      bf16 in hardware but has neither of the above; measured on a Sapphire Rapids core at 128-512 rows, bf16
+      ~3x fp32 GFLOP/s;
+    * ``"avx2"``: the AVX2 build's small-batch kernel on the tile layout takes every batch size, int8
+      activations as in decode (quant/weight.py, AVX2_TILES_PIECE), where the CPU has none of the above (AMD
+      Zen 2/3);
+    * ``"fp32"``: the weights dequantized to fp32 and oneDNN's fp32 GEMM: transformers' math on the same
+      weights. Only when asked for (or where the kernel cannot be built): an AVX2 CPU emulates bf16, ~300x
+      slower, and its tile kernel beats this GEMM at every batch size measured.
 
-    ``FORWARDPASS_QUANT_GEMM=amx|vnni|avx2|bf16|fp32`` overrides (``amx``, ``vnni`` and ``avx2`` only where the
-    kernel build they name is the one this CPU runs)."""
+    ``FORWARDPASS_QUANT_GEMM=amx|vnni|avx2|bf16|fp32`` overrides (``amx``, ``vnni`` and ``avx2`` only where
+    the kernel build they name is the one this CPU runs)."""
     forced = envs.get("FORWARDPASS_QUANT_GEMM")
     vnni = pick_isa("FORWARDPASS_QUANT_ISA", "avx512vnni", AVX512_CPU_FLAGS, flags) == "avx512vnni"
     amx = AMX_CPU_FLAGS <= flags
@@ -103,8 +109,9 @@ AMX_LOADER = KernelLoader(AMX_KERNEL, "large batches use oneDNN's bf16 GEMM", lo
 
 
 def load_amx_kernel():
-    """The AMX kernel (``q8_0_matmul``, ``q4_0_matmul``: fp32 in and out), or None (not built: the caller falls
-    back to the dequantize + oneDNN bf16 GEMM, said once in the log). Only call it where ``gemm_path`` is amx."""
+    """The AMX kernel (``q8_0_matmul``, ``q4_0_matmul``: fp32 in and out), or None (not built: the caller
+    falls back to the dequantize + oneDNN bf16 GEMM, said once in the log). Only call it where ``gemm_path``
+    is amx."""
     return AMX_LOADER.load()
 
 
@@ -118,7 +125,31 @@ def load_quant_kernel():
     return LOADER.load()
 
 
+KBLOCK_SOURCE = SOURCE.with_name("kblock_matmul.cpp")
+
+
+def kblock_kernel_for(isa: str) -> CppKernel:
+    """The build of the GGUF K-block kernel (Q4_1, Q5_0, Q5_1, Q2_K..Q6_K; ``kblocks.py``) for ``isa``."""
+    return CppKernel(
+        f"forwardpass_kblock_matmul_{isa}", KBLOCK_SOURCE,
+        cflags=AVX512_FLAGS if isa == "avx512vnni" else AVX2_FLAGS,
+        ldflags=("-fopenmp",), what=f"the C++ GGUF K-block matmul kernel ({isa})", expected_s=40,
+        headers=(HEADER, ACT_HEADER),
+    )  # fmt: skip
+
+
+KBLOCK_KERNEL = kblock_kernel_for(host_isa())
+KBLOCK_LOADER = KernelLoader(KBLOCK_KERNEL, "using the PyTorch reference (slow)", logger,
+                             switch="FORWARDPASS_QUANT_KERNEL")  # fmt: skip
+
+
+def load_kblock_kernel():
+    """The compiled K-block module (``<type>_matmul``, ``<type>_dequantize``, ``calls``), or None."""
+    return KBLOCK_LOADER.load()
+
+
 if __name__ == "__main__":  # build ahead of time: python -m forwardpass.quant.kernel
     print("built" if load_quant_kernel() is not None else "not built")
+    print("K-block kernel", "built" if load_kblock_kernel() is not None else "not built")
     if gemm_path(cpu_flags()) == "amx":
         print("AMX kernel", "built" if load_amx_kernel() is not None else "not built")

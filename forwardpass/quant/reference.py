@@ -65,9 +65,10 @@ def quant_matmul_exact(
 
 
 def quant_gemm_exact(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: str) -> torch.Tensor:
-    """The float operations of the AVX-512 VNNI GEMM (``csrc/vnni_gemm.h``) one for one, so its result is bitwise
-    the kernel's (tests only): each block's integer dot product whole (exact), then ``acc = fma(sum, d_w · d_x,
-    acc)`` block after block, the fma in float64 and rounded once, as in ``quant_matmul_exact``."""
+    """The float operations of the AVX-512 VNNI GEMM (``csrc/vnni_gemm.h``) one for one, so its result is
+    bitwise the kernel's (tests only): each block's integer dot product whole (exact), then
+    ``acc = fma(sum, d_w · d_x, acc)`` block after block, the fma in float64 and rounded once, as in
+    ``quant_matmul_exact``."""
     xq, xd = quantize_activations(x)
     m, nb = xd.shape
     n = qs.shape[0]
@@ -83,8 +84,9 @@ def quant_gemm_exact(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: st
 
 
 def exact_for(isa: str, tiles: bool = False):
-    """The float order of the small-batch kernel built for ``isa`` (the AVX-512 build pairs blocks; on weights in
-    the tile layout it sums blocks in sequence, as the GEMM), for tests that compare whole models bit for bit."""
+    """The float order of the small-batch kernel built for ``isa`` (the AVX-512 build pairs blocks; on weights
+    in the tile layout it sums blocks in sequence, as the GEMM), for tests that compare whole models bit for
+    bit."""
 
     def matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, fmt: str) -> torch.Tensor:
         if tiles:

@@ -23,24 +23,24 @@ GEMM_ROWS = 48
 #: the same crossover with a bf16 GEMM on bf16 hardware (AMX): measured at 8-128 rows on 0.6B- and 41M-model
 #: shapes, the int8 kernel wins up to ~24 rows and the bf16 GEMM from 32 on (1.3-4x by 64 rows)
 BF16_GEMM_ROWS = 32
-#: the same crossover for the AVX-512 VNNI GEMM (csrc/vnni_gemm.h) on weights in the tile layout (quant/tiles.py),
-#: whose small-batch kernel is the GEMM's inner loop without the per-call copy of the weights: measured at 8-2048
-#: rows on 0.6B- and 41M-model shapes (Zen 4 core pair), the kernel 3-10% faster up to 512 rows, the GEMM 0-8%
-#: faster at 1024 on the 41M model's (even on the 0.6B's); both give bitwise the same result. (On the GGUF layout,
-#: with the kernel pairing blocks, the GEMM won 1.3-2.5x from 32 rows on.)
+#: the same crossover for the AVX-512 VNNI GEMM (csrc/vnni_gemm.h) on weights in the tile layout
+#: (quant/tiles.py), whose small-batch kernel is the GEMM's inner loop without the per-call copy of the
+#: weights: measured at 8-2048 rows on 0.6B- and 41M-model shapes (Zen 4 core pair), the kernel 3-10% faster
+#: up to 512 rows, the GEMM 0-8% faster at 1024 on the 41M model's (even on the 0.6B's); both give bitwise the
+#: same result. (On the GGUF layout, with the kernel pairing blocks, the GEMM won 1.3-2.5x from 32 rows on.)
 TILES_GEMM_ROWS = 1024
 #: the same crossover for the AMX kernel: measured on the 41M model's shapes (LM head included) at 8-24 rows,
 #: the int8 kernel wins at 8 (4.7 vs 6.1 ms per step), the AMX kernel from 16 on (3.9 vs 8.0)
 AMX_ROWS = 16
-#: ... up to this many rows; above, dequantizing the whole matrix once and oneDNN's bf16 GEMM win (its blocking
-#: for activations beyond L2; measured at 128-4096 rows: the kernel 1.4-2x faster to 512 rows, even at 1024-2048
-#: on 0.6B shapes, 0.85x at 2048 and 0.65x at 4096 on the 41M model's)
+#: ... up to this many rows; above, dequantizing the whole matrix once and oneDNN's bf16 GEMM win (its
+#: blocking for activations beyond L2; measured at 128-4096 rows: the kernel 1.4-2x faster to 512 rows, even
+#: at 1024-2048 on 0.6B shapes, 0.85x at 2048 and 0.65x at 4096 on the 41M model's)
 AMX_MAX_ROWS = 1024
-#: the AVX2 build on the tile layout, where the CPU has no bf16 hardware (AMD Zen 2/3, Intel before Ice Lake): its
-#: int8 kernel beats dequantizing for oneDNN's fp32 GEMM at every batch measured, so it takes every row count, in
-#: pieces of this many rows. Measured with the AVX2 builds on a Zen 4 core pair (oneDNN held to AVX2), 0.6B
-#: shapes, 48-2048 rows: Q8_0 150-165 GOP/s against 46-142, Q4_0 220-244 against 47-147; a 128-token prefill
-#: 2x faster. (The 48-row crossover above dates from the GGUF-layout kernel.)
+#: the AVX2 build on the tile layout, where the CPU has no bf16 hardware (AMD Zen 2/3, Intel before Ice Lake):
+#: its int8 kernel beats dequantizing for oneDNN's fp32 GEMM at every batch measured, so it takes every row
+#: count, in pieces of this many rows. Measured with the AVX2 builds on a Zen 4 core pair (oneDNN held to
+#: AVX2), 0.6B shapes, 48-2048 rows: Q8_0 150-165 GOP/s against 46-142, Q4_0 220-244 against 47-147; a
+#: 128-token prefill 2x faster. (The 48-row crossover above dates from the GGUF-layout kernel.)
 AVX2_TILES_PIECE = 2048
 GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary fp32 copy, e.g. of an LM head)
 
@@ -48,7 +48,8 @@ GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary fp32
 class QuantizedWeight(nn.Module):
     """``W [..., N, K]`` stored as ``qs`` + fp16 block scales ``d``; ``matmul(x)`` = ``x · Wᵀ``."""
 
-    qs: torch.Tensor  # buffers (registered in __init__), typed for readers: nn.Module's lookup says Tensor | Module
+    # buffers (registered in __init__), typed for readers: nn.Module's lookup says Tensor | Module
+    qs: torch.Tensor
     d: torch.Tensor
 
     def __init__(self, qs: torch.Tensor, d: torch.Tensor, fmt: str, in_features: int, kernel: bool = True):
@@ -65,11 +66,12 @@ class QuantizedWeight(nn.Module):
         # the kernel's GEMM (its AVX-512 VNNI build), for weights in CPU memory
         self._vnni = self._kernel if path == "vnni" and qs.device.type == "cpu" else None
         self.bf16_gemm = path in ("amx", "bf16")
-        # where the small-batch kernel is ours on CPU memory and large batches take the VNNI GEMM or a float GEMM on
-        # dequantized rows, the buffers hold the tile layout, which our kernels read faster (quant/tiles.py); the AMX
-        # kernel and the reference read GGUF's
+        # where the small-batch kernel is ours on CPU memory and large batches take the VNNI GEMM or a float
+        # GEMM on dequantized rows, the buffers hold the tile layout, which our kernels read faster
+        # (quant/tiles.py); the AMX kernel and the reference read GGUF's
+        avx2_tiles = self._kernel is not None and self._kernel.isa == "avx2" and path != "amx"
         self.tiles = (self._kernel is not None and qs.device.type == "cpu"
-                      and (self._vnni is not None or (self._kernel.isa == "avx2" and path != "amx")))  # fmt: skip
+                      and (self._vnni is not None or avx2_tiles))  # fmt: skip
         # the AVX2 tile kernel for every batch (AVX2_TILES_PIECE)
         self._kernel_takes_all = (self.tiles and self._kernel is not None and self._kernel.isa == "avx2"
                                   and path == "avx2")  # fmt: skip
@@ -137,17 +139,20 @@ class QuantizedWeight(nn.Module):
         return dequantize(self.qs[ids], self.d[ids], self.fmt, self.in_features)
 
     def _dequantized_rows(self, start: int, end: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """fp32 or bf16 rows ``start:end`` (``start`` a multiple of 16 where the buffers hold the tile layout)."""
+        """fp32 or bf16 rows ``start:end`` (``start`` a multiple of 16 where the buffers hold the tile
+        layout)."""
         if self._kernel is not None and self.qs.device.type == "cpu":
             name = f"{self.fmt}_dequantize" + ("_tiles" if self.tiles else "")
             name += "_bf16" if dtype == torch.bfloat16 else ""
-            return getattr(self._kernel, name)(self.qs[..., start:end, :], self.d[..., start:end, :], self.in_features)
+            return getattr(self._kernel, name)(self.qs[..., start:end, :], self.d[..., start:end, :],
+                                               self.in_features)
         return dequantize(*self.gguf_layout(start, end), self.fmt, self.in_features).to(dtype)
 
     def matmul_batch_invariant(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x · Wᵀ (+ bias)`` through the int8 kernel for every batch size, ``AVX2_TILES_PIECE`` rows a call: the
-        kernel quantizes and accumulates each row on its own, so a row's result is bitwise the same whatever rows
-        share its call (the large-batch GEMM paths above round differently; the batch-invariant plan's choice)."""
+        """``x · Wᵀ (+ bias)`` through the int8 kernel for every batch size, ``AVX2_TILES_PIECE`` rows a call:
+        the kernel quantizes and accumulates each row on its own, so a row's result is bitwise the same
+        whatever rows share its call (the large-batch GEMM paths above round differently; the batch-invariant
+        plan's choice)."""
         if self._kernel is None or not x.is_cpu:
             raise RuntimeError("the batch-invariant matmul needs the C++ quantized-matmul kernel on CPU")
         shape = x.shape
@@ -171,10 +176,13 @@ class QuantizedWeight(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).float()
         if self._amx is not None and self.gemm_rows <= x2.shape[0] <= AMX_MAX_ROWS and x2.is_cpu:
-            # dequantized to bf16 a panel at a time in L2 and multiplied on AMX tiles (quant/csrc/amx_matmul.cpp)
-            out = (self._amx.q8_0_matmul if self.fmt == "q8_0" else self._amx.q4_0_matmul)(x2, self.qs, self.d)
+            # dequantized to bf16 a panel at a time in L2 and multiplied on AMX tiles
+            # (quant/csrc/amx_matmul.cpp)
+            amx_matmul = self._amx.q8_0_matmul if self.fmt == "q8_0" else self._amx.q4_0_matmul
+            out = amx_matmul(x2, self.qs, self.d)
         elif self._vnni is not None and x2.shape[0] >= self.gemm_rows and x2.is_cpu:
-            # int8 activations · the int8 weights, copied a panel at a time for vpdpbusd (quant/csrc/vnni_gemm.h)
+            # int8 activations · the int8 weights, copied a panel at a time for vpdpbusd
+            # (quant/csrc/vnni_gemm.h)
             out = getattr(self._vnni, f"{self.fmt}_gemm_tiles")(x2, self.qs, self.d)
         elif self._kernel_takes_all and x2.is_cpu:
             # the AVX2 tile kernel, a piece of rows at a time (AVX2_TILES_PIECE)
@@ -190,7 +198,8 @@ class QuantizedWeight(nn.Module):
             dtype = torch.bfloat16 if self.bf16_gemm and x2.is_cpu else torch.float32
             xg, n = x2.to(dtype), self.d.shape[0]
             outs = [
-                linear(xg, self._dequantized_rows(s, min(n, s + GEMM_SLAB), dtype)) for s in range(0, n, GEMM_SLAB)
+                linear(xg, self._dequantized_rows(s, min(n, s + GEMM_SLAB), dtype))
+                for s in range(0, n, GEMM_SLAB)
             ]
             out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).float()
         elif self._kernel is not None and x2.device.type == "cpu":

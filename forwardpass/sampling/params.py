@@ -16,6 +16,7 @@ from typing import Any
 
 from forwardpass.errors import SamplingParamsError
 from forwardpass.sampling.reasoning_budget import ReasoningBudget
+from forwardpass.sampling.whisper_rules import WhisperRules
 from forwardpass.structured.params import StructuredOutputsParams
 
 #: Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``).
@@ -62,6 +63,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     allowed_token_ids: list[int] | None = None  # only these may be sampled (None = all)
     reasoning_budget: ReasoningBudget | None = None  # force the reasoning's closing tag after N tokens
+    # Whisper's suppress / timestamp filters (forwardpass/transcription.py)
+    whisper_rules: WhisperRules | None = None
 
     def __post_init__(self) -> None:
         self.n = _int("n", self.n, lo=1, hi=MAX_N)
@@ -84,7 +87,8 @@ class SamplingParams:
         self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
         if self.max_tokens is not None:
             self.max_tokens = _int(
-                "max_tokens", self.max_tokens, lo=1, hi=MAX_TOKENS, hint=f"1..{MAX_TOKENS}, or None for no limit"
+                "max_tokens", self.max_tokens, lo=1, hi=MAX_TOKENS,
+                hint=f"1..{MAX_TOKENS}, or None for no limit"
             )
         self.min_tokens = _int("min_tokens", self.min_tokens, lo=0, hi=MAX_TOKENS)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -104,15 +108,20 @@ class SamplingParams:
 
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
-        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
-            raise _fail("structured_outputs", self.structured_outputs, "StructuredOutputsParams, a dict, or None")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs,
+                                                                  StructuredOutputsParams):
+            raise _fail("structured_outputs", self.structured_outputs,
+                        "StructuredOutputsParams, a dict, or None")
         self.logit_bias = _logit_bias(self.logit_bias)
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
             if not self.allowed_token_ids:
-                raise _fail("allowed_token_ids", self.allowed_token_ids, "a non-empty list of token ids, or None")
+                raise _fail("allowed_token_ids", self.allowed_token_ids,
+                            "a non-empty list of token ids, or None")
         if self.reasoning_budget is not None and not isinstance(self.reasoning_budget, ReasoningBudget):
             raise _fail("reasoning_budget", self.reasoning_budget, "a ReasoningBudget, or None")
+        if self.whisper_rules is not None and not isinstance(self.whisper_rules, WhisperRules):
+            raise _fail("whisper_rules", self.whisper_rules, "a WhisperRules, or None")
 
     @property
     def greedy(self) -> bool:

@@ -124,7 +124,12 @@ class Sampler:
         eos = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids)
         x = self.apply_processors(logits, rows, eos)
         tokens = self._choose(x, rows)
-        return SamplerOutput(tokens.tolist(), self._logprobs(logits, tokens, rows))
+        lps = self._logprobs(logits, tokens, rows)
+        # Whisper's avg_logprob reads the filtered distribution (whisper_rules.py)
+        for i, lp in enumerate(lps):
+            if lp is not None and rows[i].params.whisper_rules is not None:
+                lp.logprob = float(x[i, lp.token_id].float() - torch.logsumexp(x[i].float(), 0))
+        return SamplerOutput(tokens.tolist(), lps)
 
     # ----- stage 1: logit processors (the only stages that write logits) ------------------------
     def apply_processors(
@@ -149,7 +154,8 @@ class Sampler:
         forced = [(i, t) for i, r in enumerate(rows) if r.params.reasoning_budget is not None
                   and (t := r.params.reasoning_budget.forced_token(_ids(r.prompt_token_ids),
                                                                    _ids(r.output_token_ids))) is not None]
-        if not (min_tok or rep or pres_freq or masked or allowed or bias or forced):
+        ruled = [i for i, p in enumerate(ps) if p.whisper_rules is not None]
+        if not (min_tok or rep or pres_freq or masked or allowed or bias or forced or ruled):
             return logits if logits.dtype == torch.float32 else logits.float()
 
         x = self._ws.get("x", (B, V), torch.float32, dev)
@@ -191,6 +197,8 @@ class Sampler:
         for i, t in forced:  # the reasoning budget is spent: its closing tag is the only choice
             x[i].fill_(float("-inf"))
             x[i, t] = 0.0
+        for i in ruled:
+            ps[i].whisper_rules.apply(x[i], _ids(rows[i].output_token_ids))  # type: ignore[union-attr]
         return x
 
     # ----- stage 2: greedy rows take the argmax, the others are sampled --------------------------
@@ -300,7 +308,8 @@ class Sampler:
         if not want:
             return result
         w = torch.tensor(want, device=logits.device)
-        found = token_logprobs(logits.index_select(0, w), tokens[w], [rows[i].params.logprobs or 0 for i in want])
+        found = token_logprobs(logits.index_select(0, w), tokens[w],
+                               [rows[i].params.logprobs or 0 for i in want])
         for i, lp in zip(want, found):
             result[i] = lp
         return result

@@ -63,7 +63,8 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
             return Response(status_code=499)
 
     # llama.cpp's server answers the OpenAI routes without the /v1 prefix too; so do we (out of the schema).
-    @app.post("/v1/completions", response_model=CompletionResponse, responses={**_ERRORS, 200: {"content": _SSE}})
+    @app.post("/v1/completions", response_model=CompletionResponse,
+              responses={**_ERRORS, 200: {"content": _SSE}})
     @app.post("/completions", response_model=CompletionResponse, include_in_schema=False)
     async def completions(req: CompletionRequest, request: Request) -> Response | dict[str, Any]:
         return await run(serving.completions(req, request))
@@ -99,7 +100,8 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
         """llama.cpp's server properties (what its web UI and clients read)."""
         tok = engine.tokenizer
         return {"default_generation_settings": {"n_ctx": engine.max_model_len, "model": config.default_model},
-                "total_slots": engine.info.max_num_seqs if engine.info is not None else 0, "model_alias": config.default_model,
+                "total_slots": engine.info.max_num_seqs if engine.info is not None else 0,
+                "model_alias": config.default_model,
                 "model_path": config.default_model,  # never a filesystem path
                 "chat_template": (tok.chat_template or "") if tok is not None else "",
                 "build_info": f"forwardpass {forwardpass.__version__}", "modalities": {"vision": False}}
@@ -120,7 +122,8 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> JSONResponse:
         if engine.is_dead:
-            return errors.error_response(503, f"the engine is not running: {engine.dead_reason}", "engine_dead")
+            return errors.error_response(503, f"the engine is not running: {engine.dead_reason}",
+                                         "engine_dead")
         stalled = engine.stalled_for()
         if stalled > config.watchdog_timeout_s:  # has work, made no progress: stuck or stopped
             return errors.error_response(

@@ -70,13 +70,16 @@ class ChatOutputParser:
             calls = calls if self.parallel_tool_calls else [c for c in calls if c["index"] == 0]
             if calls:
                 d["tool_calls"] = calls
-            self.num_calls = len(self._tools.calls) if self.parallel_tool_calls else min(len(self._tools.calls), 1)
-        elif self.tool_mode == "forced" and isinstance(self.tool_choice, dict):  # named: the text is the arguments
+            self.num_calls = (len(self._tools.calls) if self.parallel_tool_calls
+                              else min(len(self._tools.calls), 1))
+        # named: the text is the arguments
+        elif self.tool_mode == "forced" and isinstance(self.tool_choice, dict):
             if content or (final and not self.num_calls):
                 calls = [{"index": 0, "function": {"arguments": content}}]
                 if not self.num_calls:  # the first delta names the call, as vLLM streams it
                     calls = [{"index": 0, "id": new_call_id(), "type": "function",
-                              "function": {"name": self.tool_choice["function"]["name"], "arguments": content}}]
+                              "function": {"name": self.tool_choice["function"]["name"],
+                                           "arguments": content}}]
                 d["tool_calls"], self.num_calls = calls, 1
             content = ""
         elif self.tool_mode == "forced":  # required: a JSON array of calls, parsed when complete

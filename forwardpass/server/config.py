@@ -36,10 +36,12 @@ class ServerConfig:
     template_time_limit_s: float = 2.0  # chat-template render time limit (400 above)
     template_max_chars: int = 8 << 20  # chat-template output-size limit (400 above)
     text_workers: int = 2  # threads for tokenization, detokenization and templates
-    allowed_origins: list[str] = field(default_factory=list)  # CORS (llama.cpp's habit); empty: no CORS headers
+    # CORS (llama.cpp's habit); empty: no CORS headers
+    allowed_origins: list[str] = field(default_factory=list)
     reasoning_parser: str | None = None  # "qwen3" | "deepseek_r1": <think>...</think> -> reasoning_content
-    # Diffusion routes, only when asked: a pipeline folder or "default" (the embedded model, loaded at the first
-    # request); None: no route. /v1/images/generations and /v1/videos (server/images.py, server/videos.py).
+    # Diffusion routes, only when asked: a pipeline folder or "default" (the embedded model, loaded at the
+    # first request); None: no route. /v1/images/generations and /v1/videos
+    # (server/images.py, server/videos.py).
     image_model: str | None = None
     video_model: str | None = None
 

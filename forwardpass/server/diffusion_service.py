@@ -1,4 +1,5 @@
-"""The diffusion models behind ``/v1/images/generations`` and ``/v1/videos``, and the one thread that runs them.
+"""The diffusion models behind ``/v1/images/generations`` and ``/v1/videos``, and the one thread that runs
+them.
 
 Generation is compute-bound and a pipeline keeps scheduler state, so image requests run one at a time on
 one worker thread and video jobs one at a time on another: the event loop only enqueues work and awaits a
@@ -40,8 +41,8 @@ def resolve_folder(value: str | None, kind: str) -> Path | None:
         return DEFAULT_VIDEO_MODEL_DIR
     path = Path(value).expanduser()
     if not (path / "model_index.json").is_file():
-        raise ModelNotFoundError(f"--{kind}-model {value}: not a diffusion pipeline folder (no model_index.json)",
-                                 param=f"{kind}_model")  # fmt: skip
+        raise ModelNotFoundError(f"--{kind}-model {value}: not a diffusion pipeline folder (no "
+                                 "model_index.json)", param=f"{kind}_model")  # fmt: skip
     return path
 
 

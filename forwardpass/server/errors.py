@@ -20,8 +20,8 @@ from forwardpass.errors import ContextLengthError, ForwardpassError, QueueFullEr
 logger = logging.getLogger(__name__)
 
 _HTTP_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
-               429: "rate_limit_error", 503: "server_overloaded"}
+               404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error",
+               413: "invalid_request_error", 429: "rate_limit_error", 503: "server_overloaded"}
 
 
 def envelope(

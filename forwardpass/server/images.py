@@ -45,7 +45,8 @@ class ImageGenerationRequest(BaseModel):
 
 
 def parse_size(size: str | None) -> tuple[int | None, int | None]:
-    """``"32x48"`` → (width 32, height 48); each side in [1, MAX_SIDE] (the pipeline checks what it supports)."""
+    """``"32x48"`` → (width 32, height 48); each side in [1, MAX_SIDE] (the pipeline
+    checks what it supports)."""
     if size is None:
         return None, None
     m = re.fullmatch(r"(\d+)x(\d+)", size)

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 disable_created_metrics()  # no *_created series next to every counter and histogram
 
 P = "forwardpass:"
-_LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+            80.0)
 _TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 _ITL = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 
@@ -64,20 +65,23 @@ class ServerMetrics:
         self.itl = h("inter_token_latency_seconds", "time between two outputs of a request", _ITL)
         self.e2e = h("e2e_request_latency_seconds", "arrival to last token", _LATENCY)
         self.queue = h("request_queue_time_seconds", "arrival to first scheduled", _LATENCY)
-        # Roofline of each step: achieved rates from the step records' FLOPs and bytes (engine/scheduling/cost.py),
-        # utilization against the device's peaks when known (see server/dashboard/state.py).
+        # Roofline of each step: achieved rates from the step records' FLOPs and bytes
+        # (engine/scheduling/cost.py), utilization against the device's peaks when known (see
+        # server/dashboard/state.py).
         self.flops_per_s = g("achieved_flops_per_second", "FLOP/s achieved by the last step")
         self.bytes_per_s = g("achieved_bytes_per_second", "bytes/s moved by the last step")
         self.mfu = g("model_flops_utilization", "last step's FLOP/s over the device's matmul peak (0..1)")
         self.mbu = g("model_bandwidth_utilization", "last step's bytes/s over the device's bandwidth (0..1)")
-        self.flops_total = Counter(P + "step_flops", "FLOPs of all steps", list(lbl), registry=r).labels(**lbl)
-        self.bytes_total = Counter(P + "step_bytes", "bytes moved by all steps", list(lbl), registry=r).labels(**lbl)
+        self.flops_total = Counter(P + "step_flops", "FLOPs of all steps", list(lbl),
+                                   registry=r).labels(**lbl)
+        self.bytes_total = Counter(P + "step_bytes", "bytes moved by all steps", list(lbl),
+                                   registry=r).labels(**lbl)
         # vLLM's series, under its own names too (dashboards built for vLLM read these), and ours
         self.vllm: dict[str, list[Histogram]] = {}
 
         def both(name: str, doc: str, buckets: Sequence[float]) -> None:
-            self.vllm[name] = [Histogram(prefix + name, doc, list(lbl), buckets=buckets, registry=r).labels(**lbl)
-                               for prefix in (P, "vllm:")]
+            self.vllm[name] = [Histogram(prefix + name, doc, list(lbl), buckets=buckets,
+                                         registry=r).labels(**lbl) for prefix in (P, "vllm:")]
 
         both("time_per_output_token_seconds", "TPOT: (last token - first token) / (tokens - 1)", _ITL)
         both("request_prompt_tokens", "prompt tokens per request", _TOKENS)
@@ -85,8 +89,9 @@ class ServerMetrics:
         both("request_prefill_time_seconds", "first scheduled to first token", _LATENCY)
         both("request_decode_time_seconds", "first token to last token", _LATENCY)
         both("request_inference_time_seconds", "first scheduled to last token", _LATENCY)
-        self.prefix_queries = [Counter(prefix + "prefix_cache_queries", "prompt tokens looked up in the prefix cache",
-                                       list(lbl), registry=r).labels(**lbl) for prefix in (P, "vllm:")]
+        self.prefix_queries = [Counter(prefix + "prefix_cache_queries",
+                                       "prompt tokens looked up in the prefix cache", list(lbl),
+                                       registry=r).labels(**lbl) for prefix in (P, "vllm:")]
         self.prefix_hits = [Counter(prefix + "prefix_cache_hits", "prompt tokens found in the prefix cache",
                                     list(lbl), registry=r).labels(**lbl) for prefix in (P, "vllm:")]
         self._prefix_seen = (0, 0)

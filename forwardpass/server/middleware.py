@@ -14,7 +14,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from forwardpass.server.config import ServerConfig
 from forwardpass.server.errors import error_bytes
 
-OPEN_PATHS = frozenset({"/health", "/metrics", "/"})  # "/": the chat page's HTML (no data; it asks for the key)
+# "/": the chat page's HTML (no data; it asks for the key)
+OPEN_PATHS = frozenset({"/health", "/metrics", "/"})
 OPEN_PREFIXES = ("/chat/static/",)  # the chat page's CSS and JS
 
 
@@ -22,8 +23,8 @@ async def _send_error(send: Send, status: int, message: str, code: str | None = 
                       headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     body = error_bytes(status, message, code)
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *headers]})
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -89,9 +90,11 @@ class BodyLimitMiddleware:
         try:  # JSON is UTF-8 (RFC 8259); raw NUL bytes only occur in UTF-16/32, which json.loads would guess
             body.decode("utf-8")
             if b"\x00" in body:
-                raise UnicodeDecodeError("utf-8", body, body.index(b"\x00"), body.index(b"\x00") + 1, "NUL byte")
+                raise UnicodeDecodeError("utf-8", body, body.index(b"\x00"), body.index(b"\x00") + 1,
+                                         "NUL byte")
         except UnicodeDecodeError as exc:
-            return await _send_error(send, 400, f"the request body must be UTF-8 encoded JSON (byte {exc.start} "
+            return await _send_error(send, 400,
+                                     f"the request body must be UTF-8 encoded JSON (byte {exc.start} "
                                      "is not valid UTF-8 JSON text)")
         return await self.app(scope, _replay(body, receive), send)
 
@@ -118,7 +121,8 @@ def install_middleware(app: Starlette, config: ServerConfig) -> None:
 def _is_binary_upload(scope: Scope) -> bool:
     for name, value in scope.get("headers", ()):
         if name == b"content-type":
-            return value.split(b";")[0].strip().lower() in (b"multipart/form-data", b"application/octet-stream")
+            return value.split(b";")[0].strip().lower() in (b"multipart/form-data",
+                                                            b"application/octet-stream")
     return False
 
 

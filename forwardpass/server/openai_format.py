@@ -1,4 +1,5 @@
-"""Engine outputs as OpenAI response objects: per-response state, completion / chat chunks, usage and logprobs.
+"""Engine outputs as OpenAI response objects: per-response state, completion / chat chunks, usage and
+logprobs.
 
 ``serving.py`` drives requests; this module only formats what they produced.
 """
@@ -22,9 +23,10 @@ class ResponseContext:
     """Per-response constants and what has been sent per choice."""
 
     def __init__(self, rid: str, model: str, created: int, n: int, tokenizer: Tokenizer | None,
-                 top_k: int = 0, parser: Callable[[], ChatOutputParser] = ChatOutputParser, as_ids: bool = False,
-                 echo: str = "") -> None:
-        self.rid, self.model, self.created, self.n, self.tokenizer, self.top_k = rid, model, created, n, tokenizer, top_k
+                 top_k: int = 0, parser: Callable[[], ChatOutputParser] = ChatOutputParser,
+                 as_ids: bool = False, echo: str = "") -> None:
+        self.rid, self.model, self.created, self.n = rid, model, created, n
+        self.tokenizer, self.top_k = tokenizer, top_k
         self.as_ids, self.echo = as_ids, echo
         self.continuous_usage = False
         self.count_reasoning: Callable[[list[int]], int] | None = None  # chat with a reasoning parser
@@ -57,9 +59,11 @@ class ResponseContext:
         decoded_token}}`` per prompt token — on the output that carries them."""
         if not self.show_prompt_logprobs or out.prompt_logprobs is None:
             return {}
-        return {"prompt_logprobs": [None if d is None else {str(t): {"logprob": v.logprob, "rank": v.rank,
-                                                                      "decoded_token": v.decoded_token}
-                                                             for t, v in d.items()} for d in out.prompt_logprobs]}
+        return {"prompt_logprobs": [
+            None if d is None else {
+                str(t): {"logprob": v.logprob, "rank": v.rank, "decoded_token": v.decoded_token}
+                for t, v in d.items()}
+            for d in out.prompt_logprobs]}
 
     def prompt_part(self, out: RequestOutput) -> dict[str, Any]:
         """The prompt's tokens in a completion's ``logprobs`` (echo): the first has no logprob."""
@@ -72,7 +76,8 @@ class ResponseContext:
         return joined(head, completion_logprobs(entries, offset, self.top_k, self.as_ids, self.skipped))
 
     def deltas(self, idx: int, c: CompletionOutput) -> tuple[str, list[dict[int, Logprob]] | None, int, int]:
-        """(new text, new logprob entries, text offset, new token count) of choice ``idx``; ``c`` is a delta."""
+        """(new text, new logprob entries, text offset, new token count) of choice
+        ``idx``; ``c`` is a delta."""
         t0 = self.sent_text.get(idx, 0)
         self.sent_text[idx] = t0 + len(c.text)
         return c.text, c.logprobs, t0, len(c.token_ids)
@@ -109,19 +114,22 @@ def chat_chunks(ctx: ResponseContext, i: int, out: RequestOutput) -> Iterator[di
 
 
 def merged(acc: RequestOutput, delta: RequestOutput) -> RequestOutput:
-    """Fold a delta output into the accumulated one (the lists of an output are its own: extended in place)."""
+    """Fold a delta output into the accumulated one (the lists of an output are its
+    own: extended in place)."""
     for a, d in zip(acc.outputs, delta.outputs):
         a.text += d.text
         a.token_ids.extend(d.token_ids)
         if a.logprobs is not None and d.logprobs is not None:
             a.logprobs.extend(d.logprobs)
-        a.cumulative_logprob, a.finish_reason, a.stop_reason = d.cumulative_logprob, d.finish_reason, d.stop_reason
+        a.cumulative_logprob = d.cumulative_logprob
+        a.finish_reason, a.stop_reason = d.finish_reason, d.stop_reason
     acc.finished, acc.metrics = delta.finished, delta.metrics
     acc.prompt_logprobs = acc.prompt_logprobs or delta.prompt_logprobs  # on one delta only
     return acc
 
 
-def usage_of(outs: list[RequestOutput], count_reasoning: Callable[[list[int]], int] | None = None) -> dict[str, Any]:
+def usage_of(outs: list[RequestOutput],
+             count_reasoning: Callable[[list[int]], int] | None = None) -> dict[str, Any]:
     p = sum(len(o.prompt_token_ids) for o in outs)
     c = sum(len(x.token_ids) for o in outs for x in o.outputs)
     usage: dict[str, Any] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
@@ -140,7 +148,8 @@ def _chosen_and_top(d: dict[int, Logprob], k: int) -> tuple[tuple[int, Logprob],
 
 
 def _token_text(tid: int, v: Logprob, as_ids: bool) -> str:
-    """The token as a response shows it: its text, or ``token_id:N`` (vLLM's ``return_tokens_as_token_ids``)."""
+    """The token as a response shows it: its text, or ``token_id:N`` (vLLM's
+    ``return_tokens_as_token_ids``)."""
     return f"token_id:{tid}" if as_ids else (v.decoded_token or "")
 
 

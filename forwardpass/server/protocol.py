@@ -55,7 +55,8 @@ class _Strict(BaseModel):
     @classmethod
     def _valid_unicode(cls, v: Any) -> Any:
         if _has_lone_surrogate(v):
-            raise ValueError("must be valid Unicode text (a lone surrogate such as \\udc80 cannot be encoded as UTF-8)")
+            raise ValueError("must be valid Unicode text (a lone surrogate such as \\udc80 cannot be encoded "
+                             "as UTF-8)")
         return v
 
 
@@ -103,10 +104,12 @@ class StructuredOutputsRequest(_Strict):
 
 
 class _SamplingRequest(_Strict):
-    model: ModelName | None = Field(None, description="a served model name (GET /v1/models); default: the first")
+    model: ModelName | None = Field(None,
+                                    description="a served model name (GET /v1/models); default: the first")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K, description="-1 or 0 disable top-k; at most the vocabulary")
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K,
+                              description="-1 or 0 disable top-k; at most the vocabulary")
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     n: int = Field(1, ge=1, le=MAX_N)
     stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP_STRINGS)
@@ -120,11 +123,13 @@ class _SamplingRequest(_Strict):
     min_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
     user: str | None = Field(None, max_length=256)
     logit_bias: dict[str, float] | None = Field(
-        None, max_length=1 << 16, description="token id (as a string) -> bias in [-100, 100] added to its logit")
+        None, max_length=1 << 16, description="token id (as a string) -> bias in [-100, 100] added to its "
+                                              "logit")
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=1 << 20)] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
-    guided_json: str | dict[str, Any] | None = Field(None, description="older vLLM form of structured_outputs.json")
+    guided_json: str | dict[str, Any] | None = Field(None,
+                                                     description="older vLLM form of structured_outputs.json")
     guided_regex: str | None = None
     guided_choice: Annotated[list[str], Field(min_length=1, max_length=MAX_CHOICES)] | None = None
     guided_grammar: str | None = None
@@ -187,7 +192,8 @@ class _SamplingRequest(_Strict):
             return StructuredOutputsParams(**kwargs)
         except ValidationError as exc:  # name the request's own field
             raise type(exc)(exc.message.replace("structured_outputs", name, 1) if name != "structured_outputs"
-                            else exc.message, param=name if name != "structured_outputs" else exc.param) from None
+                            else exc.message,
+                            param=name if name != "structured_outputs" else exc.param) from None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -195,7 +201,8 @@ class CompletionRequest(_SamplingRequest):
         Annotated[str, Field(min_length=1)]
         | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
         | Annotated[list[TokenId], Field(min_length=1)]
-        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]],
+                    Field(min_length=1, max_length=MAX_PROMPTS)]
     )
     max_tokens: int | None = Field(16, ge=1, le=MAX_TOKENS, description="null: up to the context window")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -251,10 +258,12 @@ class ChatMessage(_Strict):
     def _bounded_extras(self) -> Self:
         extra = self.model_extra or {}
         if len(extra) > MAX_EXTRA_MESSAGE_FIELDS:
-            raise ValueError(f"a message may carry at most {MAX_EXTRA_MESSAGE_FIELDS} extra fields, got {len(extra)}")
+            raise ValueError(f"a message may carry at most {MAX_EXTRA_MESSAGE_FIELDS} extra fields, got "
+                             f"{len(extra)}")
         for key, value in extra.items():
             if not (key.isidentifier() and len(key) <= 64):
-                raise ValueError(f"extra message field names must be identifiers of at most 64 characters: {key!r}")
+                raise ValueError("extra message field names must be identifiers of at most 64 characters: "
+                                 f"{key!r}")
             if _has_lone_surrogate(value):
                 raise ValueError(f"{key} must be valid Unicode text")
         return self
@@ -262,7 +271,8 @@ class ChatMessage(_Strict):
     def template_dict(self) -> dict[str, Any]:
         """The message as chat templates read it (tool-call arguments as objects, as vLLM passes them)."""
         d: dict[str, Any] = {**(self.model_extra or {}),
-                             "role": "system" if self.role == "developer" else self.role, "content": self.text()}
+                             "role": "system" if self.role == "developer" else self.role,
+                             "content": self.text()}
         for key in ("name", "tool_call_id", "reasoning_content"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
@@ -316,7 +326,8 @@ class NamedToolChoice(_Strict):
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="deprecated alias of max_completion_tokens")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
+                                   description="deprecated alias of max_completion_tokens")
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -325,13 +336,15 @@ class ChatCompletionRequest(_SamplingRequest):
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # vLLM: the last (assistant) message is continued, not closed
-    echo: bool = False  # vLLM: the response starts with the last message's content (when its role is assistant)
+    # vLLM: the response starts with the last message's content (when its role is assistant)
+    echo: bool = False
     chat_template: str | None = Field(None, description="refused: the model's own template is always used")
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, max_length=64, description="extra template variables, e.g. {\"enable_thinking\": false}")
     max_reasoning_tokens: int | None = Field(
-        None, ge=0, le=MAX_TOKENS, description="thinking budget: the reasoning's closing tag is forced after this "
-        "many reasoning tokens (needs --reasoning-parser); max_completion_tokens still covers reasoning + answer")
+        None, ge=0, le=MAX_TOKENS, description="thinking budget: the "
+        "reasoning's closing tag is forced after this many reasoning tokens (needs --reasoning-parser); "
+        "max_completion_tokens still covers reasoning + answer")
 
     @model_validator(mode="after")
     def _unsupported(self) -> Self:
@@ -413,7 +426,8 @@ class CompletionChoice(BaseModel):
     logprobs: dict[str, Any] | None = None
     finish_reason: Literal["stop", "length"] | None
     stop_reason: int | str | None = None
-    # vLLM: with prompt_logprobs, None for the first prompt token, then {token id: {logprob, rank, decoded_token}}
+    # vLLM: with prompt_logprobs, None for the first prompt token, then {token id:
+    # {logprob, rank, decoded_token}}
     prompt_logprobs: list[dict[str, Any] | None] | None = None
 
 

@@ -68,7 +68,8 @@ class Serving:
         self.engine, self.config = engine, config
         self._text = ThreadPoolExecutor(max_workers=config.text_workers, thread_name_prefix="fp-text")
         # templates get their own workers: slow (hostile) templates cannot hold up plain tokenization
-        self._templates = ThreadPoolExecutor(max_workers=config.text_workers, thread_name_prefix="fp-template")
+        self._templates = ThreadPoolExecutor(max_workers=config.text_workers,
+                                             thread_name_prefix="fp-template")
 
     async def off_loop(self, fn: Callable[..., _T], *args: Any, timeout: float | None = None,
                        pool: ThreadPoolExecutor | None = None) -> _T:
@@ -79,21 +80,23 @@ class Serving:
         """A request's ``n x prompts`` sequences count fully: one over the per-request cap is a 400, one
         that would overfill the waiting queue a 503 (before anything is tokenized or admitted)."""
         if num_seqs > MAX_SEQS_PER_REQUEST:
-            raise ValidationError(f"n x the number of prompts must be at most {MAX_SEQS_PER_REQUEST} sequences "
-                                  f"per request, got {num_seqs}", param="n")
+            raise ValidationError(f"n x the number of prompts must be at most {MAX_SEQS_PER_REQUEST} "
+                                  f"sequences per request, got {num_seqs}", param="n")
         engine = self.engine
         if engine.num_queued + num_seqs > engine.max_queued_requests:
-            raise QueueFullError(f"the waiting queue is full ({engine.num_queued} of {engine.max_queued_requests} "
-                                 f"sequences waiting, this request adds {num_seqs}); retry later")
+            raise QueueFullError(f"the waiting queue is full ({engine.num_queued} of "
+                                 f"{engine.max_queued_requests} sequences waiting, this request adds "
+                                 f"{num_seqs}); retry later")
 
     def check_token_budget(self, tokens: int) -> None:
         """The request-size budget in tokens (bytes are the middleware's): prompts and every token the
         request may generate, over all its sequences."""
         limit = self.config.max_request_tokens
         if tokens > limit:
-            raise ValidationError(f"this request may use {tokens} tokens (prompt + max_tokens, times n, over its "
-                                  f"prompts), more than this server's limit of {limit}; lower max_tokens or n, or "
-                                  "send fewer prompts", param="max_tokens")
+            raise ValidationError(f"this request may use {tokens} tokens (prompt + max_tokens, times n, over "
+                                  "its prompts), more than this "
+                                  f"server's limit of {limit}; lower max_tokens or n, or send fewer prompts",
+                                  param="max_tokens")
 
     # ----- admission -----------------------------------------------------------------------------
     def resolve_model(self, name: str | None) -> tuple[str, LoRARequest | None]:
@@ -101,7 +104,8 @@ class Serving:
         name = name or self.config.default_model
         if name not in self.config.models:
             raise ModelNotFoundError(f"the model {name!r} does not exist; this server serves: "
-                                     f"{', '.join(self.config.models)}", param="model", code="model_not_found")
+                                     f"{', '.join(self.config.models)}", param="model",
+                                     code="model_not_found")
         return name, self.config.models[name]
 
     def sampling_params(self, req: CompletionRequest | ChatCompletionRequest, prompt_len: int,
@@ -112,15 +116,15 @@ class Serving:
         limit = self.engine.max_model_len
         if prompt_len >= limit:
             raise ContextLengthError(
-                f"this model's maximum context length is {limit} tokens, but the {what} has {prompt_len} tokens "
-                f"and at least one token must be generated; shorten the {what}", param=what)
+                f"this model's maximum context length is {limit} tokens, but the {what} has {prompt_len} "
+                f"tokens and at least one token must be generated; shorten the {what}", param=what)
         if max_tokens is None:
             max_tokens = limit - prompt_len
         elif prompt_len + max_tokens > limit:
             raise ContextLengthError(
-                f"this model's maximum context length is {limit} tokens, but you requested {prompt_len + max_tokens} "
-                f"tokens ({prompt_len} in the {what}, {max_tokens} for the completion); reduce the length of the "
-                f"{what} or max_tokens", param="max_tokens")
+                f"this model's maximum context length is {limit} tokens, but you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the {what}, {max_tokens} for the "
+                f"completion); reduce the length of the {what} or max_tokens", param="max_tokens")
         d = self.engine.default_sampling_params()
         vocab = self.engine.vocab_size
         for name, ids in (("logit_bias", list(req.logit_bias_ids() or ())), ("allowed_token_ids",
@@ -139,17 +143,19 @@ class Serving:
             n=req.n, temperature=pick(req.temperature, d.temperature), top_p=pick(req.top_p, d.top_p),
             top_k=pick(req.top_k, d.top_k), min_p=pick(req.min_p, d.min_p),
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-            repetition_penalty=pick(req.repetition_penalty, d.repetition_penalty), seed=req.seed, stop=req.stop,
-            max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens), ignore_eos=req.ignore_eos,
-            logprobs=logprobs, logit_bias=req.logit_bias_ids(), allowed_token_ids=req.allowed_token_ids,
-            structured_outputs=structured, reasoning_budget=reasoning_budget,
+            repetition_penalty=pick(req.repetition_penalty, d.repetition_penalty), seed=req.seed,
+            stop=req.stop, max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens),
+            ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=req.logit_bias_ids(),
+            allowed_token_ids=req.allowed_token_ids, structured_outputs=structured,
+            reasoning_budget=reasoning_budget,
             prompt_logprobs=req.prompt_logprobs if prompt_logprobs is None else prompt_logprobs)
 
     def _tags(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         tok = self.engine.tokenizer
         if self.config.reasoning_parser is None or tok is None:
             return None
-        return (tuple(tok.encode(START, add_special_tokens=False)), tuple(tok.encode(END, add_special_tokens=False)))
+        return (tuple(tok.encode(START, add_special_tokens=False)),
+                tuple(tok.encode(END, add_special_tokens=False)))
 
     def _reasoning_budget(self, max_reasoning_tokens: int | None) -> ReasoningBudget | None:
         if max_reasoning_tokens is None:
@@ -176,7 +182,8 @@ class Serving:
                 f"the {what} has {len(text)} characters, more than this model's maximum context length of "
                 f"{self.engine.max_model_len} tokens can hold; shorten the {what}", param=what)
 
-    def encode(self, prompt: str | list[int], add_special_tokens: bool = True, for_generation: bool = True) -> list[int]:
+    def encode(self, prompt: str | list[int], add_special_tokens: bool = True,
+               for_generation: bool = True) -> list[int]:
         """Blocking: call through ``off_loop`` for text. ``for_generation``: refuse text too long for the
         context window before tokenizing it (``/tokenize`` counts the tokens of any text the body limit
         lets through)."""
@@ -196,20 +203,22 @@ class Serving:
         return ids
 
     def chat_prompt_blocking(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
-                             template_kwargs: dict[str, Any] | None = None, continue_final: bool = False) -> list[int]:
+                             template_kwargs: dict[str, Any] | None = None,
+                             continue_final: bool = False) -> list[int]:
         tok = self.engine.tokenizer
         if tok is None:
             raise ValidationError("this model has no tokenizer, so it has no chat template", param="messages")
         conv = [m.template_dict() for m in messages]
         text = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
                                        time_limit_s=self.config.template_time_limit_s,
-                                       max_output_chars=self.config.template_max_chars, **(template_kwargs or {}))
+                                       max_output_chars=self.config.template_max_chars,
+                                       **(template_kwargs or {}))
         if continue_final:  # as transformers does: cut what the template wrote after the last message's text
             last = messages[-1].text()
             at = text.rfind(last) if last else -1
             if at < 0:
-                raise ValidationError("continue_final_message: the template did not render the last message's "
-                                      "text as given", param="messages")
+                raise ValidationError("continue_final_message: the template did not render the last "
+                                      "message's text as given", param="messages")
             text = text[:at + len(last)]
         self._check_text_length(text, "messages")
         ids = tok.encode(text, add_special_tokens=False)  # the template wrote any BOS it wants
@@ -224,21 +233,24 @@ class Serving:
         return await self.off_loop(self.encode, prompt, add_special_tokens, for_generation)
 
     async def chat_prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
-                          template_kwargs: dict[str, Any] | None = None, continue_final: bool = False) -> list[int]:
+                          template_kwargs: dict[str, Any] | None = None,
+                          continue_final: bool = False) -> list[int]:
         try:  # the template checks its own deadline; this one also covers time spent waiting for a worker
-            return await self.off_loop(self.chat_prompt_blocking, messages, add_generation_prompt, template_kwargs,
-                                       continue_final,
+            return await self.off_loop(self.chat_prompt_blocking, messages, add_generation_prompt,
+                                       template_kwargs, continue_final,
                                        timeout=self.config.template_time_limit_s + 10, pool=self._templates)
         except TimeoutError:
-            raise ChatTemplateLimitError(f"rendering the chat template took longer than "
-                                         f"{self.config.template_time_limit_s:g} s", param="messages") from None
+            raise ChatTemplateLimitError("rendering the chat template took longer than "
+                                         f"{self.config.template_time_limit_s:g} s",
+                                         param="messages") from None
 
     async def admit(self, prompts: list[list[int]], params_list: list[SamplingParams], rid: str,
                     lora: LoRARequest | None) -> list[RequestStream]:
         streams: list[RequestStream] = []
         try:
             for i, (ids, params) in enumerate(zip(prompts, params_list)):
-                streams.append(await self.engine.add_request(ids, params, f"{rid}-{i}", lora, output_kind="delta"))
+                streams.append(await self.engine.add_request(ids, params, f"{rid}-{i}", lora,
+                                                             output_kind="delta"))
         except BaseException:
             for s in streams:
                 s.close()
@@ -252,14 +264,15 @@ class Serving:
         structured = await self.off_loop(req.structured)  # a large schema is parsed off the event loop
         prompts = [await self.encode_async(p) for p in req.prompts()]
         # echo with logprobs: the prompt's tokens are listed first, with their own logprobs
-        echo_lps = max(req.logprobs, req.prompt_logprobs or 0) if req.echo and req.logprobs is not None else None
+        echo_lps = (max(req.logprobs, req.prompt_logprobs or 0) if req.echo and req.logprobs is not None
+                    else None)
         params = [self.sampling_params(req, len(p), req.max_tokens, req.logprobs, "prompt", structured,
                                        prompt_logprobs=echo_lps) for p in prompts]
         self.check_token_budget(sum(len(p) + (s.max_tokens or 0) for p, s in zip(prompts, params)) * req.n)
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = await self.admit(prompts, params, rid, lora)
-        ctx = ResponseContext(rid, model, int(time.time()), req.n, self.engine.tokenizer, top_k=req.logprobs or 0,
-                   as_ids=req.return_tokens_as_token_ids)
+        ctx = ResponseContext(rid, model, int(time.time()), req.n, self.engine.tokenizer,
+                              top_k=req.logprobs or 0, as_ids=req.return_tokens_as_token_ids)
         ctx.echo_logprobs, ctx.show_prompt_logprobs = echo_lps is not None, req.prompt_logprobs is not None
         if req.echo:  # each choice's text starts with its prompt's text
             ctx.echo_prompts = [p if isinstance(p, str) else await self.off_loop(self._decode, p)
@@ -280,8 +293,8 @@ class Serving:
                 choices.append({"index": i * req.n + c.index, "text": echo + c.text, "logprobs": lps,
                                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
                                 **ctx.prompt_logprobs_field(out)})
-        return {"id": rid, "object": "text_completion", "created": ctx.created, "model": model, "choices": choices,
-                "usage": usage_of(finals), "system_fingerprint": None}
+        return {"id": rid, "object": "text_completion", "created": ctx.created, "model": model,
+                "choices": choices, "usage": usage_of(finals), "system_fingerprint": None}
 
     def _decode(self, ids: list[int]) -> str:
         tok = self.engine.tokenizer
@@ -294,11 +307,13 @@ class Serving:
         structured = await self.off_loop(req.structured)
         thinking = (req.chat_template_kwargs or {}).get("enable_thinking") is not False
         tok = self.engine.tokenizer
-        if structured is not None and self.config.reasoning_parser is not None and thinking and tok is not None:
+        if (structured is not None and self.config.reasoning_parser is not None and thinking
+                and tok is not None):
             # the constraint applies to the answer: after the reasoning's closing tag
             structured.reasoning_end = tuple(tok.encode("</think>", add_special_tokens=False))
         kwargs = {**(req.chat_template_kwargs or {}), **({"tools": req.tool_dicts()} if req.tools else {})}
-        ids = await self.chat_prompt(req.messages, req.add_generation_prompt, kwargs, req.continue_final_message)
+        ids = await self.chat_prompt(req.messages, req.add_generation_prompt, kwargs,
+                                     req.continue_final_message)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         k = (req.top_logprobs or 0) if req.logprobs else None
         budget = self._reasoning_budget(req.max_reasoning_tokens) if thinking else None
@@ -308,13 +323,15 @@ class Serving:
         streams = await self.admit([ids], [params], rid, lora)
 
         def parser() -> ChatOutputParser:
-            choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, BaseModel) else req.tool_choice
+            choice = (req.tool_choice.model_dump() if isinstance(req.tool_choice, BaseModel)
+                      else req.tool_choice)
             return ChatOutputParser(self.config.reasoning_parser, req.tool_mode(), choice,
                                     req.parallel_tool_calls is not False)
 
         echo = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
-        ctx = ResponseContext(rid, model, int(time.time()), req.n, self.engine.tokenizer, top_k=req.top_logprobs or 0,
-                   parser=parser, as_ids=req.return_tokens_as_token_ids, echo=echo)
+        ctx = ResponseContext(rid, model, int(time.time()), req.n, self.engine.tokenizer,
+                              top_k=req.top_logprobs or 0, parser=parser,
+                              as_ids=req.return_tokens_as_token_ids, echo=echo)
         ctx.count_reasoning = self._reasoning_counter()
         ctx.show_prompt_logprobs = req.prompt_logprobs is not None
         if req.stream:
@@ -326,10 +343,11 @@ class Serving:
         for c in out.outputs:
             p = parser()
             choices.append({"index": c.index, "message": p.message(echo + c.text),
-                            "logprobs": chat_logprobs(c.logprobs, ctx.top_k, ctx.as_ids) if req.logprobs else None,
+                            "logprobs": (chat_logprobs(c.logprobs, ctx.top_k, ctx.as_ids) if req.logprobs
+                                         else None),
                             "finish_reason": p.finish_reason(c.finish_reason), "stop_reason": c.stop_reason})
-        return {"id": rid, "object": "chat.completion", "created": ctx.created, "model": model, "choices": choices,
-                "usage": usage_of([out], ctx.count_reasoning), "system_fingerprint": None,
+        return {"id": rid, "object": "chat.completion", "created": ctx.created, "model": model,
+                "choices": choices, "usage": usage_of([out], ctx.count_reasoning), "system_fingerprint": None,
                 **ctx.prompt_logprobs_field(out)}
 
     # ----- running them --------------------------------------------------------------------------
@@ -368,17 +386,19 @@ class Serving:
             async for i, out in _merge(streams):
                 chunks = list(make_chunks(ctx, i, out))  # before the fold below: it extends out's lists
                 totals[i] = out if i not in totals else merged(totals[i], out)
-                extra = ctx.prompt_logprobs_field(out) if make_chunks is chat_chunks else {}  # chat: top level
+                # chat: top level
+                extra = ctx.prompt_logprobs_field(out) if make_chunks is chat_chunks else {}
                 for choice in chunks:
-                    d = ctx.chunk("chat.completion.chunk" if make_chunks is chat_chunks else "text_completion",
-                                  [choice], include_usage)
+                    d = ctx.chunk("chat.completion.chunk" if make_chunks is chat_chunks
+                                  else "text_completion", [choice], include_usage)
                     d, extra = {**d, **extra}, {}
                     if include_usage and ctx.continuous_usage:  # vLLM: running totals on every chunk
                         d["usage"] = usage_of(list(totals.values()), ctx.count_reasoning)
                     yield ctx.sse(d)
             if include_usage:
                 obj = "chat.completion.chunk" if make_chunks is chat_chunks else "text_completion"
-                yield ctx.sse({**ctx.chunk(obj, [], False), "usage": usage_of(list(totals.values()), ctx.count_reasoning)})
+                yield ctx.sse({**ctx.chunk(obj, [], False),
+                               "usage": usage_of(list(totals.values()), ctx.count_reasoning)})
         except Exception as exc:  # noqa: BLE001 - reported in-band: the status line is already sent
             yield sse_error(exc)
         finally:

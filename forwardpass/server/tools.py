@@ -56,7 +56,8 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
 
 
 def forced_calls(tool_choice: Any, text: str) -> list[dict[str, Any]]:
-    """The tool calls of an output constrained by ``required`` (a JSON array) or a named tool (its arguments)."""
+    """The tool calls of an output constrained by ``required`` (a JSON array) or a named
+    tool (its arguments)."""
     if isinstance(tool_choice, dict):
         return [_call(tool_choice["function"]["name"], text)]
     try:
@@ -112,7 +113,8 @@ class ToolCallStreamer:
             if j < 0:
                 if self._args_at is None and (m := _HEAD.match(self.buf)):
                     call = _call(json.loads(f'"{m.group(1)}"'), "")
-                    new.append({"index": len(self.calls), **call, "function": dict(call["function"])})  # a copy:
+                    # a copy:
+                    new.append({"index": len(self.calls), **call, "function": dict(call["function"])})
                     self.calls.append(call)  # the arguments accumulate in the kept call only
                     self._args_at, self._args_sent = m.end(), 0
                 if self._args_at is not None:

@@ -97,7 +97,8 @@ def build_server(
             log_level=log_level,
             timeout_keep_alive=5,
             http=header_timeout_protocol(config.read_timeout_s),  # headers too get --read-timeout (slowloris)
-            # uvicorn annotates this ``int | None`` but only hands it to asyncio.wait_for, which takes a float.
+            # uvicorn annotates this ``int | None`` but only hands it to
+            # asyncio.wait_for, which takes a float.
             timeout_graceful_shutdown=config.shutdown_timeout_s + grace,  # type: ignore[arg-type]
             access_log=log_level == "debug" if access_log is None else access_log,
         ),

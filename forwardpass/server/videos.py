@@ -1,7 +1,8 @@
 """Video generation as jobs, the shape of OpenAI's videos API:
 
     POST   /v1/videos                 → a video object, ``status: "queued"``
-    GET    /v1/videos/{id}            → status (queued, in_progress, completed, failed, cancelled) and progress 0–100
+    GET    /v1/videos/{id}            → status (queued, in_progress, completed, failed, cancelled) and
+                                        progress 0–100
     GET    /v1/videos/{id}/content    → the file (GIF by default, ``?format=mp4`` when PyAV is installed)
     POST   /v1/videos/{id}/cancel     → stop it (between denoising steps); the record stays
     DELETE /v1/videos/{id}            → cancel if running, then forget it
@@ -77,9 +78,10 @@ class VideoJob:
 
     def public(self) -> dict[str, Any]:
         r = self.request
-        return {"id": self.id, "object": "video", "model": r.model or "forwardpass-video", "status": self.status,
-                "progress": self.progress, "created_at": self.created_at, "completed_at": self.completed_at,
-                "size": r.size, "num_frames": r.num_frames, "prompt": r.prompt, "framewise": r.framewise,
+        return {"id": self.id, "object": "video", "model": r.model or "forwardpass-video",
+                "status": self.status, "progress": self.progress, "created_at": self.created_at,
+                "completed_at": self.completed_at, "size": r.size, "num_frames": r.num_frames,
+                "prompt": r.prompt, "framewise": r.framewise,
                 "error": self.error}  # fmt: skip
 
 
@@ -105,8 +107,8 @@ class VideoJobStore:
     def get(self, job_id: str) -> VideoJob:
         job = self._jobs.get(job_id)
         if job is None:
-            raise ModelNotFoundError(f"no video job {job_id!r} (finished jobs are kept until {self.max_jobs} newer "
-                                     "ones need the room)", param="video_id")  # fmt: skip
+            raise ModelNotFoundError(f"no video job {job_id!r} (finished jobs are kept until {self.max_jobs} "
+                                     "newer ones need the room)", param="video_id")  # fmt: skip
         return job
 
     def remove(self, job_id: str) -> None:
@@ -136,8 +138,8 @@ def run_job(service: DiffusionService, job: VideoJob) -> None:
             job.progress = min(99, round(100 * (i + 1) / total))
 
         out = _size_errors(lambda: pipe(r.prompt, negative_prompt=r.negative_prompt, num_frames=frames,
-                                        num_inference_steps=steps, guidance_scale=r.guidance_scale, width=width,
-                                        height=height, seed=r.seed, framewise=r.framewise,
+                                        num_inference_steps=steps, guidance_scale=r.guidance_scale,
+                                        width=width, height=height, seed=r.seed, framewise=r.framewise,
                                         callback_on_step_end=on_step, show_progress=False))  # fmt: skip
         job.frames = out.frames[0]
         job.status, job.progress = "completed", 100
@@ -178,7 +180,8 @@ def videos_router(service: DiffusionService, store: VideoJobStore | None = None)
     async def get_content(video_id: str, format: Literal["gif", "mp4"] = Query("gif")) -> Response:
         job = store.get(video_id)
         if job.status != "completed" or job.frames is None:
-            raise ValidationError(f"video {video_id} is {job.status}, not completed; poll GET /v1/videos/{video_id}",
+            raise ValidationError(f"video {video_id} is {job.status}, not completed; poll GET "
+                                  f"/v1/videos/{video_id}",
                                   param="video_id", code="video_not_ready")  # fmt: skip
         r = job.request
         # milliseconds for a short clip, but still not on the event loop

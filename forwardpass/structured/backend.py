@@ -27,7 +27,8 @@ from forwardpass.structured.params import StructuredOutputsParams, json_whitespa
 class GrammarState:
     """One sequence's xgrammar matcher and how many of its output tokens it has accepted."""
 
-    def __init__(self, matcher: Any, eos_token_ids: Sequence[int], reasoning_end: Sequence[int] | None = None) -> None:
+    def __init__(self, matcher: Any, eos_token_ids: Sequence[int],
+                 reasoning_end: Sequence[int] | None = None) -> None:
         self.matcher = matcher
         self.num_accepted = 0
         self.eos_token_ids = list(eos_token_ids)
@@ -58,7 +59,8 @@ class GrammarState:
         self.num_accepted = len(output)
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into ``bitmask[row]`` (int32 words, bit i of word w = token 32w+i)."""
+        """Write the allowed next tokens into ``bitmask[row]`` (int32 words, bit i of
+        word w = token 32w+i)."""
         if self.matcher.is_terminated():  # the structure is complete: only a stop token may follow
             bitmask[row].zero_()
             for t in self.eos_token_ids:

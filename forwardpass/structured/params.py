@@ -85,14 +85,15 @@ def _canonical(kind: str, value: Any) -> str:
         return json.dumps(value, sort_keys=True, ensure_ascii=False)
     if kind == "json_object":
         if value is not True:
-            raise SamplingParamsError("structured_outputs.json_object must be true", param="structured_outputs")
+            raise SamplingParamsError("structured_outputs.json_object must be true",
+                                      param="structured_outputs")
         return '{"type": "object"}'  # OpenAI's json_object: any JSON object
     if kind == "choice":
         if (not isinstance(value, (list, tuple)) or not value or len(value) > MAX_CHOICES
                 or not all(isinstance(c, str) and c for c in value)):
             raise SamplingParamsError(
-                f"structured_outputs.choice must be a list of 1..{MAX_CHOICES} non-empty strings, got {value!r:.200}",
-                param="structured_outputs.choice",
+                f"structured_outputs.choice must be a list of 1..{MAX_CHOICES} non-empty strings, got "
+                f"{value!r:.200}", param="structured_outputs.choice",
             )
         # EBNF string literals take JSON's escapes
         return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value)

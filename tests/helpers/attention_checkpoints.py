@@ -9,9 +9,11 @@ from tests.helpers.checkpoints import BASE, save_random_model
 
 # name -> (config class, model class, overrides)
 ATTENTION_VARIANTS = {
-    "mistral_w16": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 16, "head_dim": 16, "num_hidden_layers": 2}),
+    "mistral_w16": ("MistralConfig", "MistralForCausalLM",
+                    {"sliding_window": 16, "head_dim": 16, "num_hidden_layers": 2}),
     "qwen2_window_layers": ("Qwen2Config", "Qwen2ForCausalLM", {
-        "use_sliding_window": True, "sliding_window": 20, "max_window_layers": 1, "tie_word_embeddings": True}),
+        "use_sliding_window": True, "sliding_window": 20, "max_window_layers": 1,
+        "tie_word_embeddings": True}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
         "head_dim": 16, "sliding_window": 16, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 5.0,
         "final_logit_softcapping": 3.0, "num_hidden_layers": 4}),
@@ -22,9 +24,9 @@ ATTENTION_VARIANTS = {
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}}),
 }
 
-_MLA = {"kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "num_key_value_heads": 4,
-        "n_routed_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-        "first_k_dense_replace": 1}
+_MLA = {"kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "num_key_value_heads": 4, "n_routed_experts": 8, "n_group": 4, "topk_group": 2,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1}
 ATTENTION_VARIANTS.update({
     # V2 without q LoRA, softmax group-limited routing, two shared experts, plain rope
     "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {

@@ -47,6 +47,7 @@ def assert_not_blank(png: Path) -> None:
 
     img = Image.open(png).convert("RGB")
     colours = img.getcolors(maxcolors=1 << 20)
-    assert colours is not None and len(colours) > 20, f"{png} looks blank ({colours and len(colours)} colours)"
+    assert colours is not None and len(colours) > 20, (f"{png} looks blank ({colours and len(colours)} "
+                                                       "colours)")
     lo, hi = img.convert("L").getextrema()
     assert hi - lo > 100, f"{png} has no contrast"

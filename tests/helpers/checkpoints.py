@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 
 BASE = {
-    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "initializer_range": 0.15,
-    "bos_token_id": 1, "eos_token_id": 2,
+    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
+    "initializer_range": 0.15, "bos_token_id": 1, "eos_token_id": 2,
 }
 
 # name -> (transformers config class, model class, overrides): together they cover tied/untied
@@ -18,14 +18,15 @@ BASE = {
 VARIANTS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {
         "tie_word_embeddings": False,
-        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 64},
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
     }),
     "llama_tied_linear": ("LlamaConfig", "LlamaForCausalLM", {
         "tie_word_embeddings": True, "num_key_value_heads": 4, "attention_bias": True,
         "rope_scaling": {"rope_type": "linear", "factor": 2.0},
     }),
-    "mistral": ("MistralConfig", "MistralForCausalLM", {"tie_word_embeddings": False, "sliding_window": 48, "head_dim": 16}),
+    "mistral": ("MistralConfig", "MistralForCausalLM",
+                {"tie_word_embeddings": False, "sliding_window": 48, "head_dim": 16}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True, "num_key_value_heads": 1}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"tie_word_embeddings": True, "head_dim": 32}),
 }
@@ -55,7 +56,8 @@ def save_random_model(directory: Path, cfg_cls: str, model_cls: str, kwargs: dic
     return directory
 
 
-def make_checkpoint(directory: Path, variant: str = "qwen3", seed: int = 0, dtype=torch.float32, **overrides) -> Path:
+def make_checkpoint(directory: Path, variant: str = "qwen3", seed: int = 0, dtype=torch.float32,
+                    **overrides) -> Path:
     cfg_cls, model_cls, extra = VARIANTS[variant]
     return save_random_model(directory, cfg_cls, model_cls, {**BASE, **extra, **overrides}, seed, dtype)
 

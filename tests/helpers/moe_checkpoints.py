@@ -16,20 +16,23 @@ MOE_BASE = {**BASE, "num_hidden_layers": 2, "head_dim": 16}
 
 MOE_VARIANTS = {
     "qwen3_moe_k2_norm": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
-        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True, "tie_word_embeddings": True,
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True,
+        "tie_word_embeddings": True,
     }),
     "qwen3_moe_k1_e16": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
-        "num_experts": 16, "num_experts_per_tok": 1, "moe_intermediate_size": 32, "norm_topk_prob": False, "mlp_only_layers": [0],
+        "num_experts": 16, "num_experts_per_tok": 1, "moe_intermediate_size": 32, "norm_topk_prob": False,
+        "mlp_only_layers": [0],
     }),
     "qwen3_moe_k8_step2": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
-        "num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 8, "moe_intermediate_size": 32, "norm_topk_prob": False,
-        "decoder_sparse_step": 2,
+        "num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 8, "moe_intermediate_size": 32,
+        "norm_topk_prob": False, "decoder_sparse_step": 2,
     }),
     "mixtral_k2": ("MixtralConfig", "MixtralForCausalLM", {
         "num_local_experts": 8, "num_experts_per_tok": 2, "head_dim": None, "intermediate_size": 48,
     }),
     "mixtral_k1_e16": ("MixtralConfig", "MixtralForCausalLM", {
-        "num_local_experts": 16, "num_experts_per_tok": 1, "head_dim": None, "intermediate_size": 32, "sliding_window": 40,
+        "num_local_experts": 16, "num_experts_per_tok": 1, "head_dim": None, "intermediate_size": 32,
+        "sliding_window": 40,
     }),
 }
 

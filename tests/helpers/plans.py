@@ -11,8 +11,10 @@ from forwardpass.quant.apply import HEAD_FORMAT
 
 
 def quantized_plan(quantization: str, kernel: bool = True) -> ExecutionPlan:
-    """The plan of an ``int8`` / ``int4`` engine's weights (``kernel=False``: the PyTorch reference multiplies)."""
-    return ExecutionPlan(quantized_format=QUANTIZATIONS[quantization], head_format=HEAD_FORMAT, quant_kernel=kernel)
+    """The plan of an ``int8`` / ``int4`` engine's weights (``kernel=False``: the PyTorch
+    reference multiplies)."""
+    return ExecutionPlan(quantized_format=QUANTIZATIONS[quantization], head_format=HEAD_FORMAT,
+                         quant_kernel=kernel)
 
 
 def quantized_model(model_dir: str | Path, quantization: str, kernel: bool = True):

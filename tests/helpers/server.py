@@ -89,7 +89,8 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         cmd = [sys.executable, "-m", "forwardpass.cli", "--log-level", "INFO", "serve", "--model", str(model),
-               "--port", str(self.port), "--served-model-name", "test-model", "--enable-debug-endpoints", *flags]
+               "--port", str(self.port), "--served-model-name", "test-model", "--enable-debug-endpoints",
+               *flags]
         if api_key:
             cmd += ["--api-key", api_key]
         self.cmd, self.startup_timeout, self.extra_env = cmd, startup_timeout, env or {}

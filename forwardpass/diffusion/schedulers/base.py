@@ -74,8 +74,8 @@ class Scheduler:
         """Raise ``ConfigError`` unless this scheduler can step (directly or converted) such a model."""
         if cls.space == "flow" and model_prediction != "flow":
             raise ConfigError(
-                f"{cls.__name__} steps a flow-matching velocity, but this denoiser predicts {model_prediction!r}; "
-                "use DDIMScheduler or LCMScheduler with that prediction_type")
+                f"{cls.__name__} steps a flow-matching velocity, but this denoiser predicts "
+                f"{model_prediction!r}; use DDIMScheduler or LCMScheduler with that prediction_type")
         if cls.space == "vp" and model_prediction not in ("flow", "epsilon", "sample", "v_prediction"):
             raise ConfigError(f"{cls.__name__} cannot drive a denoiser that predicts {model_prediction!r}")
 

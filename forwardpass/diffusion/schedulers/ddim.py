@@ -36,7 +36,8 @@ class DDIMScheduler(VPScheduler):
     }
     UNSUPPORTED: ClassVar[dict[str, Any]] = {"thresholding": False}
     # "trailing" starts at t = 999 (the pure-noise end of the zero-SNR table), as the flow schedule does.
-    FLOW_MODEL_CONFIG: ClassVar[dict[str, Any]] = {**VPScheduler.FLOW_MODEL_CONFIG, "timestep_spacing": "trailing"}
+    FLOW_MODEL_CONFIG: ClassVar[dict[str, Any]] = {**VPScheduler.FLOW_MODEL_CONFIG,
+                                                   "timestep_spacing": "trailing"}
 
     def set_timesteps(self, num_inference_steps: int, device=None) -> None:
         n = self.config["num_train_timesteps"]

@@ -50,8 +50,8 @@ class LCMScheduler(VPScheduler):
             raise ConfigError(f"original_inference_steps ({orig}) cannot exceed num_train_timesteps ({n})")
         if num_inference_steps > orig:
             raise ValidationError(
-                f"num_inference_steps ({num_inference_steps}) cannot exceed original_inference_steps ({orig}) "
-                "for LCMScheduler: its schedule is a subset of the distillation schedule"
+                f"num_inference_steps ({num_inference_steps}) cannot exceed original_inference_steps "
+                f"({orig}) for LCMScheduler: its schedule is a subset of the distillation schedule"
             )
         k = n // orig
         origin = (np.arange(1, orig + 1) * k - 1)[::-1].copy()  # the distillation schedule, high → low

@@ -186,8 +186,9 @@ class VideoDiTModel(ConfigModule):
     # ------------------------------------------------------------------ inflation
     @classmethod
     def from_image_dit(cls, image: DiTTransformer2DModel, **overrides: Any) -> VideoDiTModel:
-        """A video DiT whose every shared weight comes from ``image``; with ``patch_size_t = pt > 1`` the patch
-        embedding averages the ``pt`` frames of a patch and the output repeats the image prediction for each."""
+        """A video DiT whose every shared weight comes from ``image``; with ``patch_size_t = pt > 1`` the
+        patch embedding averages the ``pt`` frames of a patch and the output repeats the
+        image prediction for each."""
         shared = ("in_channels", "out_channels", "sample_size", "patch_size", "hidden_size", "num_layers",
                   "num_attention_heads", "mlp_ratio", "cross_attention_dim", "prediction_type",
                   "attention_backend")  # fmt: skip

@@ -45,8 +45,8 @@ def encode_video(frames: list, fmt: str = "gif", *, fps: int = 8, scale: int = 1
     try:
         import av
     except ImportError:
-        raise ConfigError("MP4 output needs PyAV (`pip install av`); or write a .gif, which needs nothing extra",
-                          param="output") from None  # fmt: skip
+        raise ConfigError("MP4 output needs PyAV (`pip install av`); or write a .gif, which needs nothing "
+                          "extra", param="output") from None  # fmt: skip
     import numpy as np
 
     with av.open(buf, mode="w", format="mp4") as container:

@@ -25,9 +25,9 @@ DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  
 OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
 VERBS = ["moving", "drifting", "sliding", "going"]
 MOTION_TEMPLATES = [
-    "a handwritten {w} {v} {d}", "a handwritten {n} {v} {d}", "the digit {n} {v} {d}", "the digit {w} {v} {d}",
-    "number {w} {v} {d}", "number {n} {v} {d}", "a {n} {v} {d}", "{w} {v} {d}", "digit {n} {v} {d}",
-    "the number {w} {v} {d}",
+    "a handwritten {w} {v} {d}", "a handwritten {n} {v} {d}", "the digit {n} {v} {d}",
+    "the digit {w} {v} {d}", "number {w} {v} {d}", "number {n} {v} {d}", "a {n} {v} {d}", "{w} {v} {d}",
+    "digit {n} {v} {d}", "the number {w} {v} {d}",
 ]  # fmt: skip
 STILL_TEMPLATES = ["a handwritten {w}", "a handwritten {n}", "the digit {n}", "number {w}", "{w}"]
 # Words the video captions add to the image model's vocabulary.
@@ -77,7 +77,8 @@ def trajectory(direction: str, num_frames: int, rng: random.Random) -> list[tupl
 
 
 def render(digit_image: torch.Tensor, positions: list[tuple[int, int]]) -> torch.Tensor:
-    """``digit_image [1, 28, 28]`` in [0, 1] → clip ``[F, 1, 32, 32]`` with the digit's top-left at each position."""
+    """``digit_image [1, 28, 28]`` in [0, 1] → clip ``[F, 1, 32, 32]`` with the digit's
+    top-left at each position."""
     margin = CANVAS - DIGIT + POS_MAX  # enough padding for every allowed position
     big = F.pad(digit_image, (margin,) * 4)
     frames = []

@@ -48,8 +48,9 @@ class VideoPipeline(ImagePipeline):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         if not isinstance(self.transformer, VideoDiTModel):
-            raise ConfigError(f"VideoPipeline needs a VideoDiTModel transformer, got {type(self.transformer).__name__}"
-                              " (is this an image model folder? use ImagePipeline)")  # fmt: skip
+            raise ConfigError("VideoPipeline needs a VideoDiTModel transformer, got "
+                              f"{type(self.transformer).__name__} (is this an image model folder? use "
+                              "ImagePipeline)")  # fmt: skip
 
     def _check_call(self, num_frames: int, num_videos: int, output_type: str) -> None:
         if (
@@ -66,8 +67,8 @@ class VideoPipeline(ImagePipeline):
             )
         trained = self.defaults.get("trained_frames")
         if trained and num_frames not in trained:
-            log.warning("this model was trained on clips of %s frames; %d frames may lose the digit or the motion",
-                        trained, num_frames)  # fmt: skip
+            log.warning("this model was trained on clips of %s frames; %d frames may lose the digit or the "
+                        "motion", trained, num_frames)  # fmt: skip
         if isinstance(num_videos, bool) or not isinstance(num_videos, int) or num_videos < 1:
             raise ValidationError(f"num_videos_per_prompt must be an integer >= 1, got {num_videos!r}",
                                   param="num_videos_per_prompt")  # fmt: skip
@@ -125,7 +126,8 @@ class VideoPipeline(ImagePipeline):
             generator = torch.Generator().manual_seed(int(seed))
 
         # 1. text, as for images: [negative | prompt] (or [empty | negative | prompt] for perp) in one batch
-        context, mask, branches = self._text_batch(prompts, negative, num_videos_per_prompt, guidance, negative_mode)
+        context, mask, branches = self._text_batch(prompts, negative, num_videos_per_prompt, guidance,
+                                                   negative_mode)
         batch = len(prompts) * num_videos_per_prompt
 
         # 2. noise for the whole clip, drawn on the generator's device so a seed means the same clip anywhere

@@ -43,7 +43,8 @@ def eval_prompts(n: int) -> tuple[list[str], list[int], list[str]]:
 
 
 def centres(frames: np.ndarray) -> np.ndarray:
-    """Ink centre of mass ``[..., 2]`` as (x, y) for frames ``[..., H, W]``; the canvas centre for blank frames."""
+    """Ink centre of mass ``[..., 2]`` as (x, y) for frames ``[..., H, W]``; the canvas
+    centre for blank frames."""
     h, w = frames.shape[-2:]
     mass = frames.sum((-2, -1))
     ys, xs = np.arange(h, dtype=np.float64), np.arange(w, dtype=np.float64)
@@ -99,13 +100,14 @@ def clip_metrics(classifier: DigitClassifier, frames: np.ndarray, digits: list[i
 
 def generate_clips(pipe: Any, n: int, *, framewise: bool = False, seed: int = 0, batch_size: int = 10,
                    **call_kwargs: Any) -> np.ndarray:  # fmt: skip
-    """The ``n`` evaluation prompts' clips (``eval_prompts``), whole-clip or frame by frame: one generator seeded
-    with ``seed`` drawn through batches of ``batch_size`` prompts; [n, frames, H, W] in [0, 1]."""
+    """The ``n`` evaluation prompts' clips (``eval_prompts``), whole-clip or frame by frame: one generator
+    seeded with ``seed`` drawn through batches of ``batch_size`` prompts; [n, frames, H, W] in [0, 1]."""
     prompts = eval_prompts(n)[0]
     generator = torch.Generator().manual_seed(seed)
     clips = []
     for start in range(0, n, batch_size):
-        out = pipe(prompts[start : start + batch_size], generator=generator, output_type="np", framewise=framewise,
+        out = pipe(prompts[start : start + batch_size], generator=generator, output_type="np",
+                   framewise=framewise,
                    show_progress=False, **call_kwargs)  # fmt: skip
         clips.append(out.frames[..., 0])
     return np.concatenate(clips)

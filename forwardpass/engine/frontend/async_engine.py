@@ -143,14 +143,16 @@ class AsyncLLMEngine(FrontEndView, Generates):
         text = prompt if isinstance(prompt, str) else None
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValidationError(f"{self.model_dir} has no tokenizer.json: send prompt token ids", param="prompt")
+                raise ValidationError(f"{self.model_dir} has no tokenizer.json: send prompt token ids",
+                                      param="prompt")
             prompt = await asyncio.to_thread(self.tokenizer.encode, prompt)
         # checked after the await, with nothing awaited until the request is registered
         self._check_accepting()
         if request_id in self._requests:
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
         if self.num_queued + params.n > self.max_queued_requests:
-            raise QueueFullError(f"the waiting queue is full ({self.max_queued_requests} sequences); retry later")
+            raise QueueFullError(f"the waiting queue is full ({self.max_queued_requests} sequences); retry "
+                                 "later")
         assert self._loop is not None
         if not any(r.running for r in self._requests.values()):
             self.front.last_event = time.monotonic()  # the watchdog counts from when the engine has work

@@ -4,7 +4,8 @@ Speech models (Whisper) take ``{"audio": (samples, sample_rate)}``: any rate (re
 mono or ``[samples, channels]``, float in [-1, 1] or integer PCM. The front end turns it into the
 log-mel features the model's encoder reads (``forwardpass/audio.py``): ``num_mel_bins`` ×
 ``2 · max_source_positions`` frames, the audio padded with silence or trimmed to that window, as
-Whisper does with its 30 s.
+Whisper does with its 30 s. ``{"input_features": mel}`` passes features made by the caller (the windows of
+long-form transcription, ``forwardpass/transcription.py``).
 """
 
 from __future__ import annotations
@@ -29,15 +30,18 @@ def encoder_input_for(spec: ModelSpec, multi_modal_data: dict[str, Any] | None) 
             "multi_modal_data must be a dict such as {'audio': (samples, sample_rate)}",
             param="multi_modal_data",
         )
-    unknown = sorted(set(multi_modal_data) - {"audio"})
+    unknown = sorted(set(multi_modal_data) - {"audio", "input_features"})
     if unknown:
         raise ValidationError(
-            f"multi_modal_data: only 'audio' is supported, got {unknown}", param="multi_modal_data"
+            f"multi_modal_data: only 'audio' or 'input_features', got {unknown}", param="multi_modal_data"
         )
     if spec.whisper is None:
         raise ValidationError(
             f"{spec.name} is a decoder-only model: it takes no audio", param="multi_modal_data"
         )
+    if "input_features" in multi_modal_data:  # log-mel features made by the caller (a long-form window); the
+        # core checks their shape
+        return torch.as_tensor(multi_modal_data["input_features"], dtype=torch.float32)
     audio = multi_modal_data["audio"]
     rate = SAMPLE_RATE
     if isinstance(audio, tuple):

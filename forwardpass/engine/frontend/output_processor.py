@@ -179,7 +179,8 @@ class OutputProcessor:
             m.num_preemptions = max(m.num_preemptions, d.num_preemptions)
             self._append(sample, d)
             if d.prompt_logprobs is not None and state.prompt_logprobs is None:  # every sample has them
-                state.prompt_logprobs = [None if lp is None else self._logprob_dict(lp) for lp in d.prompt_logprobs]
+                state.prompt_logprobs = [None if lp is None else self._logprob_dict(lp)
+                                         for lp in d.prompt_logprobs]
             if (
                 sample.finish_reason == "stop"
                 and isinstance(sample.stop_reason, str)

@@ -95,7 +95,8 @@ class BlockPool:
             assert block.ref_count >= 0, f"block {block.block_id} has a negative refcount"
             if owners is not None:
                 assert owners.get(block.block_id, 0) == block.ref_count, (
-                    f"block {block.block_id}: refcount {block.ref_count} but {owners.get(block.block_id, 0)} owners"
+                    f"block {block.block_id}: refcount {block.ref_count} but {owners.get(block.block_id, 0)} "
+                    "owners"
                 )
         for h, b in self.cached.items():
             assert self.blocks[b].hash == h, f"prefix cache entry {h} points at block {b} with another hash"

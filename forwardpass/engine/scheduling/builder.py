@@ -1,11 +1,11 @@
-"""``build_engine_core(model_dir, EngineConfig)``: resolve the execution plan, prepare the model with it, and wire
-the engine core together.
+"""``build_engine_core(model_dir, EngineConfig)``: resolve the execution plan, prepare the model with it, and
+wire the engine core together.
 
-Every plug-in is decided here and handed to a constructor: the execution plan (weight methods, compiled kernels,
-decode stack, huge pages: ``models/prepare.py``, resolved before the model is built and fixed for the engine's
-lifetime), the KV cache layout (from the model spec and the memory budget), LoRA (the plan gives the model's linear
-layers an adapter slot as they are built; the manager is the scheduler's admission policy and the runner's per-step
-adapter mapping), MoE routing counts, and the per-step cost model.
+Every plug-in is decided here and handed to a constructor: the execution plan (weight methods, compiled
+kernels, decode stack, huge pages: ``models/prepare.py``, resolved before the model is built and fixed for the
+engine's lifetime), the KV cache layout (from the model spec and the memory budget), LoRA (the plan gives the
+model's linear layers an adapter slot as they are built; the manager is the scheduler's admission policy and
+the runner's per-step adapter mapping), MoE routing counts, and the per-step cost model.
 """
 
 from __future__ import annotations
@@ -69,22 +69,23 @@ def build_engine_core(
     executor: Executor | None = None,
     model_builder: Callable[[ExecutionPlan], tuple[torch.nn.Module, ModelSpec]] | None = None,
 ) -> EngineCore:
-    """The engine core for ``model`` (a model directory), its steps run by ``executor`` (default: this process;
-    ``forwardpass/launch.py`` starts tensor-parallel ranks and passes their executor). ``model_builder`` builds
-    and prepares the model with the resolved plan instead of loading it from the directory (a probe model of a
-    made-up shape)."""
+    """The engine core for ``model`` (a model directory), its steps run by ``executor`` (default: this
+    process; ``forwardpass/launch.py`` starts tensor-parallel ranks and passes their executor).
+    ``model_builder`` builds and prepares the model with the resolved plan instead of loading it from the
+    directory (a probe model of a made-up shape)."""
     model_dir = Path(model)
     config = config or EngineConfig()
     executor = executor or LocalExecutor()
     if config.tensor_parallel_size != executor.size:
-        raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size} but the executor has {executor.size} "
-                          f"rank(s): build tensor-parallel engines with forwardpass.launch.build_engine_core",
-                          param="tensor_parallel_size")
+        raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size} but the executor has "
+                          f"{executor.size} rank(s): build tensor-parallel engines with "
+                          "forwardpass.launch.build_engine_core", param="tensor_parallel_size")
     check_gguf_dir(model_dir)  # a GGUF file we cannot load: refused from its header, before compiling kernels
     dtype = config.torch_dtype
     # ----- the plan, then the model built with it ----------------------------------------------------------
     lora_batch = LoRABatch() if config.enable_lora else None
-    plan = resolve_plan(config, model_dir, lora_slot=LoRAManager.slot_factory(lora_batch) if lora_batch else None)
+    plan = resolve_plan(config, model_dir,
+                        lora_slot=LoRAManager.slot_factory(lora_batch) if lora_batch else None)
     logger.info("execution plan: %s", plan.describe())
     if model_builder is not None:
         net, spec = model_builder(plan)
@@ -105,24 +106,25 @@ def build_engine_core(
     num_blocks = paged[0].num_blocks if paged else groups[0].num_blocks
     for g in groups:
         if isinstance(g.spec, StateSpec):
-            logger.info("state slots: %d layers x %d bytes per request (constant in its length), %d slots = %d bytes;"
-                        " prefix caching is off for them", len(g.layer_ids), g.spec.page_bytes_per_layer,
-                        g.num_blocks, g.page_bytes * g.num_blocks)
+            logger.info("state slots: %d layers x %d bytes per request (constant in its length), %d slots = "
+                        "%d bytes; prefix caching is off for them", len(g.layer_ids),
+                        g.spec.page_bytes_per_layer, g.num_blocks, g.page_bytes * g.num_blocks)
     chunk = config.max_num_batched_tokens
     # what one sequence can hold: windowed groups free blocks behind the window as it grows
     capacity = sequence_capacity(groups, chunk)
     # a model without positions (Mamba2) whose cache does not grow has no length limit of its own
     max_pos = spec.max_position_embeddings or capacity or _NO_POSITION_LIMIT
-    max_model_len = config.max_model_len if config.max_model_len is not None else min(max_pos, capacity or max_pos)
+    max_model_len = (config.max_model_len if config.max_model_len is not None
+                     else min(max_pos, capacity or max_pos))
     short = [g for g in groups if g.spec.max_blocks_per_sequence(max_model_len, chunk) > g.num_blocks]
     if short or num_blocks < 1 or max_model_len < 2:
         per_block = sum(g.page_bytes for g in groups)
         held = max(g.spec.max_blocks_per_sequence(max_model_len, chunk) for g in groups)
         raise ConfigError(
-            f"the KV cache has {num_blocks} blocks of {config.block_size} tokens ({per_block} bytes each) but one "
-            f"sequence of max_model_len={max_model_len} tokens (computed {chunk} at a time) holds up to {held}: "
-            f"raise kv_cache_memory / num_kv_blocks or lower max_model_len (or max_num_batched_tokens for a "
-            f"sliding-window model)",
+            f"the KV cache has {num_blocks} blocks of {config.block_size} tokens ({per_block} bytes each) "
+            f"but one sequence of max_model_len={max_model_len} tokens (computed {chunk} at a time) holds up "
+            f"to {held}: raise kv_cache_memory / num_kv_blocks or lower max_model_len (or "
+            "max_num_batched_tokens for a sliding-window model)",
             param="max_model_len",
         )
     if max_model_len > max_pos:
@@ -174,9 +176,11 @@ def build_engine_core(
         adapters=lora,
         routing=ModelRoutingCounter(net) if has_moe else None,
         # structured output needs the vocabulary; the tokenizer is read on the first such request
-        grammars=GrammarBackend(model_dir, spec.vocab, eos) if (model_dir / "tokenizer.json").exists() else None,
+        grammars=(GrammarBackend(model_dir, spec.vocab, eos) if (model_dir / "tokenizer.json").exists()
+                  else None),
     )
-    executor.share_setup(groups, kernel is not None)  # the other ranks build the same KV cache, the same kernel
+    # the other ranks build the same KV cache, the same kernel
+    executor.share_setup(groups, kernel is not None)
     torch.manual_seed(config.seed)  # unseeded requests draw from the global generator
     return core_cls(
         model_dir=model_dir,
@@ -197,18 +201,22 @@ def build_engine_core(
 
 
 def _layer_specs(spec: ModelSpec, config: EngineConfig) -> list[KVCacheSpec | None]:
-    """What each layer caches, in ``config.kv_cache_dtype``: that applies to plain K/V pages only (the other caches
-    are read by code that computes in the model's dtype), so a model with any other cache refuses it."""
+    """What each layer caches, in ``config.kv_cache_dtype``: that applies to plain K/V pages only (the other
+    caches are read by code that computes in the model's dtype), so a model with any
+    other cache refuses it."""
     specs = layer_specs(spec, config.block_size, config.torch_dtype)
     if config.torch_kv_dtype == config.torch_dtype:
         return specs
-    other = {type(s).__name__ for s in specs if s is not None and type(s) not in (FullAttentionSpec, SlidingWindowSpec)}
+    other = {type(s).__name__ for s in specs
+             if s is not None and type(s) not in (FullAttentionSpec, SlidingWindowSpec)}
     if other:
         raise ConfigError(
-            f"kv_cache_dtype={config.kv_cache_dtype} applies to models whose layers cache plain keys and values; this "
-            f"one also keeps {', '.join(sorted(other))}: leave it at auto", param="kv_cache_dtype",
+            f"kv_cache_dtype={config.kv_cache_dtype} applies to models whose layers cache plain keys and "
+            f"values; this one also keeps {', '.join(sorted(other))}: leave it at auto",
+            param="kv_cache_dtype",
         )
-    return [None if s is None else dataclasses.replace(cast(FullAttentionSpec, s), dtype=config.torch_kv_dtype)
+    return [None if s is None else dataclasses.replace(cast(FullAttentionSpec, s),
+                                                       dtype=config.torch_kv_dtype)
             for s in specs]
 
 

@@ -62,7 +62,8 @@ class EngineCore:
         plan: ExecutionPlan = PLAIN,
     ):
         self.model_dir, self.config, self.model, self.spec = model_dir, config, model, spec
-        self.plan = plan  # how the model computes (forwardpass/plan.py): reported by /v1/models and explain --json
+        # how the model computes (forwardpass/plan.py): reported by /v1/models and explain --json
+        self.plan = plan
         self.kv, self.scheduler, self.runner = kv, scheduler, runner
         self.max_model_len = max_model_len
         self.generation_defaults, self.eos_token_ids = generation_defaults, eos_token_ids
@@ -110,11 +111,13 @@ class EngineCore:
                 f"top_k must be -1 (disabled) or in [1, {vocab}] (the vocabulary size), got {params.top_k}",
                 param="top_k",
             )
-        for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
+        for name, ids in (("logit_bias", params.logit_bias or ()),
+                          ("allowed_token_ids", params.allowed_token_ids or ())):
             if bad := [t for t in ids if t >= vocab]:
                 raise SamplingParamsError(f"{name}: token id {bad[0]} is not in [0, {vocab})", param=name)
         if params.structured_outputs is not None and self.runner.grammars is None:
-            raise ValidationError("structured output needs the model's tokenizer.json", param="structured_outputs")
+            raise ValidationError("structured output needs the model's tokenizer.json",
+                                  param="structured_outputs")
         if len(prompt_token_ids) >= self.max_model_len:
             raise ContextLengthError(
                 f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "

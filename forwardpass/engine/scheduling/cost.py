@@ -7,8 +7,8 @@ idealized batch: matmul FLOPs are 2 per active parameter per token, attention 4Â
 forward (MoE: only the experts the step's tokens can touch, under uniform routing), plus K/V read
 over each sequence's context and written for each new token, plus each sequence's fixed-size
 state (Mamba / Gated DeltaNet layers) read and written once per step. Norms, activations and softmax are
-left out (a few percent at most; ``forwardpass/analysis/roofline.py`` has the per-op version). Every count comes
-from ``loader/accounting.py``, the analyzer's too.
+left out (a few percent at most; ``forwardpass/analysis/roofline.py`` has the per-op version). Every count
+comes from ``loader/accounting.py``, the analyzer's too.
 
 The engine core is handed a ``StepCost`` at construction (``None``: no accounting); it calls
 ``step(spans, num_sampled)`` once per step.
@@ -42,7 +42,8 @@ class StepCostModel:
         self.all_body_params = accounting.body_params(s)
         kv_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
         self.kv_bytes_per_token = accounting.kv_bytes_per_token(s, kv_bytes)
-        self.state_bytes = accounting.state_bytes_per_sequence(s, 4)  # Mamba / DeltaNet states: float32, per sequence
+        # Mamba / DeltaNet states: float32, per sequence
+        self.state_bytes = accounting.state_bytes_per_sequence(s, 4)
         self.expert_params = accounting.expert_params(s)
 
     def step(self, spans: Sequence[tuple[int, int]], num_sampled: int) -> tuple[float, float]:
@@ -55,7 +56,8 @@ class StepCostModel:
         kv_read = 0.0
         for cached, n in spans:
             pairs += n * cached + n * (n + 1) // 2  # causal (query, key) pairs
-            kv_read += accounting.kv_positions(s, cached + n)  # averaged over layers: sliding layers see their window
+            # averaged over layers: sliding layers see their window
+            kv_read += accounting.kv_positions(s, cached + n)
         flops = 2.0 * self.matmul_params * tokens + 4.0 * s.attention_layers * s.q_dim * pairs
         flops += accounting.state_flops_per_token(s) * tokens
         flops += 2.0 * s.hidden * s.vocab * num_sampled
@@ -64,6 +66,7 @@ class StepCostModel:
             untouched = s.num_experts - accounting.unique_experts(s, tokens)
             body -= untouched * self.expert_params * s.moe_layers
         head = s.vocab * s.hidden if num_sampled else 0  # LM head (= embedding when tied)
-        nbytes = body * self.weight_bytes + head * self.head_bytes + (kv_read + tokens) * self.kv_bytes_per_token
+        nbytes = (body * self.weight_bytes + head * self.head_bytes
+                  + (kv_read + tokens) * self.kv_bytes_per_token)
         nbytes += 2 * self.state_bytes * len(spans)  # each sequence's state read once and written once
         return flops, float(nbytes)

@@ -12,8 +12,8 @@ preemption (a recomputed request runs its encoder again: its first chunk starts 
 prefix caching is off (the decoder's prompt is the same for different audio).
 
 Cache ids: decoder layer ``i``'s self-attention pages use id ``i``; its cross-attention slot id
-``layers + i`` (``cross_cache_id``). The spec kind is ``CrossAttentionSpec`` (``attention/kv_cache_interface.py``),
-declared by each ``CachedCrossAttention`` (``attention/cross.py``).
+``layers + i`` (``cross_cache_id``). The spec kind is ``CrossAttentionSpec``
+(``attention/kv_cache_interface.py``), declared by each ``CachedCrossAttention`` (``attention/cross.py``).
 """
 
 from __future__ import annotations

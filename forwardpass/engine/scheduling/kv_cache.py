@@ -54,7 +54,8 @@ class KVCacheManager:
         self.pools = [BlockPool(g.num_blocks) for g in groups]
         unsupported = [type(g.spec).__name__ for g in groups if not g.spec.supports_prefix_caching]
         if enable_prefix_caching and unsupported:
-            logger.info("prefix caching is off: layer groups with %s do not support it", ", ".join(unsupported))
+            logger.info("prefix caching is off: layer groups with %s do not support it",
+                        ", ".join(unsupported))
         self.enable_prefix_caching = enable_prefix_caching and not unsupported
         self.tables: dict[int, list[list[int]]] = {}  # seq_id -> one block table per group
         self._seq_hashes: dict[int, list[int]] = {}  # seq_id -> hashes of its full blocks (lazy)
@@ -209,7 +210,8 @@ class KVCacheManager:
             assert not stale, f"finished sequences {sorted(stale)} still hold block tables"
         for tables in self.tables.values():
             for g, table in enumerate(tables):
-                assert len(table) <= self.groups[g].spec.blocks_needed(1 << 40), "a table longer than its spec allows"
+                assert len(table) <= self.groups[g].spec.blocks_needed(1 << 40), ("a table longer than its "
+                                                                                  "spec allows")
                 held = [b for b in table if b != NULL_BLOCK]
                 assert len(held) == len(set(held)), "a block table lists a block twice"
                 freed = len(table) - len(held)

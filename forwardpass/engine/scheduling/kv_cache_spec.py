@@ -1,25 +1,30 @@
 """What each layer keeps per token, grouped so that layers with the same needs share one block table.
 
 The KV cache manager (``kv_cache.py``) never asks what kind of attention a layer runs; it asks the
-layer group's ``KVCacheSpec`` (``attention/kv_cache_interface.py``: how many blocks a sequence needs, which leading
-blocks can be freed, what a block costs, whether prefix caching holds, which metadata builder its group gets).
+layer group's ``KVCacheSpec`` (``attention/kv_cache_interface.py``: how many blocks a sequence needs, which
+leading blocks can be freed, what a block costs, whether prefix caching holds, which metadata builder its
+group gets).
 
 Nor does this module ask: each cache-owning layer declares its own cache (``kv_cache_spec(spec, block_size,
 dtype)`` → ``{cache id: spec}``) and ``layer_specs`` walks the model's modules collecting them. Kinds in use:
 
-* **full attention** (``FullAttentionSpec``, ``attention/layer.py``'s ``CachedAttention``) — K and V of every token;
-* **sliding window** (``SlidingWindowSpec``, the same layer with a window) — the same pages, but the table entries of
-  blocks that lie entirely behind the window of the next query are freed while the request runs (the entry becomes
-  ``NULL_BLOCK``), so a sequence holds at most ``ceil((window - 1 + chunk) / block_size) + 1`` blocks however long
-  it grows. Prefix caching is off for these groups (a freed block's K/V may be reused at once by another sequence);
-* **latent (MLA)** (``MLASpec``, DeepSeek-V2/V3's attention) — one compressed latent vector plus the shared rotary
-  key per token: ``[num_blocks, block_size, latent_dim]`` per layer;
+* **full attention** (``FullAttentionSpec``, ``attention/layer.py``'s ``CachedAttention``) — K and V of every
+  token;
+* **sliding window** (``SlidingWindowSpec``, the same layer with a window) — the same pages, but the table
+  entries of blocks that lie entirely behind the window of the next query are freed while the request runs
+  (the entry becomes ``NULL_BLOCK``), so a sequence holds at most
+  ``ceil((window - 1 + chunk) / block_size) + 1`` blocks however long it grows. Prefix caching is off for
+  these groups (a freed block's K/V may be reused at once by another sequence);
+* **latent (MLA)** (``MLASpec``, DeepSeek-V2/V3's attention) — one compressed latent vector plus the shared
+  rotary key per token: ``[num_blocks, block_size, latent_dim]`` per layer;
 * **state slots** (``StateSpec``: Mamba2 and Gated DeltaNet mixers) — one fixed-size slot per running request:
-  ``blocks_needed`` is 1 whatever the length. Taken at admission, kept across chunks and decode steps, returned at
-  finish, abort or preemption. ``plan_groups`` gives such a group ``max_num_seqs`` slots before dividing the rest of
-  the budget among the paged groups;
-* **cross-attention** (``CrossAttentionSpec``, ``cross_attention_spec.py``: Whisper) — a state slot per request;
-* **compressed attention** (``compressed_spec.py``: DeepSeek-V4) — window pages, entries paged by entry index, a slot.
+  ``blocks_needed`` is 1 whatever the length. Taken at admission, kept across chunks and decode steps,
+  returned at finish, abort or preemption. ``plan_groups`` gives such a group ``max_num_seqs`` slots before
+  dividing the rest of the budget among the paged groups;
+* **cross-attention** (``CrossAttentionSpec``, ``cross_attention_spec.py``: Whisper) — a state slot per
+  request;
+* **compressed attention** (``compressed_spec.py``: DeepSeek-V4) — window pages, entries paged by entry index,
+  a slot.
 """
 
 from __future__ import annotations
@@ -47,9 +52,11 @@ NULL_BLOCK = -1  # a block-table entry whose block was freed (behind a sliding w
 
 
 class CacheOwner(Protocol):
-    """A module that keeps a cache: its caches by cache id (``ctx.kv_caches`` index), None for an id it owns unused."""
+    """A module that keeps a cache: its caches by cache id (``ctx.kv_caches`` index), None for
+    an id it owns unused."""
 
-    def kv_cache_spec(self, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> Mapping[int, KVCacheSpec | None]:
+    def kv_cache_spec(self, spec: ModelSpec, block_size: int,
+                      dtype: torch.dtype) -> Mapping[int, KVCacheSpec | None]:
         ...
 
 
@@ -70,9 +77,9 @@ class KVCacheGroup:
 def layer_specs(
     model: ModelSpec, block_size: int, dtype: torch.dtype, modules: nn.Module | None = None
 ) -> list[KVCacheSpec | None]:
-    """The cache spec of each cache id of ``model`` (None: nothing cached there, e.g. an MLP-only layer), as its
-    layers declare them. ``modules``: the built model; by default the spec's model class is built on the meta
-    device (no memory) to be asked."""
+    """The cache spec of each cache id of ``model`` (None: nothing cached there, e.g. an MLP-only layer), as
+    its layers declare them. ``modules``: the built model; by default the spec's model class is built on the
+    meta device (no memory) to be asked."""
     if modules is None:
         from forwardpass.models.loading import build_model
 
@@ -91,7 +98,8 @@ def layer_specs(
 
 
 def plan_groups(
-    specs: Sequence[KVCacheSpec | None], memory_bytes: int | None, num_blocks: int | None, max_num_seqs: int = 1
+    specs: Sequence[KVCacheSpec | None], memory_bytes: int | None, num_blocks: int | None,
+    max_num_seqs: int = 1
 ) -> list[KVCacheGroup]:
     """Group layers with equal specs (layers without a spec cache nothing). State groups get one slot
     per possible running sequence (``max_num_seqs``), paid first; every paged group gets the same
@@ -105,7 +113,8 @@ def plan_groups(
                       if isinstance(s, StateSpec))
     if num_blocks is None:
         assert memory_bytes is not None
-        per_block = sum(s.page_bytes_per_layer * len(ids) for s, ids in by_spec.items() if not isinstance(s, StateSpec))
+        per_block = sum(s.page_bytes_per_layer * len(ids) for s, ids in by_spec.items()
+                        if not isinstance(s, StateSpec))
         num_blocks = max(0, memory_bytes - state_bytes) // per_block if per_block else 0
     return [KVCacheGroup(spec, tuple(ids), max_num_seqs if isinstance(spec, StateSpec) else num_blocks)
             for spec, ids in by_spec.items()]

@@ -46,14 +46,8 @@ class AdmissionPolicy(Protocol):
 
 class Scheduler:
     def __init__(
-        self,
-        kv: KVCacheManager,
-        *,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        max_model_len: int,
-        eos_token_ids: Iterable[int] = (),
-        admission: AdmissionPolicy | None = None,
+        self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
+        eos_token_ids: Iterable[int] = (), admission: AdmissionPolicy | None = None,
         fair_share_tokens: int = 0,
     ):
         self.kv = kv
@@ -208,7 +202,8 @@ class Scheduler:
         head = self.waiting[0]
         first_chunk = min(head.num_tokens, self.max_num_batched_tokens)
         slots_full = len(self.running) >= self.max_num_seqs
-        if head.output_token_ids or head.num_preemptions or not (slots_full or not self.kv.can_fit(first_chunk)):
+        if (head.output_token_ids or head.num_preemptions
+                or not (slots_full or not self.kv.can_fit(first_chunk))):
             return  # not a newcomer, or it has a slot and KV blocks as things are
         victim = max(self.running, key=lambda s: len(s.output_token_ids))
         if len(victim.output_token_ids) < self.fair_share_tokens:

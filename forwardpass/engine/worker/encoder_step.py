@@ -24,7 +24,8 @@ from forwardpass.loader.spec import ModelSpec
 
 class EncoderDecoderModel(Protocol):
     def encode(self, features: torch.Tensor, slots: torch.Tensor, kv_caches: list[torch.Tensor]) -> None:
-        """Encode ``features`` ``[B, mels, frames]``; write request ``b``'s cross K/V into slot ``slots[b]``."""
+        """Encode ``features`` ``[B, mels, frames]``; write request ``b``'s cross K/V
+        into slot ``slots[b]``."""
 
 
 class _EncoderSequence(Protocol):

@@ -51,7 +51,8 @@ class BatchAdapters(Protocol):
 class CausalLM(Protocol):
     """What the runner needs of a model: hidden states of the flattened batch, logits of chosen rows."""
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor: ...
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                 ctx: AttentionContext) -> torch.Tensor: ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
@@ -72,7 +73,8 @@ class _RunnerSequence:
     block_tables: list[list[int]] = field(default_factory=list)  # one per KV cache group
     grammar: GrammarState | None = None  # structured output: matcher of the tokens generated so far
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # being collected (prompt_logprobs.py)
-    encoder_input: torch.Tensor | None = None  # encoder–decoder models: the request's features (encoder_step.py)
+    # encoder–decoder models: the request's features (encoder_step.py)
+    encoder_input: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -166,7 +168,8 @@ class ModelRunner:
         sample_rows: list[int] = []
         sampled: list[tuple[int, _RunnerSequence]] = []
         row_adapters: list[tuple[int, int]] = []
-        # each group's spec names the builder of its attention metadata (paged, state slot, compressed entries, ...)
+        # each group's spec names the builder of its attention metadata (paged, state slot,
+        # compressed entries, ...)
         builders: list[MetadataBuilder] = [g.spec.metadata_builder(self.device) for g in self.groups]
         num_decode = row = 0
         for chunk in scheduled.chunks:
@@ -200,7 +203,8 @@ class ModelRunner:
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         """Run the scheduled chunks; sample for the sequences whose known tokens are now all computed."""
         self._update_states(scheduled)
-        scheduled, unloadable = drop_unloadable(scheduled, self.sequences, self.adapters)  # their requests fail
+        # their requests fail
+        scheduled, unloadable = drop_unloadable(scheduled, self.sequences, self.adapters)
         out = self._run(scheduled)
         return replace(out, failed=unloadable + out.failed) if unloadable else out
 
@@ -242,4 +246,5 @@ class ModelRunner:
             seq_ids.append(seq_id)
             tokens.append(r[0])
             logprobs.append(r[1])
-        return RunnerOutput(tuple(seq_ids), tuple(tokens), tuple(logprobs), routing, tuple(failed), tuple(prompt_lps))
+        return RunnerOutput(tuple(seq_ids), tuple(tokens), tuple(logprobs), routing, tuple(failed),
+                            tuple(prompt_lps))

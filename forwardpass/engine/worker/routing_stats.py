@@ -1,9 +1,10 @@
 """MoE routing statistics: the experts' token counts of each engine step, read from the model and recorded.
 
-Each ``FusedMoE`` (``layers/moe.py``) keeps ``tokens_per_expert`` of its last forward as a tensor on the model's
-device. The model runner reads all layers' counts in one host copy per step (:class:`ModelRoutingCounter`, its
-``RoutingCounter``) and returns them in its ``RunnerOutput``; the engine core records them as a
-:class:`RoutingRecord` in :class:`RoutingStats` (``engine.routing_stats``, None for dense models).
+Each ``FusedMoE`` (``layers/moe.py``) keeps ``tokens_per_expert`` of its last forward as a tensor on the
+model's device. The model runner reads all layers' counts in one host copy per step
+(:class:`ModelRoutingCounter`, its ``RoutingCounter``) and returns them in its ``RunnerOutput``; the engine
+core records them as a :class:`RoutingRecord` in :class:`RoutingStats` (``engine.routing_stats``, None for
+dense models).
 """
 
 from __future__ import annotations
@@ -24,26 +25,34 @@ class RoutingRecord:
     step: int
     num_tokens: int  # rows in the step's forward pass (prefill + decode)
     layers: list[int]  # decoder layer index of each MoE layer
-    tokens_per_expert: list[list[int]]  # [MoE layer][expert]: token assignments (each token counts top_k times)
+    # [MoE layer][expert]: token assignments (each token counts top_k times)
+    tokens_per_expert: list[list[int]]
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def _device_of(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
 class ModelRoutingCounter:
-    """Reads every MoE layer's counts of the last forward in one host copy (the runner's ``RoutingCounter``)."""
+    """Reads every MoE layer's counts of the last forward in one host copy (the runner's
+    ``RoutingCounter``)."""
 
     def __init__(self, model: nn.Module):
         self.layers = [moe for _, moe in moe_layers(model)]
 
     def collect(self) -> tuple[tuple[int, ...], ...]:
         counts = [m.tokens_per_expert if m.tokens_per_expert is not None
-                  else torch.zeros(m.num_experts, dtype=torch.long, device=m.gate.weight.device) for m in self.layers]
+                  else torch.zeros(m.num_experts, dtype=torch.long, device=_device_of(m))
+                  for m in self.layers]
         return tuple(tuple(row) for row in torch.stack(counts).tolist())
 
 
 class RoutingStats(deque):
-    """Per-step :class:`RoutingRecord`s of an engine (bounded like ``engine.stats``), filled by the engine core."""
+    """Per-step :class:`RoutingRecord`s of an engine (bounded like ``engine.stats``),
+    filled by the engine core."""
 
     def totals(self) -> dict[int, list[int]]:
         """Decoder layer index → tokens per expert summed over the recorded steps."""

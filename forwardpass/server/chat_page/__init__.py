@@ -18,7 +18,8 @@ _STATIC = {"chat.js": "text/javascript", "chat.css": "text/css"}
 
 
 def _static(name: str) -> str:
-    return resources.files("forwardpass.server.chat_page").joinpath("static", name).read_text(encoding="utf-8")
+    static = resources.files("forwardpass.server.chat_page").joinpath("static")
+    return static.joinpath(name).read_text(encoding="utf-8")
 
 
 def chat_page_router() -> APIRouter:

@@ -30,7 +30,8 @@ _STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 
 
 def _static(name: str) -> str:
-    return resources.files("forwardpass.server.dashboard").joinpath("static", name).read_text(encoding="utf-8")
+    static = resources.files("forwardpass.server.dashboard").joinpath("static")
+    return static.joinpath(name).read_text(encoding="utf-8")
 
 
 def dashboard_router(engine: AsyncLLMEngine, *, interval_s: float = 0.5, stream_s: float = 5.0) -> APIRouter:

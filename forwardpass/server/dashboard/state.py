@@ -3,8 +3,8 @@
 ``DashboardState`` is fed like the Prometheus metrics: ``AsyncLLMEngine.stat_listeners`` (each step's
 ``StepRecord``) and ``finish_listeners`` (TTFT / TPOT of each request). Rates are over a sliding window
 of wall time, so they fall back to zero when the engine goes idle. Achieved FLOP/s and bytes/s come
-from the records' cost accounting (``engine/scheduling/cost.py``); MFU and MBU divide them by the hardware's peaks
-(:func:`device_peaks`), and the overhead measured by ``forwardpass roofline --measure`` (when cached)
+from the records' cost accounting (``engine/scheduling/cost.py``); MFU and MBU divide them by the hardware's
+peaks (:func:`device_peaks`), and the overhead measured by ``forwardpass roofline --measure`` (when cached)
 gives the third bound.
 """
 
@@ -54,9 +54,11 @@ def device_peaks(device: str, dtype: str = "fp32") -> Peaks | None:
         if device.startswith("cuda"):  # the driver's name for it, without initializing CUDA here
             from pathlib import Path
 
-            name = " ".join(p.read_text() for p in Path("/proc/driver/nvidia/gpus").glob("*/information")).lower()
+            infos = Path("/proc/driver/nvidia/gpus").glob("*/information")
+            name = " ".join(p.read_text() for p in infos).lower()
             # the longest matching key first: an "L40S" also contains "l4"
-            hw = next((SPECS[k] for k in sorted(SPECS, key=len, reverse=True) if k.split("-")[0] in name), None)
+            hw = next((SPECS[k] for k in sorted(SPECS, key=len, reverse=True) if k.split("-")[0] in name),
+                      None)
         elif isinstance(doc.get(THIS_MACHINE), dict):
             hw = hardware_from_measurement(doc[THIS_MACHINE])
         if hw is None:
@@ -146,12 +148,13 @@ class DashboardState:
             "achieved_bytes_per_s": bytes_s,
             "mfu": flops_s / p.flops if p and not idle else None,
             "mbu": bytes_s / p.bandwidth if p and not idle else None,
-            "hardware": None if p is None else {"name": p.name, "peak_flops": p.flops, "bandwidth": p.bandwidth,
-                                                "per_step_s": p.per_step_s, "per_layer_s": p.per_layer_s},
+            "hardware": None if p is None else {"name": p.name, "peak_flops": p.flops,
+                                                "bandwidth": p.bandwidth, "per_step_s": p.per_step_s,
+                                                "per_layer_s": p.per_layer_s},
             "steps": [
-                {"step": r.step, "age_s": now - t, "prefill": r.num_prefill_tokens, "decode": r.num_decode_tokens,
-                 "duration_s": r.duration_s, "flops": r.flops, "bytes": r.bytes,
-                 "intensity": r.flops / r.bytes if r.bytes else 0.0,
+                {"step": r.step, "age_s": now - t, "prefill": r.num_prefill_tokens,
+                 "decode": r.num_decode_tokens, "duration_s": r.duration_s, "flops": r.flops,
+                 "bytes": r.bytes, "intensity": r.flops / r.bytes if r.bytes else 0.0,
                  "flops_per_s": r.achieved_flops_per_s, "bound": self.bound(r)}
                 for t, r in list(self.steps)[-60:]
             ],

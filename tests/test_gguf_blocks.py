@@ -1,0 +1,197 @@
+"""GGUF weight types: our PyTorch unpacking and dequantization (quant/gguf_blocks.py) bit for bit
+``gguf.quants.dequantize`` on random blocks with edge values (fp16 scale extremes and subnormals, all-zero
+blocks, maximal codes); the repacked compute format (quant/kblocks.py) loses nothing; the K-block kernel
+(csrc/kblock_matmul.cpp) dequantizes bit for bit and multiplies within float rounding of the reference, in its
+AVX2 build and (where the CPU has it) its AVX-512 VNNI build, and ``KBlockWeight`` says which of them ran."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+from forwardpass.kernel_build import cpu_flags  # noqa: E402
+from forwardpass.quant import gguf_blocks, kblocks  # noqa: E402
+from forwardpass.quant.gguf_blocks import BLOCK_TYPES  # noqa: E402
+from forwardpass.quant.kernel import AVX512_CPU_FLAGS, kblock_kernel_for  # noqa: E402
+
+QUANTIZED = [t for t in BLOCK_TYPES if t not in gguf_blocks.FLOAT_TYPES]
+KBLOCK = [t for t in QUANTIZED if t.lower() in kblocks.KINDS]
+#: byte offsets of each type's fp16 fields (d, dmin) in its block
+F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
+              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}  # fmt: skip
+#: fp16 max / -max, smallest subnormal +/-, smallest normal, +0, -0, 1.0, largest subnormal
+EDGE_F16 = [0x7BFF, 0xFBFF, 0x0001, 0x8001, 0x0400, 0x0000, 0x8000, 0x3C00, 0x03FF]
+ISAS = ["avx2"] + (["avx512vnni"] if AVX512_CPU_FLAGS <= cpu_flags() else [])
+
+
+def random_blocks(kind: str, rows: int, k: int, seed: int) -> np.ndarray:
+    """Random bytes as ``rows`` rows of ``k`` weights of ``kind`` (every bit pattern is a valid block), fp16
+    fields finite with 15% edge values; block 0 all zero, the last block of row 1 all ones (maximal codes,
+    fp16 max)."""
+    size, nbytes = BLOCK_TYPES[kind]
+    g = np.random.default_rng(seed)
+    raw = g.integers(0, 256, size=(rows, k // size, nbytes), dtype=np.uint8)
+    for off in F16_FIELDS[kind]:
+        h = raw[..., off : off + 2].copy().view(np.uint16)[..., 0]
+        h = np.where((h & 0x7C00) == 0x7C00, h & 0x83FF, h)  # no inf / nan
+        h = np.where(g.random(h.shape) < 0.15, g.choice(EDGE_F16, size=h.shape), h).astype(np.uint16)
+        raw[..., off : off + 2] = h[..., None].view(np.uint8).reshape(*h.shape, 2)
+    raw[0, 0] = 0
+    raw[1, -1, :] = 0xFF
+    for off in F16_FIELDS[kind]:
+        raw[1, -1, off : off + 2] = np.array([0x7BFF], np.uint16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def _bits(t: torch.Tensor | np.ndarray) -> np.ndarray:
+    a = t.numpy() if isinstance(t, torch.Tensor) else t
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.int32)
+
+
+@pytest.mark.parametrize("kind", QUANTIZED)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_dequantization_is_bitwise_ggufs(kind, seed):
+    k = 512
+    raw = random_blocks(kind, 7, k, seed)
+    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind])
+    assert np.array_equal(_bits(gguf_blocks.dequantize(kind, torch.from_numpy(raw), k)), _bits(want))
+
+
+@pytest.mark.parametrize("kind", gguf_blocks.FLOAT_TYPES)
+def test_float_types_read_exactly(kind):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(5, 64, generator=g) * torch.logspace(-30, 30, 64)  # fp16 overflows to inf, bf16 does not
+    dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[kind]
+    raw = w.to(dtype).contiguous().view(torch.uint8).view(5, -1)
+    np_raw = raw.numpy().view(np.float32 if kind == "F32" else np.float16 if kind == "F16" else np.uint8)
+    if kind == "BF16":
+        want = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType.BF16)
+    else:
+        want = np_raw.astype(np.float32)
+    assert np.array_equal(_bits(gguf_blocks.dequantize(kind, raw, 64)), _bits(want))
+
+
+@pytest.mark.parametrize("kind", KBLOCK)
+def test_repacking_loses_nothing(kind):
+    k = 512
+    raw = random_blocks(kind, 9, k, 3)
+    spec = kblocks.KINDS[kind.lower()]
+    codes, meta = kblocks.pack(spec, gguf_blocks.unpack(kind, torch.from_numpy(raw), k))
+    assert codes.dtype == meta.dtype == torch.uint8 and meta.shape[1] == spec.meta_bytes(k)
+    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind])
+    assert np.array_equal(_bits(kblocks.dequantize(spec, codes, meta)), _bits(want))
+    # what a matmul reads per weight: the file's own size or, for 5-bit codes stored in 6 bits, at most 1.2
+    # bits more
+    stored = BLOCK_TYPES[kind][1] * 8 / BLOCK_TYPES[kind][0]
+    assert stored - 0.01 <= spec.bits_per_weight(k) <= max(stored + 1.2, 5.2)
+
+
+@pytest.fixture(scope="module", params=ISAS)
+def kernel(request):
+    try:
+        module = kblock_kernel_for(request.param).load(logging.getLogger(__name__))
+    except Exception as e:  # no compiler here: the reference path is what runs (said in the log)
+        pytest.skip(f"the K-block kernel ({request.param}) cannot be built here: {e}")
+    assert module.isa == request.param
+    return module
+
+
+@pytest.mark.parametrize("kind", KBLOCK)
+def test_kernel_dequantizes_bitwise(kernel, kind):
+    k = 512 if "K" in kind[1:] else 160
+    raw = random_blocks(kind, 21, k, 4)
+    spec = kblocks.KINDS[kind.lower()]
+    codes, meta = kblocks.pack(spec, gguf_blocks.unpack(kind, torch.from_numpy(raw), k))
+    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind])
+    got = getattr(kernel, f"{kind.lower()}_dequantize")(codes, meta)
+    assert np.array_equal(_bits(got), _bits(want))
+    bf16 = getattr(kernel, f"{kind.lower()}_dequantize_bf16")(codes, meta)
+    assert torch.equal(bf16, torch.from_numpy(want).to(torch.bfloat16))
+
+
+# |kernel - reference| <= TOL · Σ |terms|: the kernel sums exact integer dot products per block in another
+# order and folds mins and code offsets into the activations' block sums, so its float rounding is bounded
+# relative to the magnitudes it adds (the activations times |scale · (u - off)| + |min| per weight), not to
+# the result
+TOL = 2e-6
+
+
+@pytest.mark.parametrize("kind", KBLOCK)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+def test_kernel_matmul_equals_reference(kernel, kind, m):
+    g = torch.Generator().manual_seed(m)
+    for k in [256, 512, 1536] if "K" in kind[1:] else [32, 96, 160, 576]:  # whole quads of blocks and tails
+        raw = random_blocks(kind, 37, k, m)
+        spec = kblocks.KINDS[kind.lower()]
+        un = gguf_blocks.unpack(kind, torch.from_numpy(raw), k)
+        codes, meta = kblocks.pack(spec, un)
+        x = torch.randn(m, k, generator=g)
+        x[0, :32] = 0  # a zero activation block
+        before = kernel.calls()
+        got = getattr(kernel, f"{kind.lower()}_matmul")(x, codes, meta)
+        assert kernel.calls() == before + 1
+        want = kblocks.reference_matmul(x, spec, codes, meta)
+        scale = un.scales().repeat_interleave(un.group, -1).abs()
+        mins = un.mins()
+        mags = scale * (un.u.float() + un.off) + (
+            0 if mins is None else mins.abs().repeat_interleave(un.group, -1)
+        )
+        bound = TOL * (x.abs() @ mags.T) + 1e-30
+        assert ((got - want).abs() <= bound).all(), ((got - want).abs() / bound).max()
+
+
+def test_weight_reports_its_path_and_computes_large_batches():
+    """``KBlockWeight`` on the host's build: decode-sized batches through the kernel (counted), prefill-sized
+    ones through the dequantized rows and a float GEMM (bf16 where the CPU has bf16 hardware), both close to
+    fp32."""
+    from forwardpass.quant.kblock_weight import KBlockWeight
+    from forwardpass.quant.kernel import load_kblock_kernel
+
+    module = load_kblock_kernel()
+    if module is None:
+        pytest.skip("the K-block kernel cannot be built here")
+    raw = torch.from_numpy(random_blocks("Q4_K", 64, 512, 5))
+    spec = kblocks.KINDS["q4_k"]
+    w = KBlockWeight(spec, *kblocks.pack(spec, gguf_blocks.unpack("Q4_K", raw, 512)))
+    assert w.path == f"kernel ({module.isa})" and w.shape == (64, 512)
+    x = torch.randn(3, 512)
+    before = module.calls()
+    small = w.matmul(x)
+    assert module.calls() == before + 1
+    torch.testing.assert_close(
+        small, kblocks.reference_matmul(x, spec, w.codes, w.meta), rtol=1e-4, atol=1e-3
+    )
+    big = torch.randn(w.gemm_rows + 5, 512)
+    out = w.matmul(big)
+    assert module.calls() == before + 1  # not the kernel: the GEMM on dequantized rows
+    ref = big @ w.dequantize().T
+    rel = 1e-2 if w.bf16_gemm else 1e-5  # bf16 rounds both operands
+    assert ((out - ref).abs() <= rel * (big.abs() @ w.dequantize().abs().T) + 1e-6).all()
+    assert torch.equal(w.rows(torch.tensor([3, 0])), w.dequantize()[[3, 0]])
+
+
+def test_forced_avx2_build_is_the_one_that_runs():
+    """``FORWARDPASS_QUANT_ISA=avx2`` (an AVX2-only machine's build, on any host): a KBlockWeight made in that
+    process multiplies with the AVX2 build, and its result equals the reference."""
+    code = (
+        "import torch; from forwardpass.quant import kblocks, gguf_blocks;"
+        "from forwardpass.quant.kblock_weight import KBlockWeight;"
+        "from tests.test_gguf_blocks import random_blocks;"
+        "raw = torch.from_numpy(random_blocks('Q6_K', 16, 256, 6)); s = kblocks.KINDS['q6_k'];"
+        "w = KBlockWeight(s, *kblocks.pack(s, gguf_blocks.unpack('Q6_K', raw, 256)));"
+        "x = torch.randn(2, 256); y = w.matmul(x); r = kblocks.reference_matmul(x, s, w.codes, w.meta);"
+        "print(w.path, w._kernel.calls(), float(((y - r).abs().max() / r.abs().max())))"
+    )
+    env = {**os.environ, "FORWARDPASS_QUANT_ISA": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    path, calls, rel = out.stdout.split("\n")[-2].rsplit(" ", 2)
+    assert path == "kernel (avx2)" and int(calls) == 1 and float(rel) < 1e-5
