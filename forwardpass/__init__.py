@@ -10,9 +10,15 @@ Public API (imported lazily so ``import forwardpass`` stays cheap)::
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 __version__ = "0.1.0"
+
+# OpenMP workers that sleep between parallel regions instead of spinning (unless the user chose a policy):
+# with spinning workers, compute threads that outnumber the free cores made decode 5-20x slower on a shared
+# machine. Effective only when set before torch loads; see forwardpass/threads.py (prefer_passive_wait).
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 _LAZY = {
     "LLM": "forwardpass.llm",

@@ -15,7 +15,7 @@ import sys
 
 # Order is the order shown in --help. A module that does not exist (yet) is skipped.
 COMMANDS = ["generate", "chat", "serve", "models", "bench", "roofline", "image", "video", "transcribe",
-            "explain"]
+            "explain", "warmup"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         importlib.import_module(module_name).register(sub)
     _add_log_level(parser)
+    _add_threads(parser)
     return parser
 
 
@@ -48,7 +49,26 @@ def _add_log_level(parser: argparse.ArgumentParser) -> None:
                 _add_log_level(child)
 
 
+THREADS_HELP = ("CPU threads to compute with (torch's pools and the compiled kernels; llama.cpp's -t); "
+                "default: the cores this process may use (affinity mask, cgroup quota). On a machine with "
+                "other work, fewer (even 1) is often faster")
+
+
+def _add_threads(parser: argparse.ArgumentParser) -> None:
+    """``--threads N`` on every (sub)command that does not define its own (``image`` and ``video`` do: their
+    default is 1); ``forwardpass.threads`` resolves the default and applies the count in ``main``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                if "--threads" not in child._option_string_actions:
+                    child.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
+                _add_threads(child)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from forwardpass.threads import prefer_passive_wait
+
+    prefer_passive_wait()  # before torch (libgomp) loads; see forwardpass/threads.py
     parser = build_parser()
     args = parser.parse_args(argv)
     level = (args.log_level or "WARNING").upper()
@@ -61,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     from forwardpass.errors import ForwardpassError
 
     try:
+        if hasattr(args, "threads"):  # every command computes with one count, set before it starts
+            from forwardpass.threads import apply_threads, check_threads
+
+            args.threads = apply_threads(check_threads(args.threads, "--threads"))
         return int(args.func(args) or 0)
     except ForwardpassError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -28,6 +29,66 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     except KeyError:
         raise ConfigError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16",
                           param="dtype") from None
+
+
+SPECULATIVE_METHODS = ("ngram",)  # draft_model and mtp: not yet (docs/speculative.md)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, spelled as vLLM's ``speculative_config`` (docs/speculative.md).
+
+    ``ngram`` (prompt lookup): the longest n-gram (``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens)
+    ending the sequence that also occurs earlier in its prompt + output proposes the up to
+    ``num_speculative_tokens`` tokens that followed it; one forward pass verifies them all.
+    ``disable_by_batch_size``: no proposals while more sequences than this run (the step is no longer
+    memory-bound, so verifying k extra tokens per sequence costs about k times more; None: never).
+    ``adaptive``: per request, stop proposing while its measured acceptance makes a verify step a loss.
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+    # ~ the ridge of a CPU decode step: fp32 weights give B/2 FLOP per weight byte at batch B, and a
+    # 2-core AVX2 machine reaches ~100-200 GFLOP/s against ~10-20 GB/s, so above ~16-32 tokens per step
+    # the extra tokens of a verify are no longer nearly free
+    disable_by_batch_size: int | None = 16
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ConfigError(f"speculative_config.method must be one of {', '.join(SPECULATIVE_METHODS)}, "
+                              f"got {self.method!r} (draft_model and mtp are not supported yet)",
+                              param="speculative_config.method")
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"speculative_config.{name} must be a positive integer, got {value!r}",
+                                  param=f"speculative_config.{name}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
+                              f"prompt_lookup_max ({self.prompt_lookup_max})",
+                              param="speculative_config.prompt_lookup_min")
+        b = self.disable_by_batch_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ConfigError(f"speculative_config.disable_by_batch_size must be a positive integer or None, "
+                              f"got {b!r}", param="speculative_config.disable_by_batch_size")
+
+    @classmethod
+    def from_value(cls, value: SpeculativeConfig | dict[str, Any] | None) -> SpeculativeConfig | None:
+        """A ``SpeculativeConfig`` from itself, a dict (vLLM's spelling; unknown keys refused) or None."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"speculative_config must be a dict such as {{'method': 'ngram', "
+                              f"'num_speculative_tokens': 4}}, got {type(value).__name__}",
+                              param="speculative_config")
+        known = {f.name for f in fields(cls)}
+        if unknown := sorted(set(value) - known):
+            raise ConfigError(f"speculative_config: unknown key(s) {', '.join(map(repr, unknown))}; known: "
+                              f"{', '.join(sorted(known))}", param=f"speculative_config.{unknown[0]}")
+        return cls(**value)
 
 
 @dataclass
@@ -75,8 +136,15 @@ class EngineConfig:
     # query's attention through the paged kernel; costs prefill speed (see models/prepare.py,
     # benchmarks/batch_invariance.py)
     batch_invariant: bool = False
+    # speculative decoding (docs/speculative.md): a SpeculativeConfig, or vLLM's dict spelling
+    # {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    speculative_config: SpeculativeConfig | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
+        if self.speculative_config is not None and self.tensor_parallel_size > 1:
+            raise ConfigError("speculative_config is not supported with tensor_parallel_size > 1 yet",
+                              param="speculative_config")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -8,7 +8,8 @@
   for a newer CPU would die with an illegal instruction on an older one.
 * **A stale lock is cleared**: torch waits for ever on the ``lock`` file of a build that was killed;
   a lock older than any real build is removed, with a log line.
-* **A visible wait**: a spinner, a pulsing bar and the elapsed time on a terminal; one log line elsewhere.
+* **A visible wait**: the kernel named on the command's status line with the elapsed time
+  (``forwardpass/progress.py``); one log line elsewhere.
 * **Loaded once** (:class:`KernelLoader`): built and imported on first use, kept for the process; a kernel
   that cannot be built is said once in the log and its caller's fallback path is used from then on.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -170,16 +170,10 @@ def _clear_stale_lock(lock: Path, logger: logging.Logger) -> None:
 
 @contextmanager
 def compile_progress(what: str, expected_s: int, logger: logging.Logger) -> Iterator[None]:
-    message = f"compiling {what} (once, ~{expected_s} s; cached afterwards)"
-    if not sys.stderr.isatty():
-        logger.warning(message)
-        yield
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    """The wait named on the command's one status line (``forwardpass/progress.py``: a spinner that is
+    already drawn, "loading ...", is retitled rather than overwritten), or one log line off a terminal."""
+    from forwardpass import progress
 
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
-        progress.add_task(message, total=None)  # total unknown: the bar pulses
+    with progress.step(f"compiling {what} (once, ~{expected_s} s; cached afterwards)", logger):
         yield
     logger.info("compiled %s", what)

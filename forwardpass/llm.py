@@ -21,15 +21,17 @@ PromptType = str | list[int] | dict
 class LLM:
     """Load a Hugging Face model and generate with continuous batching.
 
-    ``model`` is a directory or a Hugging Face id (``"Qwen/Qwen3-0.6B"``, at ``revision``), found in the
-    local Hugging Face cache or downloaded into it (``forwardpass/loader/hub.py``); ``model=None`` uses
+    ``model`` is any name ``forwardpass models`` lists, a directory, a ``.gguf`` file or a Hugging Face id
+    (``"Qwen/Qwen3-0.6B"``, at ``revision``), resolved by ``forwardpass/registry.py``; ``model=None`` uses
     the embedded default model shipped in ``forwardpass/assets``.
     Engine options (``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, ``num_kv_blocks``,
     ``kv_cache_memory``, ``max_model_len``, ``enable_prefix_caching``, ``attention_backend``,
     ``cpu_kernels``, ``seed``, ``enable_lora``, ``max_loras``, ``max_lora_rank``, ``tensor_parallel_size``,
     ``enable_expert_parallel``, ``distributed_timeout_s``) are passed through to
-    :class:`forwardpass.config.EngineConfig`. With ``tensor_parallel_size > 1`` worker processes are
-    spawned, so a script needs an ``if __name__ == "__main__":`` guard (``docs/distributed.md``).
+    :class:`forwardpass.config.EngineConfig`. ``num_threads``: CPU threads of torch's pools and the compiled
+    kernels (default: the cores this process may use; ``forwardpass/threads.py``). With
+    ``tensor_parallel_size > 1`` worker processes are spawned, so a script needs an
+    ``if __name__ == "__main__":`` guard (``docs/distributed.md``).
 
     ``task``: ``"generate"``, ``"embed"`` (an encoder such as a sentence-transformers ``BertModel``:
     ``llm.embed(texts)``; options ``device``, ``max_model_len``, ``max_num_batched_tokens``,
@@ -37,7 +39,12 @@ class LLM:
     """
 
     def __init__(self, model: str | Path | None = None, dtype: str = "auto", revision: str | None = None,
-                 task: str = "auto", **engine_kwargs: Any):
+                 task: str = "auto", num_threads: int | None = None, **engine_kwargs: Any):
+        from forwardpass.threads import apply_threads, check_threads
+
+        # CPU threads of torch's pools and the compiled kernels (llama.cpp's -t); None: the cores this process
+        # may use, or fewer if torch was already set lower (forwardpass/threads.py)
+        self.num_threads = apply_threads(check_threads(num_threads, "num_threads"))
         if model is None:
             from forwardpass.assets import default_llm_path
 
@@ -148,6 +155,9 @@ class LLM:
                         results[out.request_id] = out
                         pending.discard(out.request_id)
                         bar.update(1)
+        from forwardpass.analysis.oversubscription import watch_engine
+
+        watch_engine(self.engine).observe(self.engine.stats)  # one warning per process if oversubscribed
         return [results[i] for i in ids]
 
     @staticmethod

@@ -42,7 +42,8 @@ class ExecutionPlan:
     dtype: torch.dtype = torch.float32
     #: where the weights come from: "hf" (a Hugging Face directory), "gguf" (a llama.cpp file, whose
     #: quantized tensors every method keeps as stored: layers/weight_methods.py ``load_blocks``) or
-    #: "ctranslate2" (a faster-whisper model.bin, read into float32: models/whisper_ct2.py)
+    #: "ctranslate2" (a faster-whisper model.bin, read into float32, then quantized like any fp32 checkpoint
+    #: where the plan says so: models/whisper_ct2.py)
     checkpoint_format: str = "hf"
     #: the projections' block format when quantizing at load ("q8_0", "q4_0"), else None (fp32 or the file's)
     quantized_format: str | None = None

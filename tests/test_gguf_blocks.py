@@ -94,6 +94,15 @@ def test_repacking_loses_nothing(kind):
     assert stored - 0.01 <= spec.bits_per_weight(k) <= max(stored + 1.2, 5.2)
 
 
+@pytest.mark.parametrize("kind", ["Q4_0", "Q5_0"])
+def test_symmetric_blocks_become_q8_0_exactly(kind):
+    """A Q5_0 q/k beside a Q8_0 v (llama.cpp's Q4_K_M) is merged as Q8_0: the same values bit for bit."""
+    raw = random_blocks(kind, 9, 256, 8)
+    q8 = gguf_blocks.to_q8_0(kind, torch.from_numpy(raw), 256).numpy()
+    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind])
+    assert np.array_equal(_bits(gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0)), _bits(want))
+
+
 @pytest.fixture(scope="module", params=ISAS)
 def kernel(request):
     try:

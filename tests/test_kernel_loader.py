@@ -72,32 +72,30 @@ def test_a_check_that_raises_is_a_failure(caplog):
 
 
 def test_not_ready_waits_without_loading():
-    """``ready`` (load_paged_decode(wait=False): a background build still running) answers None for now."""
+    """``ready`` (load_paged_decode(wait=False): the kernels not built yet) answers None for now."""
     kernel = FakeKernel()
     loader = _loader(kernel)
     assert loader.load(ready=lambda: False) is None and kernel.loads == 0 and loader.pending
     assert loader.load(ready=lambda: True) is not None and kernel.loads == 1
 
 
-def test_paged_decode_waits_on_its_background_build(monkeypatch):
-    """``load_paged_decode(wait=False)``: the build starts in a process of its own, once;
-    None until it is done."""
+def test_paged_decode_never_builds_in_the_background(monkeypatch):
+    """``load_paged_decode(wait=False)``: None while the kernels are not built, and nothing started (no
+    detached build that outlives the command); ``"auto"`` builds in this process, then uses the kernel."""
     from forwardpass.attention import cpu_kernel
 
-    build = SimpleNamespace(done=False, poll=lambda: 0 if build.done else None)
-    started = []
-    monkeypatch.setattr(cpu_kernel.subprocess, "Popen", lambda cmd, **kwargs: started.append(cmd) or build)
-    monkeypatch.setattr(cpu_kernel, "_background", None)
-    monkeypatch.setattr(cpu_kernel, "KERNEL", SimpleNamespace(is_built=lambda: False))
+    assert not hasattr(cpu_kernel, "subprocess")  # no process is ever started to build it
+    built = SimpleNamespace(now=False)
+    monkeypatch.setattr(cpu_kernel, "is_built", lambda: built.now)
     kernel = FakeKernel()
     monkeypatch.setattr(cpu_kernel, "LOADER", _loader(kernel, switch="FORWARDPASS_CPU_KERNEL"))
     monkeypatch.delenv("FORWARDPASS_CPU_KERNEL", raising=False)
-    assert cpu_kernel.load_paged_decode(wait=False) is None
-    assert cpu_kernel.load_paged_decode(wait=False) is None  # still building: not started again
-    assert len(started) == 1 and started[0][-1] == "forwardpass.attention.cpu_kernel" and kernel.loads == 0
-    build.done = True
-    decode = cpu_kernel.load_paged_decode(wait=False)
-    assert decode is cpu_kernel.LOADER.module.paged_decode and kernel.loads == 1
+    assert cpu_kernel.load_paged_decode(wait=False) is None and kernel.loads == 0
+    monkeypatch.setattr(cpu_kernel, "_auto_decision", [])
+    import torch
+
+    decode = cpu_kernel.resolve_decode_kernel("auto", "cpu", torch.float32, "sdpa")
+    assert decode is cpu_kernel.LOADER.module.paged_decode and kernel.loads == 1  # built in the foreground
     assert cpu_kernel.fused_ops_for(decode) is cpu_kernel.LOADER.module
     assert cpu_kernel.fused_ops_for(len) is None  # not the kernel this process loaded
 

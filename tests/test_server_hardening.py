@@ -103,7 +103,8 @@ HOSTILE: list[tuple[str, str, dict]] = [
     ("break10_string_max_tokens", "/v1/completions", {"json": {"prompt": "hi", "max_tokens": "16"}}),
     ("break10_logprobs_true", "/v1/completions", {"json": {"prompt": "hi", "logprobs": True}}),
     ("break10_prompt_bool", "/v1/completions", {"json": {"prompt": [True]}}),
-    ("break10_empty_model", "/v1/completions", {"json": {"prompt": "hi", "model": ""}}),
+    # model "" means the served model (as vLLM, issue 43); a model that is not a string is loose input
+    ("break10_model_not_a_string", "/v1/completions", {"json": {"prompt": "hi", "model": 0}}),
     ("break10_utf16_body", "/v1/completions", _raw(json.dumps({"prompt": "hi"}).encode("utf-16"))),
     ("break10_utf16le_body", "/v1/completions", _raw(json.dumps({"prompt": "hi"}).encode("utf-16-le"))),
     ("break10_float_n", "/v1/completions", {"json": {"prompt": "hi", "n": 2.0}}),

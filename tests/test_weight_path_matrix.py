@@ -21,9 +21,9 @@ widths are chosen so that the projections' output sizes are whole 64-output pane
 has (``layers/packed.py::PackedWeight.pack``); a weight that is not stays plain, and the test checks exactly
 that.
 
-Whisper is built from torch ``nn.Linear`` layers: the plan's weight methods never reach it, so its fp32 paths
-both run plain fp32 weights (checked against transformers) and a quantized plan is refused
-(``forwardpass/models/weight_path_checks.py``).
+Whisper takes every path too (its projections are plan-built ``Linear`` layers, its LM head the tied token
+embedding): built from a tiny random checkpoint through the encoder-decoder engine path, the same checks of
+what each weight became, transformers' greedy tokens on the fp32 paths.
 
 Run: ``python -m pytest -q tests/test_weight_path_matrix.py`` (``-k llama``, ``-k int4``,
 ``-k qwen3-next-fp32``). The compiled kernels are built once per machine and cached (the first build takes
@@ -40,7 +40,6 @@ import pytest
 from torch import nn
 
 from forwardpass import LLM, SamplingParams
-from forwardpass.errors import ConfigError
 from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.moe import ExpertWeights
@@ -226,7 +225,7 @@ def test_weight_path(arch, path, reference, compiled_kernels, request):
     llm.engine.check_invariants()
 
 
-# ----- Whisper: plain torch layers --------------------------------------------------------------------------
+# ----- Whisper: the same paths, through its encoder-decoder engine path -------------------------------------
 @pytest.fixture(scope="module")
 def whisper_checkpoint(tmp_path_factory):
     from tests.helpers.whisper_checkpoints import make_whisper_checkpoint
@@ -247,40 +246,48 @@ def whisper(whisper_checkpoint):
                                                             STEPS)
 
 
-@pytest.mark.parametrize("path", ["fp32", "fp32-packed"], ids=lambda p: f"whisper-{p}")
-def test_whisper_keeps_plain_fp32_weights(path, whisper, compiled_kernels):
-    """The packed path is not refused (it is the default once kernels are built) but does not apply: Whisper's
-    torch ``nn.Linear`` weights stay plain, and its tokens are transformers'."""
+@pytest.mark.parametrize("path", list(PATHS), ids=lambda p: f"whisper-{p}")
+def test_whisper_weight_path(path, whisper, compiled_kernels, request):
+    """Whisper's encoder and decoder projections are plan-built ``Linear`` layers and its LM head a tied
+    ``TokenEmbedding``: every path applies as to the text models (the same checks of what each weight became),
+    the fp32 paths give transformers' greedy tokens, the quantized ones finite log-probs, with the
+    teacher-forced agreement reported."""
     if path != "fp32" and not compiled_kernels:
-        pytest.skip("no compiled CPU kernels on this machine")
+        pytest.skip("no compiled CPU kernels on this machine: the plan cannot pick this path")
     ckpt, prompt, clip, want = whisper
     llm = LLM(str(ckpt), num_kv_blocks=32, max_num_seqs=2, **PATHS[path][0])
-    model = llm.engine.model
-    assert not any(isinstance(m, Linear) for m in model.modules())
-    assert not any(isinstance(t, (PackedWeight, QuantizedWeight)) for t in model.modules())
-    out = llm.generate({"prompt_token_ids": prompt, "multi_modal_data": {"audio": (clip, 16_000)}},
-                       SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True), use_tqdm=False)
-    assert list(out[0].outputs[0].token_ids) == want
+    plan, model = llm.engine.core.plan, llm.engine.model
+    _check_weights(model, plan, path)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert len(linears) == 2 * 6 + 2 * 10  # 2 encoder layers (q k v out fc1 fc2), 2 decoder (+ cross q k v o)
+    if path.startswith("int"):  # the encoder's, the cross-attention K/V's and the decoder's weights: blocks
+        assert all(isinstance(m.weight, QuantizedWeight) for m in linears)
+    audio = {"multi_modal_data": {"audio": (clip, 16_000)}}
+    out = llm.generate({"prompt_token_ids": prompt, **audio},
+                       SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, logprobs=0),
+                       use_tqdm=False)[0]
+    assert all(math.isfinite(lp) for lp in _lps(out)), "non-finite logits"
+    got = list(out.outputs[0].token_ids)
+    if not path.startswith("int"):
+        assert got == want, f"whisper-{path}: transformers' greedy tokens {want}, the engine's {got}"
+    else:  # prompt + transformers' fp32 tokens read at once: rank 1 = the same top-1
+        teacher = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+        forced = llm.generate({"prompt_token_ids": prompt + want, **audio}, teacher, use_tqdm=False)[0]
+        ranks = [next(iter(step.values())).rank for step in forced.prompt_logprobs[len(prompt):]]
+        AGREEMENT["whisper", path] = sum(r == 1 for r in ranks), len(ranks)
+        request.node.user_properties.append(("top1_agreement_with_fp32", f"{AGREEMENT['whisper', path]}"))
     llm.engine.check_invariants()
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4"], ids=lambda q: f"whisper-{q}")
-def test_whisper_refuses_quantized_paths(quantization, whisper_checkpoint):
+@pytest.mark.parametrize("quantization", ["int8", "int4"], ids=lambda q: f"whisper-{q}-plan")
+def test_whisper_quantized_plan_is_taken(quantization, whisper_checkpoint):
+    """The plan's refusal is gone: no architecture refuses a quantized path any more."""
     from forwardpass.loader.config import load_model_config
+    from forwardpass.models.weight_path_checks import NOT_QUANTIZABLE
     from tests.helpers.plans import quantized_plan
 
     plan = quantized_plan(quantization)
-    with pytest.raises(ConfigError,
-                       match=rf"WhisperForConditionalGeneration .*{plan.quantized_format}") as err:
-        check_weight_path(load_model_config(whisper_checkpoint), plan)
-    assert err.value.param == "quantization" and quantization in str(err.value)
-    # the others take every path
+    check_weight_path(load_model_config(whisper_checkpoint), plan)  # returns: Whisper takes it
+    assert "WhisperForConditionalGeneration" not in NOT_QUANTIZABLE
     for arch in ("LlamaForCausalLM", "DeepseekV4ForCausalLM", "NemotronHForCausalLM"):
         check_weight_path(arch, plan)
-    check_weight_path("WhisperForConditionalGeneration", ExecutionPlan())  # fp32: always
-
-
-@pytest.mark.parametrize("quantization", ["int8", "int4"], ids=lambda q: f"whisper-{q}-engine")
-def test_whisper_quantized_engine_is_refused_at_build(quantization, whisper_checkpoint):
-    with pytest.raises(ConfigError, match="WhisperForConditionalGeneration"):
-        LLM(str(whisper_checkpoint), num_kv_blocks=32, quantization=quantization, cpu_kernels=False)

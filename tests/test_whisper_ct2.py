@@ -1,8 +1,9 @@
 """CTranslate2 Whisper directories (faster-whisper's format): a random-weight transformers Whisper converted
 by CTranslate2's own converter loads into the same weights (float32 exactly; float16, bfloat16 and int8 within
 their rounding) and greedy-decodes exactly as transformers does on the original; the directory is recognised
-by its files wherever a model is named; and a model.bin of another spec, a truncated one and one with a dtype
-we do not read are each refused with one error before any model is built."""
+by its files wherever a model is named; ``quantization="int8"`` quantizes its float16 / int8 weights to our
+Q8_0 blocks once at load; and a model.bin of another spec, a truncated one and one with a dtype we do not read
+are each refused with one error before any model is built."""
 
 from __future__ import annotations
 
@@ -177,6 +178,35 @@ def test_incomplete_whisper_is_refused(tmp_path, converted, no_build):
         resolve_model_path(path)
 
 
-def test_quantized_plan_is_refused_for_ct2_whisper(converted):
-    with pytest.raises(ConfigError, match="quantization"):
-        LLM(str(converted["int8"]), quantization="int8")
+@pytest.mark.parametrize("source", ["float16", "int8"])
+def test_ct2_whisper_quantized_at_load(converted, source):
+    """CTranslate2's float16 (and int8) files → our Q8_0 blocks, quantized once at load from the values the
+    fp32 load reads: every projection and the tied LM head hold exactly ``QuantizedWeight.from_float`` of
+    the fp32 model's weight; convolutions, position embeddings and norms stay fp32; the engine decodes."""
+    from forwardpass.layers.embedding import TokenEmbedding
+    from forwardpass.layers.linear import Linear
+    from forwardpass.quant.weight import QuantizedWeight
+
+    fp32 = load_ctranslate2_whisper(resolve_model_path(converted[source]))[0]
+    llm = LLM(str(converted[source]), max_num_seqs=2, num_kv_blocks=64, quantization="int8")
+    plan = llm.engine.core.plan
+    assert plan.checkpoint_format == "ctranslate2" and plan.weight_method_name("projection") == "q8_0"
+    model, dense = llm.engine.model, dict(fp32.named_modules())
+    held = [(n, m) for n, m in model.named_modules() if isinstance(m, (Linear, TokenEmbedding))]
+    assert len(held) == 2 * 6 + 2 * 10 + 1  # 2 encoder layers x 6, 2 decoder layers x 10, the tied head
+    for name, m in held:
+        assert isinstance(m.weight, QuantizedWeight) and m.weight.fmt == "q8_0", name
+        want = QuantizedWeight.from_float(dense[name].weight, "q8_0").dequantize()
+        assert torch.equal(m.weight.dequantize(), want), name
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    for name in ("model.encoder.conv1", "model.encoder.embed_positions", "model.decoder.layer_norm"):
+        assert isinstance(model.get_submodule(name).weight, torch.nn.Parameter), name
+    prompt = prompt_ids(converted["hf"])
+    out = llm.generate(
+        {"prompt_token_ids": prompt, "multi_modal_data": {"audio": (make_clip(0.7, 1), 16_000)}},
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert len(out.token_ids) == 8
+    assert all(np.isfinite(next(iter(s.values())).logprob) for s in out.logprobs)
+    llm.engine.check_invariants()

@@ -237,6 +237,12 @@ def resolve_spec(config_or_path: Any) -> ModelSpec:
     if text.lower() in PRESETS:
         return ModelSpec.from_config(PRESETS[text.lower()], text.lower())
     path = Path(os.path.expanduser(text))
+    try:  # any name the commands take (forwardpass-default, smollm2, a .gguf file, a cached HF id)
+        from forwardpass.registry import resolve_model
+
+        path = resolve_model(text, download=False)
+    except ModelNotFoundError:
+        pass  # not a name: read as a path below, whose error lists the built-in shapes
     try:
         cfg = load_model_config(path)
     except ModelNotFoundError as exc:

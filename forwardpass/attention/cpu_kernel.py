@@ -9,18 +9,16 @@ rounding, so swapping one for the other mid-run would let identical greedy reque
 on wall-clock time. ``cpu_kernels``:
 
 * ``True`` — build now if needed and wait (benchmarks, ``roofline --measure``);
-* ``"auto"`` — use the kernel if it is already built; otherwise start the build in a background
-  process for later runs and use the PyTorch path. The first decision in a process is remembered,
-  so every ``"auto"`` engine of that process computes the same way;
+* ``"auto"`` — the same, with the build (when needed) shown by name on the terminal: it happens in this
+  process, in the foreground, never in a detached one that outlives the command (``forwardpass warmup``
+  builds every kernel ahead of time). The first decision in a process is remembered, so every
+  ``"auto"`` engine of that process computes the same way;
 * ``False`` — the PyTorch path. ``FORWARDPASS_CPU_KERNEL=0`` disables the kernel everywhere.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from forwardpass.kernel_build import CppKernel, KernelLoader
@@ -34,35 +32,25 @@ KERNEL = CppKernel(
     what="the C++ paged-decode kernel", expected_s=30,
     headers=(Path(__file__).with_name("csrc") / "decode_stack.h",),
 )
-SMALL_MATMUL = small_matmul.KERNEL  # built with it, in the background build too
+SMALL_MATMUL = small_matmul.KERNEL  # built with it (and by `forwardpass warmup`)
 # the whole extension: paged_decode and the fused per-layer ops (rms_norm, qk_norm_rope_); the small-batch
 # matmul is loaded with it (None and a log line if it alone cannot be built)
 LOADER = KernelLoader(KERNEL, "using the PyTorch path", logger, switch="FORWARDPASS_CPU_KERNEL",
                       check=lambda module: small_matmul.load_small_matmul())  # fmt: skip
-_background: subprocess.Popen | None = None
 
 
 def load_paged_decode(wait: bool = True):
     """The compiled ``paged_decode(q, kv_cache, block_tables, seq_lens, scale, window)``, or None.
 
-    ``wait=False`` returns None at once if the kernel still has to be compiled (and starts that in
-    the background); call again later to pick it up.
+    ``wait=False`` returns None at once if the kernels are not built yet (nothing is started: no build runs
+    in the background); ``wait=True`` builds them first if needed, showing the wait by name.
     """
-    return _paged_decode(LOADER.load(ready=None if wait else _built_in_background))
+    return _paged_decode(LOADER.load(ready=None if wait else is_built))
 
 
-def _built_in_background() -> bool:
-    """Whether the kernels are built; if not, whether the background build (started on the first call, in a
-    process of its own, so that this one serves on the PyTorch path meanwhile) has finished."""
-    global _background
-    if KERNEL.is_built() and SMALL_MATMUL.is_built():
-        return True
-    if _background is None:
-        _background = subprocess.Popen(
-            [sys.executable, "-m", "forwardpass.attention.cpu_kernel"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-    return _background.poll() is not None
+def is_built() -> bool:
+    """Whether this machine's builds of the decode kernel and its small-batch matmul are in the cache."""
+    return KERNEL.is_built() and SMALL_MATMUL.is_built()
 
 
 def _paged_decode(module):
@@ -98,12 +86,6 @@ def resolve_decode_kernel(mode: bool | str, device: str, dtype, backend: str):
         return load_paged_decode(wait=True)
     if mode != "auto":
         raise ValueError(f"cpu_kernels must be True, False or 'auto', got {mode!r}")
-    if not _auto_decision:
-        _auto_decision.append(load_paged_decode(wait=False))
+    if not _auto_decision:  # built now if needed, in the foreground, with its wait named on the terminal
+        _auto_decision.append(load_paged_decode(wait=True))
     return _auto_decision[0]
-
-
-if __name__ == "__main__":  # the background build
-    os.nice(10)
-    KERNEL.load(logger)
-    SMALL_MATMUL.load(logger)

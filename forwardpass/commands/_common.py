@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterator
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="a Hugging Face model directory or id (e.g. Qwen/Qwen3-0.6B, found in or downloaded "
-                   "to the Hugging Face cache; default: the embedded model)")
+                   help="a name from `forwardpass models` (forwardpass-default, smollm2, ...), a model "
+                   "directory, a .gguf file or a Hugging Face id (e.g. Qwen/Qwen3-0.6B, found in or "
+                   "downloaded to the Hugging Face cache); default: the embedded model")
     p.add_argument("--revision", default=None,
                    help="with a Hugging Face id: branch, tag or commit (default: main)")
     p.add_argument("--dtype", default="auto",
@@ -33,6 +34,23 @@ def add_quantization_arg(p: argparse.ArgumentParser) -> None:
                    help="kernels chosen so a "
                    "request's greedy tokens and logprobs are bitwise the same whatever else shares its steps "
                    "(batch size, chunking); dense Llama-family models on CPU; prefill is slower")
+    p.add_argument("--speculative-config", type=speculative_config_arg, default=None, metavar="JSON",
+                   help="speculative decoding, as vLLM spells it: '{\"method\": \"ngram\", "
+                   "\"num_speculative_tokens\": 4, \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}' "
+                   "(docs/speculative.md)")
+
+
+def speculative_config_arg(text: str) -> dict:
+    """``--speculative-config JSON`` as vLLM spells it: '{"method": "ngram", "num_speculative_tokens": 4}'."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a JSON object, e.g. '{\"method\": \"ngram\"}'")
+    return value
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -72,16 +90,13 @@ def check_device(device: str) -> str:
     return str(dev)
 
 
-def resolve_model(model: str | None, revision: str | None = None) -> str:
-    """The given directory, a Hugging Face id resolved through the local cache (``loader/hub.py``), or the
-    embedded default model."""
-    if model:
-        from forwardpass.loader.hub import resolve_model_path
+def resolve_model(model: str | None, revision: str | None = None, flag: str = "--model") -> str:
+    """The model directory for ``--model`` through the one registry (``forwardpass/registry.py``): a name
+    from ``forwardpass models``, a directory, a ``.gguf`` file or a Hugging Face id; None: the embedded
+    default; an empty value is an error naming ``flag``."""
+    from forwardpass.registry import resolve_model as resolve
 
-        return str(resolve_model_path(model, revision=revision))
-    from forwardpass.assets import default_llm_path
-
-    return str(default_llm_path())
+    return str(resolve(model, revision, flag=flag))
 
 
 def read_prompt(text: str) -> str:
@@ -92,19 +107,11 @@ def read_prompt(text: str) -> str:
 @contextlib.contextmanager
 def progress(message: str) -> Iterator[None]:
     """A spinner with elapsed time on stderr while something slow runs (only on a terminal), then one line
-    saying how long it took."""
-    if not sys.stderr.isatty():
-        yield
-        return
-    from rich.console import Console
+    saying how long it took; a compile inside it names itself on that line (``forwardpass/progress.py``)."""
+    from forwardpass.progress import status
 
-    console = Console(stderr=True)
-    start = time.perf_counter()
-    with console.status(f"{message}..."):
+    with status(message):
         yield
-    elapsed = time.perf_counter() - start
-    if elapsed >= 1.0:
-        console.print(f"[dim]{message}: done in {elapsed:.1f} s[/dim]", highlight=False)
 
 
 def load_engine(args: argparse.Namespace, **config_kwargs):
@@ -118,6 +125,7 @@ def load_engine(args: argparse.Namespace, **config_kwargs):
     config_kwargs.setdefault("quantization", getattr(args, "quantization", None))
     config_kwargs.setdefault("kv_cache_dtype", getattr(args, "kv_cache_dtype", "auto"))
     config_kwargs.setdefault("batch_invariant", getattr(args, "batch_invariant", False))
+    config_kwargs.setdefault("speculative_config", getattr(args, "speculative_config", None))
     config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len, device=device, **config_kwargs)
     with progress(f"loading {model if args.model else 'the embedded model'}"):
         return LLMEngine(model, config)
@@ -161,6 +169,14 @@ def stream(engine, prompt, params, request_id: str = "cli", lora_request=None,
                     return
     finally:
         engine.abort(request_id)
+
+
+def check_oversubscription(engine) -> None:
+    """After a request: one warning per process if decode ran far slower than predicted while other work
+    held the cores (``analysis/oversubscription.py``)."""
+    from forwardpass.analysis.oversubscription import watch_engine
+
+    watch_engine(engine).observe(engine.stats)
 
 
 def write(text: str) -> None:

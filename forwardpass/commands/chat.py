@@ -142,7 +142,13 @@ class _StopOnCtrlC:
 
 
 def run(args: argparse.Namespace) -> int:
-    from forwardpass.commands._common import load_engine, sampling_params_from_args, stream, write
+    from forwardpass.commands._common import (
+        check_oversubscription,
+        load_engine,
+        sampling_params_from_args,
+        stream,
+        write,
+    )
     from forwardpass.errors import ForwardpassError
 
     engine = load_engine(args)
@@ -183,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
                 reply += delta
                 write(delta)
         write("\n[stopped]\n" if ctrl_c.stopped else "\n")
+        check_oversubscription(engine)  # once per process: decode far slower than predicted, under load
         chat.turns.append({"role": "assistant", "content": reply})  # what was shown, stopped or not
         turn += 1
     return 0

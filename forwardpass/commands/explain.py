@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from forwardpass.commands._common import resolve_model
     from forwardpass.explain import explain
 
-    model = resolve_model(args.model, args.revision) if args.model else None
+    model = resolve_model(args.model, args.revision)  # forwardpass/registry.py; None: the embedded model
     ex = explain(
         args.prompt, model=model, max_tokens=args.max_tokens, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos,
@@ -84,7 +84,7 @@ def run_image(args: argparse.Namespace) -> int:
 
     from forwardpass.explain.image import explain_image, render_image_html, strip_image, to_json
 
-    torch.set_num_threads(max(1, args.threads))
+    torch.set_num_threads(max(1, args.threads))  # applied by the command already (forwardpass/threads.py)
     ex = explain_image(args.prompt, model=args.model, seed=args.seed, steps=args.steps,
                        guidance=args.guidance, student_steps=args.student_steps, frames=args.frames,
                        hardware=args.hardware)
@@ -104,12 +104,14 @@ def run_image(args: argparse.Namespace) -> int:
     for r in ex["runs"]:
         t = Table(title=f"{r['name']}: {r['steps']} steps of {r['scheduler']}, guidance {r['guidance']} → "
                         f"{r['forward_passes']} denoiser passes ({r['passes_per_step']} per step)")
-        for col in ("step", "t", "passes so far", "time", "FLOPs", "predicted", "bound"):
+        for col in ("step", "t", "passes so far", "time", "FLOPs", "predicted", "ratio", "regime"):
             t.add_column(col)
         for s in r["per_step"]:
             t.add_row(str(s["step"]), f"{s['t']:.1f}", str(s["passes_total"]), fmt_time(s["time_s"]),
-                      fmt_flops(s["flops"]), fmt_time(s["predicted_s"]), s["bound"])
+                      fmt_flops(s["flops"]), fmt_time(s["predicted_s"]), f"{s['ratio']:.1f}x", s["regime"])
         con.print(t)
+        for cause in sorted({s["cause_text"] for s in r["per_step"] if s.get("cause_text")}):
+            con.print(f"overhead-bound steps ({r['name']}): {cause}")
     if args.output:
         con.print(f"strip written to {args.output} (rows: {', '.join(r['name'] for r in ex['runs'])})")
     return 0

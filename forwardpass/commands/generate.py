@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     from forwardpass.commands._common import (
         Timer,
+        check_oversubscription,
         load_engine,
         read_prompt,
         sampling_params_from_args,
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
                 first = timer()
             write(delta)
         write("\n")
+    check_oversubscription(engine)  # once per process: decode far slower than predicted, under load
     if args.stats and engine.stats:
         decode = [r for r in engine.stats if r.num_decode_tokens]
         dt = sum(r.duration_s for r in decode)

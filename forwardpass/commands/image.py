@@ -36,7 +36,8 @@ def register(subparsers) -> None:
     p.add_argument("--scheduler", default=None,
                    help="override the scheduler: FlowMatchEulerDiscreteScheduler, "
                    "DDIMScheduler, LCMScheduler (or flow_match, ddim, lcm)")  # fmt: skip
-    p.add_argument("--model", default=None, help="pipeline folder (default: the embedded digits model)")
+    p.add_argument("--model", default=None,
+                   help="pipeline folder or image model name (default: digits, the embedded model)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--attention-backend", default=None, help="attention backend (sdpa, naive)")
     p.add_argument(
@@ -84,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
     from forwardpass.commands._common import check_device
 
     device = check_device(args.device)
-    pipe = ImagePipeline.from_pretrained(args.model or DEFAULT_MODEL_DIR, few_step=args.few_step,
+    from forwardpass.registry import resolve_model
+
+    folder = resolve_model(args.model, kinds=("image",)) if args.model is not None else DEFAULT_MODEL_DIR
+    pipe = ImagePipeline.from_pretrained(folder, few_step=args.few_step, num_threads=args.threads,
                                          scheduler=args.scheduler,
                                          attention_backend=args.attention_backend)  # fmt: skip
     pipe.to(device)

@@ -9,6 +9,8 @@ from forwardpass.commands._common import add_model_args, add_quantization_arg
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the model, as vLLM takes it (`forwardpass serve smollm2`); same as --model")
     add_model_args(p)
     add_quantization_arg(p)
     p.add_argument("--task", choices=["auto", "generate", "embed"], default="auto",
@@ -35,9 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-threads", type=int, default=None,
-                   help="torch compute threads of the engine (default: "
-                        "torch's; use 1 on small, shared machines)")
+    p.add_argument("--threads", "--num-threads", dest="threads", type=int, default=None, metavar="N",
+                   help="CPU threads of the engine (torch's pools and the compiled kernels; default: the "
+                        "cores this process may use); use 1 on small, shared machines")
     p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="413 for larger request bodies")
     p.add_argument("--max-request-tokens", type=int, default=1 << 20,
                    help="400 for a request whose (prompt + max_tokens) x n over its prompts is larger")
@@ -89,6 +91,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _one_model(positional: str | None, flag: str | None) -> str | None:
+    """``serve MODEL`` (vLLM's form) or ``serve --model MODEL``; both naming different models is an error."""
+    from forwardpass.errors import ValidationError
+
+    if positional is not None and flag is not None and positional != flag:
+        raise ValidationError(f"two models given: {positional!r} (positional) and --model {flag!r}; give "
+                              "one, as `forwardpass serve MODEL` or `forwardpass serve --model MODEL`",
+                              param="model")
+    return flag if flag is not None else positional
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
@@ -105,12 +118,15 @@ def run(args: argparse.Namespace) -> int:
     from forwardpass.distributed.executor import torchrun_world
     from forwardpass.engine.frontend.async_engine import EngineSpec
     from forwardpass.errors import ModelNotFoundError, ValidationError
-    from forwardpass.server.config import ServerConfig
-    from forwardpass.server.run import run_server
 
     # Everything a user can get wrong is checked here, in this order, before the model loads: the address
     # (a busy port is found in a second, not after a minute of loading), the device, the engine options,
     # then the model directory and its architecture. Each failure is one line and exit code 1.
+    from forwardpass.registry import require_name
+    from forwardpass.server.config import ServerConfig
+    from forwardpass.server.run import run_server
+
+    args.model = require_name(_one_model(args.model_tag, args.model))  # "" is an error, before anything
     torchrun = torchrun_world()
     worker = torchrun is not None and torchrun[0] != 0  # torchrun rank > 0: no HTTP, a shard of the model
     sock = None if worker else reserve_port(args.host, args.port)
@@ -134,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         "block_size": args.block_size, "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
         "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
         "batch_invariant": args.batch_invariant,
+        "speculative_config": args.speculative_config,
         "tensor_parallel_size": args.tensor_parallel_size,
         "enable_expert_parallel": args.enable_expert_parallel,
         "distributed_timeout_s": args.distributed_timeout,
@@ -143,9 +160,9 @@ def run(args: argparse.Namespace) -> int:
 
         torchrun_worker_main(str(model), EngineConfig(**config_kwargs))
         return 0
-    name = args.served_model_name or (Path(model).resolve().name if args.model else "forwardpass-default")
-    if args.model and not Path(args.model).expanduser().exists() and not args.served_model_name:
-        name = args.model  # a Hugging Face id is served under that id, as vLLM does
+    from forwardpass.registry import served_name
+
+    name = args.served_model_name or served_name(args.model, Path(model))  # an HF id: that id, as vLLM
     # Served names -> adapter (None = the base model); the routes pass a name's adapter to the engine.
     models: dict = {name: None}
     if args.lora:
@@ -195,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         module, _, attr = args.engine_factory.partition(":")
         factory = getattr(importlib.import_module(module), attr)
     spec = EngineSpec(model=str(model), config_kwargs=config_kwargs, factory=factory, log_level=level,
-                      num_threads=args.num_threads)
+                      num_threads=args.threads)
     log = serve_logger(args.log_level)
     log.info("loading %s (%s) on %s ...", name, spec_info["architecture"], device)
     throughput = ThroughputLogger(log, args.log_stats_interval)
@@ -207,6 +224,10 @@ def run(args: argparse.Namespace) -> int:
 
         for line in banner(spec_info):
             log.info("%s", line)
+        from forwardpass.analysis.oversubscription import OversubscriptionWatch
+
+        dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(spec_info["dtype"], "fp32")
+        throughput.watch = OversubscriptionWatch(spec_info["spec"].layers, dtype, device=device.split(":")[0])
         throughput.attach(engine)
 
     with startup_errors_one_line():

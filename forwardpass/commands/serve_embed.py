@@ -42,10 +42,9 @@ def run_embed(args: argparse.Namespace, model: str, sock: socket.socket, device:
         allowed_origins=list(args.allowed_origins),
     )
     log = serve_logger(args.log_level)
-    if args.num_threads:
-        import torch
+    from forwardpass.threads import apply_threads
 
-        torch.set_num_threads(args.num_threads)
+    apply_threads(args.threads)  # resolved by the command (forwardpass/threads.py); this process computes
 
     def load():
         from forwardpass.embed.runner import EmbeddingRunner

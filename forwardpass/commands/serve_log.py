@@ -6,6 +6,7 @@ Kept apart from ``serve.py`` (the flags and the order of things) so each reads i
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import json
@@ -47,6 +48,13 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
+def spec_parameters(spec: Any) -> int:
+    """Parameters of a model from its spec (the analyzer's accounting), for a GGUF file's banner."""
+    from forwardpass.loader.accounting import params
+
+    return int(params(spec))
+
+
 def count_parameters(model_dir: str | Path) -> int:
     """Parameters in the directory's safetensors files, from their headers alone (nothing is loaded)."""
     total = 0
@@ -77,12 +85,18 @@ def check_model(model_dir: str, engine_config: Any) -> dict[str, Any]:
                                "model class")
     resolve_model_class(cfg.architecture)
     spec = ModelSpec.from_config(cfg, name=model_name(model_dir))
+    from forwardpass.loader.gguf import check_gguf_dir, is_gguf_dir
     from forwardpass.loader.weights import find_weight_files
 
-    find_weight_files(model_dir)  # no weights: one line now, not a traceback from the engine process
+    if is_gguf_dir(model_dir):  # a directory standing for a .gguf file: its weights are in that file
+        check_gguf_dir(model_dir)
+        params = spec_parameters(spec)
+    else:
+        find_weight_files(model_dir)  # no weights: one line now, not a traceback from the engine process
+        params = count_parameters(model_dir)
     dtype = engine_config.torch_dtype
     return {"architecture": cfg.architecture, "spec": spec, "dtype": str(dtype).removeprefix("torch."),
-            "params": count_parameters(model_dir),
+            "params": params,
             "kv_bytes_per_token": spec.kv_bytes_per_token(dtype.itemsize)}
 
 
@@ -142,6 +156,8 @@ class ThroughputLogger:
         self._was_busy = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._recent: collections.deque = collections.deque(maxlen=256)  # for the oversubscription watch
+        self.watch: Any = None  # analysis/oversubscription.py's OversubscriptionWatch, set once started
 
     def attach(self, engine: Any) -> None:
         if self.interval_s <= 0:
@@ -155,6 +171,7 @@ class ThroughputLogger:
             self._prompt += record.num_prefill_tokens
             self._generated += record.num_sampled
             self._last = record
+            self._recent.append(record)
 
     def _run(self) -> None:
         t0 = time.monotonic()
@@ -164,6 +181,10 @@ class ThroughputLogger:
             t0 = now
             if line:
                 self.log.info("%s", line)
+                if self.watch is not None:  # one warning per process: decode far slower than predicted
+                    with self._lock:
+                        recent = list(self._recent)
+                    self.watch.observe(recent)
 
     def line(self, elapsed_s: float) -> str | None:
         with self._lock:

@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValidationError(f"{path}: {exc}", param="audio") from None
     # one file, one request at a time: one cross-attention slot (30 s Whisper large keeps ~0.5 GB of cross
     # K/V)
-    llm = LLM(args.model or default_speech_model_path(), device=check_device(args.device), max_num_seqs=1)
+    model = args.model if args.model is not None else default_speech_model_path()  # "": an error, not this
+    llm = LLM(model, device=check_device(args.device), max_num_seqs=1)
     if llm.engine.spec.whisper is None:
         raise ValidationError(
             f"{args.model} is not a Whisper model (config.json model_type 'whisper')", param="model"

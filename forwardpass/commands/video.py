@@ -29,7 +29,8 @@ def register(subparsers) -> None:
     p.add_argument("--fps", type=int, default=8, help="frames per second of the file (1–60)")
     p.add_argument("--scale", type=int, default=4, help="nearest-neighbour upscale of each frame (1–16)")
     p.add_argument("--frames-dir", default=None, help="also save every frame as PNG in this folder")
-    p.add_argument("--model", default=None, help="video pipeline folder (default: the embedded digits model)")
+    p.add_argument("--model", default=None, help="video pipeline folder or video model name "
+                   "(default: moving-digits, the embedded model)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -63,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
                               "nothing extra", param="output")  # fmt: skip
     torch.set_num_threads(args.threads)
     device = check_device(args.device)
-    pipe = VideoPipeline.from_pretrained(args.model or DEFAULT_VIDEO_MODEL_DIR).to(device)
+    from forwardpass.registry import resolve_model
+
+    folder = DEFAULT_VIDEO_MODEL_DIR if args.model is None else resolve_model(args.model, kinds=("video",))
+    pipe = VideoPipeline.from_pretrained(folder, num_threads=args.threads).to(device)
     start = time.perf_counter()
     frames = pipe(args.prompt, negative_prompt=args.negative_prompt, num_frames=args.frames,
                   num_inference_steps=args.steps, guidance_scale=args.guidance, seed=args.seed,

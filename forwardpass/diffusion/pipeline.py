@@ -31,6 +31,7 @@ from forwardpass.diffusion.schedulers.base import _gen_device
 from forwardpass.diffusion.text_encoder import PromptTokenizer, TinyTextEncoder
 from forwardpass.diffusion.vae import TinyAutoencoderKL
 from forwardpass.errors import ConfigError, MissingFileError, ValidationError
+from forwardpass.threads import with_own_threads
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,13 @@ class ImagePipeline:
         vae: TinyAutoencoderKL,
         scheduler: Scheduler,
         defaults: dict[str, Any] | None = None,
+        num_threads: int | None = None,
     ):
+        from forwardpass.threads import check_threads
+
+        # CPU threads of each call (forwardpass/threads.py); None: small_model_threads (1 for the embedded
+        # models, as `forwardpass image`), else the process's default
+        self.num_threads = check_threads(num_threads, "num_threads")
         self.text_encoder, self.tokenizer = text_encoder.eval(), tokenizer
         self.transformer, self.vae, self.scheduler = transformer.eval(), vae.eval(), scheduler
         self.defaults = {**FALLBACK_DEFAULTS, **(defaults or {})}
@@ -63,7 +70,7 @@ class ImagePipeline:
     @classmethod
     def from_pretrained(
         cls, path: str | Path, *, few_step: bool = False, scheduler: str | None = None,
-        attention_backend: str | None = None,
+        attention_backend: str | None = None, num_threads: int | None = None,
     ) -> ImagePipeline:  # fmt: skip
         """Load a pipeline folder. ``few_step=True`` uses the distilled student (``student_transformer`` +
         ``student_scheduler``) instead of the teacher; ``scheduler`` swaps in another
@@ -86,6 +93,7 @@ class ImagePipeline:
             vae=load_component(root, index, "vae"),
             scheduler=load_component(root, index, slots["scheduler"]),
             defaults=defaults,
+            num_threads=num_threads,
         )
         if scheduler is not None:
             pipe.set_scheduler(scheduler)
@@ -120,6 +128,12 @@ class ImagePipeline:
         for module in (self.text_encoder, self.transformer, self.vae):
             module.to(device)
         return self
+
+    def thread_count(self) -> int | None:
+        """The threads each call computes with: ``num_threads``, else ``threads.small_model_threads``."""
+        from forwardpass.threads import small_model_threads
+
+        return self.num_threads or small_model_threads(self.transformer)
 
     def set_progress_bar_config(self, **kwargs: Any) -> None:
         self._progress_kwargs = kwargs
@@ -300,6 +314,7 @@ class ImagePipeline:
             raise ValidationError("pass either generator or seed, not both", param="seed")
 
     @torch.no_grad()
+    @with_own_threads  # num_threads for the call, restored after it (forwardpass/threads.py)
     def __call__(
         self,
         prompt: str | list[str],

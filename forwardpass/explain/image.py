@@ -38,14 +38,16 @@ def _run(root: Path, prompt: str, *, few_step: bool, steps: int | None, guidance
     cfg = g > 1.0
     latents: list[tuple[int, float, torch.Tensor]] = []
     times: list[float] = []
-    mark = [0.0]
+    cpu: list[float] = []  # the process's CPU seconds over each step (analysis/regime.py: the cause)
+    mark = [0.0, 0.0]
 
     def on_step(p: Any, i: int, t: Any, kw: dict[str, Any]) -> None:
         times.append(time.perf_counter() - mark[0])
+        cpu.append(time.process_time() - mark[1])
         latents.append((i, float(t), kw["latents"].detach().clone()))
-        mark[0] = time.perf_counter()  # the copy is not part of the next step
+        mark[:] = [time.perf_counter(), time.process_time()]  # the copy is not part of the next step
 
-    mark[0] = time.perf_counter()
+    mark[:] = [time.perf_counter(), time.process_time()]
     image = pipe(prompt, num_inference_steps=n_steps, guidance_scale=g, seed=seed, show_progress=False,
                  callback_on_step_end=on_step).images[0]
     cfgt = pipe.transformer.config
@@ -56,6 +58,7 @@ def _run(root: Path, prompt: str, *, few_step: bool, steps: int | None, guidance
     st = cost.step
     pps = 2 if cfg else 1
     from forwardpass.analysis.overhead import stage_with_overhead
+    from forwardpass.analysis.regime import classify
 
     oh_s = overhead.time_s(cfgt["num_layers"]) if overhead is not None else 0.0
     predicted, bound = stage_with_overhead(st.time_s, st.bound, oh_s)
@@ -77,8 +80,9 @@ def _run(root: Path, prompt: str, *, few_step: bool, steps: int | None, guidance
             {"step": i + 1, "t": t, "passes": pps, "passes_total": (i + 1) * pps, "time_s": dt,
              "flops": st.flops, "bytes": st.bytes, "intensity": st.intensity,
              "achieved_flops_per_s": st.flops / dt if dt else 0.0, "roofline_s": st.time_s,
-             "overhead_s": oh_s, "predicted_s": predicted, "bound": bound}
-            for (i, t, _), dt in zip(latents, times)
+             "overhead_s": oh_s, "predicted_s": predicted, "bound": bound,
+             **classify(dt, predicted, bound, cpu_s=c).to_dict()}
+            for (i, t, _), dt, c in zip(latents, times, cpu)
         ],
         "strip": strip,
         "image": image,

@@ -37,6 +37,16 @@ def plan_line(plan: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def _predicted(d: dict) -> str:
+    return f"{fmt_time(d['predicted_s'])} ({d['ratio']:.1f}x)" if d.get("predicted_s") else "-"
+
+
+def _regime(d: dict) -> str:
+    """The measured regime (overhead when > 3x the prediction: analysis/regime.py), else the prediction's."""
+    regime = d.get("regime") or d["bound"]
+    return f"[yellow]{regime}[/]" if d.get("cause") else str(regime)
+
+
 def render(ex: dict[str, Any], out: Any = None, *, funnels: int = 3) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -70,16 +80,19 @@ def render(ex: dict[str, Any], out: Any = None, *, funnels: int = 3) -> None:
 
     # decode steps
     tab = Table(title="decode steps (the first token was drawn by the prefill)", show_lines=False)
-    for col in ("step", "token", "KV entries", "time", "FLOPs", "bytes", "bound", "pool"):
+    for col in ("step", "token", "KV entries", "time", "predicted", "FLOPs", "bytes", "regime", "pool"):
         tab.add_column(col, no_wrap=True)
     tab.add_column("top of the pool", no_wrap=True, overflow="ellipsis")
     rows = ([{"step": 0, **pf}] if pf else []) + ex["decode"]
     for d in rows:
         top = "  ".join(f"{_show(c['text'])} {c['prob']:.2f}" for c in d["candidates"][:3])
         tab.add_row(str(d["step"]) if d["step"] else "prefill", _show(d["text"]),
-                    str(d["kv_entries"]), fmt_time(d["time_s"]),
-                    fmt_flops(d["flops"]), fmt_bytes(d["bytes"]), str(d["bound"]), str(d["pool_size"]), top)
+                    str(d["kv_entries"]), fmt_time(d["time_s"]), _predicted(d),
+                    fmt_flops(d["flops"]), fmt_bytes(d["bytes"]), _regime(d), str(d["pool_size"]), top)
     con.print(tab)
+    causes = {d["cause_text"] for d in rows if d.get("cause_text")}
+    for cause in sorted(causes):  # why steps ran > 3x their prediction (analysis/regime.py)
+        con.print(f"[yellow]overhead-bound steps[/]: {cause}")
     con.print("[bold]the KV cache, step by step[/] (one ▇ per cached token; the last one was written by the "
               "step)")
     for d in rows:

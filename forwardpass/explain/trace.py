@@ -53,7 +53,10 @@ def _params(engine: Any, max_tokens: int, seed: int | None, ignore_eos: bool,
     return SamplingParams(max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos, **kw)
 
 
-def _cost(records: list[StepRecord], layers: int, hw: Any, dtype: str, overhead: Any) -> dict[str, Any]:
+def _cost(records: list[StepRecord], layers: int, hw: Any, dtype: str, overhead: Any,
+          cpu: tuple[float, float] | None = None) -> dict[str, Any]:
+    """The records' measured cost against the prediction; ``cpu``: the process's (CPU, wall) seconds over
+    those steps, which names the cause of an overhead-bound step (``analysis/regime.py``)."""
     flops = sum(r.flops for r in records)
     nbytes = sum(r.bytes for r in records)
     t = sum(r.duration_s for r in records)
@@ -73,6 +76,10 @@ def _cost(records: list[StepRecord], layers: int, hw: Any, dtype: str, overhead:
         d.update(pred.to_dict())
         d["mfu"] = d["achieved_flops_per_s"] / hw.peak(dtype)
         d["mbu"] = d["achieved_bytes_per_s"] / hw.bandwidth
+        from forwardpass.analysis.regime import classify
+
+        cpu_s, wall_s = cpu if cpu is not None else (None, None)
+        d.update(classify(t, d["predicted_s"], d["bound"], cpu_s=cpu_s, wall_s=wall_s).to_dict())
     return d
 
 
@@ -135,10 +142,13 @@ def explain(
     rid = f"explain-{time.monotonic_ns()}"
     engine.add_request(rid, prompt_ids, params)
     steps: list[tuple[StepRecord, list[int]]] = []
+    cpu: list[tuple[float, float]] = []  # the process's CPU and wall seconds over each step
     generated: list[int] = []
     try:
         while engine.has_unfinished_requests():
+            wall0, cpu0 = time.perf_counter(), time.process_time()
             outs = engine.step()
+            cpu.append((time.process_time() - cpu0, time.perf_counter() - wall0))
             for out in outs:
                 if out.request_id == rid:
                     generated = list(out.outputs[0].token_ids)
@@ -155,23 +165,25 @@ def explain(
     decode: list[dict[str, Any]] = []
     prefill: dict[str, Any] = {}
     n_seen = 0
-    for rec, gen in steps:
+    prefill_cpu = [0.0, 0.0]
+    for (rec, gen), (cpu_s, wall_s) in zip(steps, cpu):
         kv_entries += rec.num_prefill_tokens + rec.num_decode_tokens + (rec.prefix_cache_hits - hits_before)
         hits_before = rec.prefix_cache_hits
         new = gen[n_seen:]
         n_seen = len(gen)
         if not prefill:
             prefill_records.append(rec)
+            prefill_cpu = [prefill_cpu[0] + cpu_s, prefill_cpu[1] + wall_s]
             if new:  # the step that finished the prompt drew the first token
                 prefill = {"tokens": len(prompt_ids), "steps": len(prefill_records), "kv_entries": kv_entries,
                            "kv_blocks": math.ceil(kv_entries / bs), "token": new[0], "text": text(new[0]),
-                           **_cost(prefill_records, layers, hw, dtype_name, oh)}
+                           **_cost(prefill_records, layers, hw, dtype_name, oh, tuple(prefill_cpu))}
             continue
         for t in new:
             decode.append({"step": len(decode) + 1, "token": t, "text": text(t), "kv_entries": kv_entries,
                            "kv_blocks": math.ceil(kv_entries / bs),
                            "kv_blocks_in_pool": core.kv.num_blocks - rec.num_free_blocks,
-                           **_cost([rec], layers, hw, dtype_name, oh)})
+                           **_cost([rec], layers, hw, dtype_name, oh, (cpu_s, wall_s))})
 
     # ----- views outside the engine, checked against the run ---------------------------------------
     engine_routing: dict[int, list[int]] = {}  # the engine's own counts over this request's steps
@@ -212,7 +224,8 @@ def explain(
             roofline["points"].append({"stage": stage, "step": d.get("step", 0), "intensity": d["intensity"],
                                        "achieved_flops_per_s": d["achieved_flops_per_s"],
                                        "predicted_flops_per_s": d["flops"] / d["predicted_s"]
-                                       if d.get("predicted_s") else None, "bound": d["bound"]})
+                                       if d.get("predicted_s") else None, "bound": d["bound"],
+                                       "regime": d.get("regime")})
     return {
         "model": spec.name or str(engine.model_dir),
         "architecture": spec.architecture,

@@ -86,6 +86,10 @@ def _set_weight(module: nn.Module, parts: list[_Tensor]) -> None:
         w = torch.cat([p.float() for p in parts]) if len(parts) > 1 else parts[0].float()
         module.weight.data.copy_(w.reshape(module.weight.shape))
         return
+    if len(kinds) > 1 and kinds <= set(gguf_blocks.AS_Q8_0):  # Q5_0 q/k, Q8_0 v (Q4_K_M): Q8_0, exactly
+        for p in parts:
+            p.raw, p.kind = gguf_blocks.to_q8_0(p.kind, p.raw, p.k), "Q8_0"
+        kinds = {"Q8_0"}
     if len(kinds) == 1:
         module.method.load_blocks(module, _weight(parts))  # held as stored (layers/weight_methods.py)
         return

@@ -1,4 +1,5 @@
-"""Model names as users type them: a directory, or a Hugging Face id (``Qwen/Qwen3-0.6B``).
+"""Hugging Face ids (``Qwen/Qwen3-0.6B``): the local cache and downloads. Every other model name (embedded and
+packaged models, directories, ``.gguf`` files) is resolved by ``forwardpass/registry.py``, which calls this.
 
 An id is looked up in the local Hugging Face cache first (``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
 ``~/.cache/huggingface/hub``: the layout ``huggingface_hub`` writes, ``models--ORG--NAME/snapshots/COMMIT``)
@@ -44,39 +45,28 @@ def looks_like_hub_id(name: str) -> bool:
 
 
 def resolve_model_path(model: str | os.PathLike[str], revision: str | None = None) -> Path:
-    """A local directory for ``model``: the directory itself, or the cached (or downloaded) snapshot of a
-    Hugging Face id at ``revision`` (branch, tag or commit; default ``main``)."""
-    if str(model) == EMBEDDED_NAME:  # the name `forwardpass models` and `serve` show for the embedded model
-        from forwardpass.assets import default_llm_path
+    """A local model directory for ``model``: any name ``forwardpass/registry.py`` resolves (embedded and
+    packaged models, directories, ``.gguf`` files, Hugging Face ids at ``revision``; default ``main``)."""
+    from forwardpass.registry import resolve_model
 
-        return default_llm_path()
-    from forwardpass.loader.ctranslate2 import ctranslate2_model_dir, is_ctranslate2_dir, packaged_model_path
-
-    path = Path(model).expanduser()
-    if not path.exists():  # a packaged model's name (tiny.en: faster-whisper's files; smollm2: a GGUF file)
-        from forwardpass.loader.gguf_packages import packaged_gguf
-
-        path = packaged_model_path(str(model)) or packaged_gguf(str(model)) or path
-    if path.exists():
-        if revision is not None:
-            raise ModelNotFoundError(f"--revision {revision} applies to Hugging Face ids, but {model} is a "
-                                     "local directory", param="revision")
-        if path.is_file() and path.suffix == ".gguf":  # llama.cpp's file: a model directory made from it
-            from forwardpass.loader.gguf import gguf_model_dir
-
-            return gguf_model_dir(path)
-        # a CTranslate2 (faster-whisper) directory: a model directory made from it
-        if is_ctranslate2_dir(path):
-            return ctranslate2_model_dir(path)
-        return path
-    name = str(model)
-    if not looks_like_hub_id(name):
-        raise ModelNotFoundError(f"model path {name!r} does not exist, and it is not a Hugging Face id "
-                                 "(ORG/NAME) either", param="model")
-    return _snapshot(name, revision)
+    return resolve_model(model, revision)
 
 
-def _snapshot(repo_id: str, revision: str | None) -> Path:
+def is_cached(repo_id: str, revision: str | None = None) -> bool:
+    """Whether the Hugging Face cache holds a snapshot of ``repo_id`` at ``revision`` (nothing is fetched)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        snapshot_download(repo_id, revision=revision, cache_dir=hub_cache_dir(), local_files_only=True,
+                          allow_patterns=ALLOW_PATTERNS)
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
+        return False
+    return True
+
+
+def snapshot(repo_id: str, revision: str | None) -> Path:
+    """The cached snapshot of ``repo_id`` at ``revision``, downloaded when missing (and allowed)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,

@@ -2,15 +2,17 @@
 
 The plan's weight methods (``layers/weight_methods.py``) reach a model only through the layers that read the
 plan in their constructors: ``layers/linear.py::Linear``, a tied ``layers/embedding.py::TokenEmbedding``, MoE
-expert stacks (``layers/moe.py::ExpertWeights``, ``models/expert_stacks.py``). Every generating architecture
-is built from them except Whisper, whose encoder and decoder are torch ``nn.Linear`` layers and whose LM head
-is its token embedding read as a plain matrix. A plan that quantizes Whisper would load it in fp32 while
-reporting ``q8_0`` / ``q4_0`` weights (``ExecutionPlan.describe``): :func:`check_weight_path` refuses it
-instead, naming the architecture and the path.
+expert stacks (``layers/moe.py::ExpertWeights``, ``models/expert_stacks.py``). An architecture built from
+other layers would load in fp32 while the plan reports ``q8_0`` / ``q4_0`` weights
+(``ExecutionPlan.describe``): it belongs in :data:`NOT_QUANTIZABLE`, and :func:`check_weight_path` refuses
+such a plan, naming the architecture and the path. Every generating architecture is built from those layers
+today (Whisper since its projections became ``Linear`` and its tied LM head a ``TokenEmbedding``), so the
+table is empty; the check stays, so that a new family that is not yet says so instead of running fp32 under a
+quantized name.
 
 The packed fp32 path is not refused anywhere: it is what the plan picks by default wherever the compiled
 kernels are loaded (``cpu_kernels="auto"`` once they are built), it changes no result, and a model whose
-layers do not take it (Whisper) keeps plain fp32 weights on the paths it always used. The table of every
+layers do not take it would keep plain fp32 weights on the paths it always used. The table of every
 architecture × path is ``docs/weight-paths.md``; ``tests/test_weight_path_matrix.py`` runs it.
 """
 
@@ -30,13 +32,7 @@ class _HasArchitecture(Protocol):
 
 
 #: architecture (config.json ``architectures``) → why the plan's quantized weight methods never reach it
-NOT_QUANTIZABLE: dict[str, str] = {
-    "WhisperForConditionalGeneration": (
-        "its encoder and decoder are built from torch nn.Linear layers and its LM head is the token "
-        "embedding read as a plain matrix, so no layer takes the "
-        "plan's weight method and the model would run in fp32"
-    ),
-}
+NOT_QUANTIZABLE: dict[str, str] = {}
 
 
 def check_weight_path(model: _HasArchitecture | str, plan: ExecutionPlan) -> None:

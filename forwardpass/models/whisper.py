@@ -12,6 +12,12 @@ cross-attention over the slot, LayerNorm, GELU MLP), residuals around each → L
 the token embedding (tied). Parameter names are transformers' so the checkpoint loads by name; k_proj
 has no bias, q/v/out projections do (as in transformers). transformers never applies
 ``scale_embedding`` (its ``embed_scale`` is unused), and neither does this model.
+
+Weights: every attention projection and MLP layer of both stacks is a plan-built ``layers/linear.py::Linear``
+and the token embedding a tied ``layers/embedding.py::TokenEmbedding``, so each takes the execution plan's
+weight method at construction (fp32, packed fp32, or Q8_0 / Q4_0 blocks quantized once after loading, the
+tied LM head Q8_0 in both quantized modes), as the text models do. The convolutions, the position embeddings
+and the norms stay fp32.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.cross import CachedCrossAttention
 from forwardpass.attention.layer import CachedAttention
 from forwardpass.errors import ConfigError
+from forwardpass.layers.embedding import TokenEmbedding
+from forwardpass.layers.linear import Linear
 from forwardpass.loader.spec import ModelSpec, WhisperSpec
 
 #: A decoder step of at most this many tokens runs its layers on one thread: their ops ([T, d] rows through
@@ -39,10 +47,10 @@ class _Projections(nn.Module):
 
     def __init__(self, d: int):
         super().__init__()
-        self.q_proj = nn.Linear(d, d)
-        self.k_proj = nn.Linear(d, d, bias=False)
-        self.v_proj = nn.Linear(d, d)
-        self.out_proj = nn.Linear(d, d)
+        self.q_proj = Linear(d, d, bias=True)
+        self.k_proj = Linear(d, d)
+        self.v_proj = Linear(d, d, bias=True)
+        self.out_proj = Linear(d, d, bias=True)
 
 
 class _EncoderLayer(nn.Module):
@@ -51,7 +59,7 @@ class _EncoderLayer(nn.Module):
         self.heads = heads
         self.self_attn = _Projections(d)
         self.self_attn_layer_norm = nn.LayerNorm(d)
-        self.fc1, self.fc2 = nn.Linear(d, ffn), nn.Linear(ffn, d)
+        self.fc1, self.fc2 = Linear(d, ffn, bias=True), Linear(ffn, d, bias=True)
         self.final_layer_norm = nn.LayerNorm(d)
 
     def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
@@ -110,7 +118,8 @@ class _DecoderLayer(nn.Module):
         self.self_attn_layer_norm = nn.LayerNorm(d)
         self.encoder_attn = _Projections(d)
         self.encoder_attn_layer_norm = nn.LayerNorm(d)
-        self.fc1, self.fc2 = nn.Linear(d, spec.intermediate), nn.Linear(spec.intermediate, d)
+        self.fc1 = Linear(d, spec.intermediate, bias=True)
+        self.fc2 = Linear(spec.intermediate, d, bias=True)
         self.final_layer_norm = nn.LayerNorm(d)
         self.attn = CachedAttention(i, scale=scale)
         self.cross = CachedCrossAttention(spec.layers + i, scale=scale)  # cache id: cross_attention_spec.py
@@ -131,7 +140,7 @@ class WhisperDecoder(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         assert spec.max_position_embeddings is not None
-        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
+        self.embed_tokens = TokenEmbedding(spec.vocab, spec.hidden, tied=True)  # also the LM head
         self.embed_positions = nn.Embedding(spec.max_position_embeddings, spec.hidden)
         self.layers = nn.ModuleList(_DecoderLayer(spec, i) for i in range(spec.layers))
         self.layer_norm = nn.LayerNorm(spec.hidden)
@@ -187,4 +196,4 @@ class WhisperForConditionalGeneration(nn.Module):
                 torch.set_num_threads(threads)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.model.decoder.embed_tokens.weight.T  # proj_out is tied to the embeddings
+        return self.model.decoder.embed_tokens.as_head(hidden)  # proj_out is tied to the embeddings

@@ -21,8 +21,10 @@ with ``E`` = ``encoder/layer_N``, ``D`` = ``decoder/layer_N`` and ``X`` = either
 The fused K rows carry a bias that transformers' model does not have (the converter fills zeros). It is
 dropped: adding ``b`` to every key adds ``q·b`` to every score of a query's row, which softmax cancels.
 Float16 and bfloat16 tensors become float32 in memory; int8 / int16 tensors (``--quantization int8``) are
-dequantized with their ``weight_scale`` (``w = q / scale``, CTranslate2's convention), so the model computes
-in float32 either way.
+dequantized with their ``weight_scale`` (``w = q / scale``, CTranslate2's convention), so the model loads
+float32 values either way; an ``int8`` / ``int4`` plan then quantizes the projections and the tied LM head to
+its own blocks once after loading (``models/prepare.py::process_weights_after_loading``), as for any
+checkpoint.
 """
 
 from __future__ import annotations

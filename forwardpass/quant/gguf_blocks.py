@@ -164,6 +164,25 @@ def unpack(kind: str, raw: torch.Tensor, k: int) -> Unpacked:
     raise ValueError(f"{kind} is not a block-quantized type we unpack")
 
 
+#: symmetric types of 32-weight blocks with one fp16 scale each: their values are Q8_0 values exactly
+AS_Q8_0 = ("Q8_0", "Q4_0", "Q5_0")
+
+
+def to_q8_0(kind: str, raw: torch.Tensor, k: int) -> torch.Tensor:
+    """Q8_0 blocks of the same values as ``raw`` of an ``AS_Q8_0`` type (the same fp16 ``d``, int8
+    ``u − off``): what puts a Q5_0 q/k beside a Q8_0 v (llama.cpp's Q4_K_M) into one merged weight, nothing
+    rounded."""
+    if kind == "Q8_0":
+        return raw
+    if kind not in AS_Q8_0:
+        raise ValueError(f"{kind} values are not Q8_0 values")
+    un = unpack(kind, raw, k)
+    r = raw.shape[0]
+    q = (un.u.to(torch.int16) - un.off).to(torch.int8).view(torch.uint8).view(r, k // 32, 32)
+    d = un.d.contiguous().view(torch.uint8).view(r, k // 32, 2)
+    return torch.cat([d, q], dim=-1).reshape(r, -1).contiguous()
+
+
 def dequantize(kind: str, raw: torch.Tensor, k: int) -> torch.Tensor:
     """fp32 ``[R, k]`` of a GGUF tensor's bytes ``raw`` (uint8 ``[R, bytes per row]``): ggml's values bit for
     bit."""

@@ -82,7 +82,13 @@ class KBlockWeight(nn.Module):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """fp32 rows ``W[ids]`` (a tied embedding's lookup)."""
         flat = ids.reshape(-1)
-        out = kblocks.dequantize(self.kind, self.codes[flat], self.meta[flat])
+        # the rows live interleaved in tiles of 16 (kblocks.pack): dequantize each tile they fall in, once
+        tiles, where = torch.unique(flat // kblocks.TILE, return_inverse=True)
+        n = self.codes.shape[0]
+        deq = torch.stack([torch.nn.functional.pad(self._dequantized_rows(s, min(n, s + kblocks.TILE)),
+                                                   (0, 0, 0, max(0, s + kblocks.TILE - n)))
+                           for s in (tiles * kblocks.TILE).tolist()])  # fmt: skip
+        out = deq[where, flat % kblocks.TILE]
         return out.view(*ids.shape, self.in_features)
 
     def _dequantized_rows(self, start: int, end: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

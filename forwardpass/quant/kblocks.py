@@ -1,7 +1,8 @@
 """The compute format of GGUF's Q4_1, Q5_0, Q5_1 and K-quant tensors: their codes and scales as stored,
 repacked once at load into rows the kernel (``csrc/kblock_matmul.cpp``) streams, nothing rounded.
 
-A matrix ``[N, K]`` becomes two uint8 tensors (the kernel's comment has the byte layout):
+A matrix ``[N, K]`` becomes two uint8 tensors of the same rows, in tiles of 16 rows whose bytes are
+interleaved (:func:`pack` has the offsets; ``csrc/kblock_tiles.h`` why):
 
 * ``codes [N, K/32 · BB]``: per block of 32 weights 16 bytes of nibbles, plus 8 bytes of high bits for 5- and
   6-bit codes (``BB`` = 16 or 24; a 5-bit code takes 6 bits here, one spare);
@@ -62,8 +63,94 @@ KINDS = {
 }
 
 
+TILE = 16  # weight rows interleaved per tile (the kernel's vector lanes: one output row each)
+
+
+def _row_tiles(n: int) -> list[tuple[int, int, int]]:
+    """``(first row, rows, rows per tile)`` of the whole tiles, then of the last partial one: each run is
+    reshaped at once."""
+    full = n // TILE * TILE
+    return [(0, full, TILE)] * (full > 0) + [(full, n - full, n - full)] * (n > full)
+
+
+def _tile_fields(fields: list[torch.Tensor], r: int) -> torch.Tensor:
+    """Per-row fields ``[n, units, size]`` (uint8) → tile order: per tile, per unit, the ``r`` rows' bytes."""
+    out = [f.view(-1, r, f.shape[1], f.shape[2]).transpose(1, 2).reshape(-1, r * f.shape[1] * f.shape[2])
+           for f in fields]  # fmt: skip
+    return torch.cat(out, dim=1).view(-1, sum(f.shape[1] * f.shape[2] for f in fields))
+
+
+def _untile_fields(tiled: torch.Tensor, r: int, shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """The inverse of :func:`_tile_fields`: ``tiled [n, Σ units·size]`` → ``[n, units, size]`` per field."""
+    t = tiled.reshape(-1, r * tiled.shape[1])
+    out, pos = [], 0
+    for units, size in shapes:
+        part = t[:, pos : pos + r * units * size].reshape(-1, units, r, size).transpose(1, 2)
+        out.append(part.reshape(-1, units, size))
+        pos += r * units * size
+    return out
+
+
+def _code_fields(kind: KBlockKind, u: torch.Tensor) -> list[torch.Tensor]:
+    """``u [n, K]`` → per block ``[n, nb·(4 or 6), 4]``: 4 groups of 4 bytes (element 8g + c low nibble,
+    8g + 4 + c high), then for 6-bit codes 2 planes of 4 bytes (plane p, byte c: the high 2 bits of elements
+    16p + c, 16p + 4 + c, 16p + 8 + c, 16p + 12 + c at bits 0-1, 2-3, 4-5, 6-7)."""
+    n, k = u.shape
+    nb = k // 32
+    e = u.view(n, nb, 4, 2, 4)
+    groups = (e[..., 0, :] & 0x0F) | ((e[..., 1, :] & 0x0F) << 4)  # [n, nb, 4, 4]
+    if kind.bits == 6:
+        h = (u >> 4).view(n, nb, 2, 4, 4)  # [plane, quarter, c]
+        plane = h[..., 0, :] | (h[..., 1, :] << 2) | (h[..., 2, :] << 4) | (h[..., 3, :] << 6)
+        groups = torch.cat([groups, plane], dim=2)
+    return [groups.reshape(n, -1, 4)]
+
+
+def _codes_of(kind: KBlockKind, fields: torch.Tensor, k: int) -> torch.Tensor:
+    """The inverse of :func:`_code_fields`: ``[n, nb·(4 or 6), 4]`` → ``u [n, K]``."""
+    n, nb = fields.shape[0], k // 32
+    f = fields.view(n, nb, -1, 4)
+    g = f[:, :, :4]
+    u = torch.stack([g & 0x0F, g >> 4], dim=3)  # [n, nb, 4, 2, 4]
+    if kind.bits == 6:
+        p = f[:, :, 4:6]  # [n, nb, 2, 4]
+        hi = torch.stack([(p >> (2 * q)) & 3 for q in range(4)], dim=3)  # [n, nb, 2, 4, 4]
+        u = u | (hi.view(n, nb, 4, 2, 4) << 4)
+    return u.reshape(n, k)
+
+
+def _meta_fields(kind: KBlockKind, un: Unpacked) -> list[torch.Tensor]:
+    n = un.u.shape[0]
+    fields = [un.d.contiguous().view(torch.uint8).view(n, -1, 2)]
+    if un.dm is not None:
+        fields.append(un.dm.contiguous().view(torch.uint8).view(n, -1, 2))
+    if un.sc is not None:
+        fields.append(un.sc.contiguous().view(torch.uint8).view(n, -1, 1))
+        if un.mc is not None:
+            fields.append(un.mc.contiguous().view(torch.uint8).view(n, -1, 1))
+    used = sum(f.shape[1] * f.shape[2] for f in fields)
+    pad = kind.meta_bytes(un.u.shape[1]) - used
+    return fields + [torch.zeros(n, pad, 1, dtype=torch.uint8)] * (pad > 0)
+
+
+def _meta_shapes(kind: KBlockKind, k: int) -> list[tuple[int, int]]:
+    nd, ng = k // kind.superblock, k // kind.group
+    shapes = [(nd, 2)] * (2 if kind.has_min else 1)
+    if kind.superblock > 32:
+        shapes += [(ng, 1)] * (2 if kind.has_min else 1)
+    used = sum(a * b for a, b in shapes)
+    return shapes + [(kind.meta_bytes(k) - used, 1)] * (kind.meta_bytes(k) > used)
+
+
 def pack(kind: KBlockKind, un: Unpacked) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(codes, meta)`` of an unpacked matrix (``gguf_blocks.unpack``) of ``kind``."""
+    """``(codes, meta)`` of an unpacked matrix (``gguf_blocks.unpack``) of ``kind``, in the tile layout:
+    rows ``16t .. 16t + R`` (R = 16, or what is left for the last tile) keep their place, and their bytes are
+    interleaved so that each 4-byte field of the R rows lies side by side (one vector load, one row per lane):
+
+    * codes, block b of the tile at ``b · BB · R``: group g (elements 8g .. 8g + 7) of row r at
+      ``(g · R + r) · 4``, then (6-bit codes) high-bit plane p of row r at ``16R + (p · R + r) · 4``;
+    * meta: fp16 ``d`` of (super-)block s, row r at ``2 · (s · R + r)``, then ``dmin`` alike, then the int8
+      scale of group j at ``j · R + r``, then the min factors alike, then zero padding."""
     if (un.off, un.group, un.superblock, un.dm is not None) != (
         kind.off,
         kind.group,
@@ -72,53 +159,41 @@ def pack(kind: KBlockKind, un: Unpacked) -> tuple[torch.Tensor, torch.Tensor]:
     ):
         raise ValueError(f"these blocks are not {kind.name}")
     n, k = un.u.shape
-    u = un.u.view(n, k // 32, 32)
-    nib = (u[..., :16] & 0x0F) | ((u[..., 16:] & 0x0F) << 4)
-    if kind.bits == 6:
-        hi = (u >> 4).view(n, k // 32, 4, 8)  # element 8e + j → byte j, bits 2e
-        plane = hi[..., 0, :] | (hi[..., 1, :] << 2) | (hi[..., 2, :] << 4) | (hi[..., 3, :] << 6)
-        nib = torch.cat([nib, plane], dim=-1)
-    parts = [un.d.contiguous().view(torch.uint8).view(n, -1)]
-    if un.dm is not None:
-        parts.append(un.dm.contiguous().view(torch.uint8).view(n, -1))
-    if un.sc is not None:
-        parts.append(un.sc.contiguous().view(torch.uint8))
-        if un.mc is not None:
-            parts.append(un.mc.contiguous().view(torch.uint8))
-    meta = torch.cat(parts, dim=-1)
-    pad = kind.meta_bytes(k) - meta.shape[1]
-    meta = torch.nn.functional.pad(meta, (0, pad))
-    return nib.reshape(n, -1).contiguous(), meta.contiguous()
+    codes = _code_fields(kind, un.u)
+    meta = _meta_fields(kind, un)
+    cparts, mparts = [], []
+    for s, rows, r in _row_tiles(n):
+        cparts.append(_tile_fields([f[s : s + rows] for f in codes], r))
+        mparts.append(_tile_fields([f[s : s + rows] for f in meta], r))
+    return torch.cat(cparts).contiguous(), torch.cat(mparts).contiguous()
 
 
 def unpack_packed(kind: KBlockKind, codes: torch.Tensor, meta: torch.Tensor) -> Unpacked:
-    """The inverse of :func:`pack` (the PyTorch path reads the compute format through it)."""
+    """The inverse of :func:`pack` (the PyTorch path reads the compute format through it). ``codes`` and
+    ``meta`` are whole tiles: rows ``16t ..`` up to a multiple of 16 or the matrix's end."""
     n = codes.shape[0]
-    nb = codes.shape[1] // kind.code_bytes
-    k = nb * 32
-    c = codes.view(n, nb, kind.code_bytes)
-    u = torch.cat([c[..., :16] & 0x0F, c[..., :16] >> 4], dim=-1)
-    if kind.bits == 6:
-        plane = c[..., 16:24]  # [n, nb, 8]
-        hi = torch.stack([(plane >> (2 * e)) & 3 for e in range(4)], dim=-2).reshape(n, nb, 32)
-        u = u | (hi << 4)
-    nd = k // kind.superblock
-    pos = 0
+    k = codes.shape[1] // kind.code_bytes * 32
+    nb = k // 32
+    cshape = [(nb * (6 if kind.bits == 6 else 4), 4)]
+    mshapes = _meta_shapes(kind, k)
+    cf, mf = [], []
+    for s, rows, r in _row_tiles(n):
+        cf.append(_untile_fields(codes[s : s + rows], r, cshape)[0])
+        mf.append(_untile_fields(meta[s : s + rows], r, mshapes))
+    u = _codes_of(kind, torch.cat(cf), k)
+    fields = [torch.cat([m[i] for m in mf]).reshape(n, -1) for i in range(len(mshapes))]
 
-    def take(count: int, dtype: torch.dtype) -> torch.Tensor:
-        nonlocal pos
-        size = count * torch.empty((), dtype=dtype).element_size()
-        out = meta[:, pos : pos + size].contiguous().view(dtype)
-        pos += size
-        return out
+    def as_type(f: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return f.contiguous().view(dtype)
 
-    d = take(nd, torch.float16)
-    dm = take(nd, torch.float16) if kind.has_min else None
+    d = as_type(fields[0], torch.float16)
+    dm = as_type(fields[1], torch.float16) if kind.has_min else None
     sc = mc = None
     if kind.superblock > 32:
-        sc = take(k // kind.group, torch.int8)
-        mc = take(k // kind.group, torch.int8) if kind.has_min else None
-    return Unpacked(u.reshape(n, k), kind.off, kind.bits, kind.group, d, sc, dm, mc)
+        i = 2 if kind.has_min else 1
+        sc = as_type(fields[i], torch.int8)
+        mc = as_type(fields[i + 1], torch.int8) if kind.has_min else None
+    return Unpacked(u, kind.off, kind.bits, kind.group, d, sc, dm, mc)
 
 
 def dequantize(kind: KBlockKind, codes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:

@@ -134,7 +134,7 @@ def kblock_kernel_for(isa: str) -> CppKernel:
         f"forwardpass_kblock_matmul_{isa}", KBLOCK_SOURCE,
         cflags=AVX512_FLAGS if isa == "avx512vnni" else AVX2_FLAGS,
         ldflags=("-fopenmp",), what=f"the C++ GGUF K-block matmul kernel ({isa})", expected_s=40,
-        headers=(HEADER, ACT_HEADER),
+        headers=(HEADER, ACT_HEADER, KBLOCK_SOURCE.with_name("kblock_tiles.h")),
     )  # fmt: skip
 
 

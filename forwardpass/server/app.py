@@ -9,9 +9,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError as PydanticValidationError
 
 import forwardpass
 from forwardpass.engine.frontend.async_engine import AsyncLLMEngine
@@ -20,17 +18,16 @@ from forwardpass.server import errors
 from forwardpass.server.chat_page import chat_page_router
 from forwardpass.server.config import ServerConfig
 from forwardpass.server.dashboard import dashboard_router
+from forwardpass.server.invocations import add_invocations_route
 from forwardpass.server.metrics import ServerMetrics
 from forwardpass.server.middleware import install_middleware
 from forwardpass.server.protocol import (
     ChatCompletionRequest,
-    ChatCompletionResponse,
     CompletionRequest,
-    CompletionResponse,
     DetokenizeRequest,
-    ErrorResponse,
     TokenizeRequest,
 )
+from forwardpass.server.response_models import ChatCompletionResponse, CompletionResponse, ErrorResponse
 from forwardpass.server.serving import ClientDisconnected, Serving
 
 _T = TypeVar("_T")
@@ -79,21 +76,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
 
     # Routes that return plain dicts say ``response_model=None``: their return annotation is for the type
     # checker only, not a response model for FastAPI to validate against and publish.
-    @app.post("/invocations", responses=_ERRORS, response_model=None)
-    async def invocations(request: Request) -> Response | dict[str, Any]:
-        """vLLM's (SageMaker's) one route: a body with ``messages`` is a chat request, else a completion."""
-        try:
-            body = json.loads(await request.body())
-        except ValueError as exc:
-            raise ValidationError(f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise ValidationError("the request body must be a JSON object")
-        try:
-            if "messages" in body:
-                return await run(serving.chat(ChatCompletionRequest.model_validate(body), request))
-            return await run(serving.completions(CompletionRequest.model_validate(body), request))
-        except PydanticValidationError as exc:
-            raise RequestValidationError(exc.errors()) from None
+    add_invocations_route(app, _ERRORS)  # /invocations: chat, completions or embeddings by the body's shape
 
     @app.get("/props", response_model=None)
     async def props() -> dict[str, Any]:
@@ -106,6 +89,8 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
                 "chat_template": (tok.chat_template or "") if tok is not None else "",
                 "build_info": f"forwardpass {forwardpass.__version__}", "modalities": {"vision": False}}
 
+    from forwardpass.registry import served_diffusion_models  # the image / video models served too
+
     @app.get("/v1/models", response_model=None)
     @app.get("/models", response_model=None, include_in_schema=False)
     async def models() -> dict[str, Any]:
@@ -117,7 +102,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
              "root": name,  # the served name: filesystem paths are not the clients' business
              "parent": None if lora is None else config.default_model, "max_model_len": engine.max_model_len,
              "forwardpass": {"execution_plan": plan}}
-            for name, lora in config.models.items()]}
+            for name, lora in config.models.items()] + served_diffusion_models(config, created)}
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> JSONResponse:
@@ -142,12 +127,14 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
     @app.post("/tokenize", responses=_ERRORS, response_model=None)
     async def tokenize(req: TokenizeRequest) -> dict[str, Any] | Response:
         serving.resolve_model(req.model)
-        if req.messages is not None:
-            ids = await serving.chat_prompt(req.messages, req.add_generation_prompt)
+        if req.messages is not None:  # the prompt the chat route would build (tools, template variables)
+            ids = await serving.chat_prompt(req.messages, req.add_generation_prompt, req.template_kwargs(),
+                                            req.continue_final_message, req.add_special_tokens is True)
         else:
             if not req.prompt:
                 return {"tokens": [], "count": 0, "max_model_len": engine.max_model_len}
-            ids = await serving.encode_async(req.prompt, req.add_special_tokens, for_generation=False)
+            ids = await serving.encode_async(req.prompt, req.add_special_tokens is not False,
+                                             for_generation=False)
         body: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
         if req.return_token_strs and engine.tokenizer is not None:
             tok = engine.tokenizer
@@ -186,6 +173,10 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
     from forwardpass.server.transcriptions import transcriptions_router
 
     app.include_router(transcriptions_router(engine, serving))  # /v1/audio/transcriptions (Whisper models)
+    from forwardpass.server.responses import ResponsesService, responses_router
+
+    app.state.responses = ResponsesService(serving, config.responses_max_stored)
+    app.include_router(responses_router(app.state.responses))  # /v1/responses: on top of the chat path
 
     install_middleware(app, config)  # CORS, the key check, the body limit (as the embedding server)
     return app

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forwardpass.server.reasoning import ReasoningSplitter, split_reasoning
+from forwardpass.server.tool_choice import incomplete_call_error, is_complete_json
 from forwardpass.server.tools import ToolCallStreamer, forced_calls, new_call_id, parse_tool_calls
 
 
@@ -22,6 +23,7 @@ class ChatOutputParser:
     tool_mode: str | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool = True  # False: only the first call is returned
+    include_reasoning: bool = True  # False: reasoning is parsed out and not returned (vLLM)
     _reasoning: ReasoningSplitter | None = field(default=None, init=False)
     _tools: ToolCallStreamer | None = field(default=None, init=False)
     _forced_text: str = field(default="", init=False)
@@ -47,8 +49,11 @@ class ChatOutputParser:
         if self.tool_mode == "auto":
             content, calls = parse_tool_calls(content or "")
         elif self.tool_mode == "forced":
-            calls, content = forced_calls(self.tool_choice, content or ""), None
+            self._forced_text = content or ""
+            calls, content = forced_calls(self.tool_choice, self._forced_text), None
         msg["content"] = content
+        if not self.include_reasoning:
+            msg.pop("reasoning_content", None)
         calls = calls if self.parallel_tool_calls else calls[:1]
         if calls:
             msg["tool_calls"] = calls
@@ -63,7 +68,7 @@ class ChatOutputParser:
         content = text
         if self._reasoning is not None:
             reasoning, content = self._reasoning.feed(text, final)
-            if reasoning:
+            if reasoning and self.include_reasoning:
                 d["reasoning_content"] = reasoning
         if self._tools is not None:
             content, calls = self._tools.feed(content, final)
@@ -74,6 +79,7 @@ class ChatOutputParser:
                               else min(len(self._tools.calls), 1))
         # named: the text is the arguments
         elif self.tool_mode == "forced" and isinstance(self.tool_choice, dict):
+            self._forced_text += content
             if content or (final and not self.num_calls):
                 calls = [{"index": 0, "function": {"arguments": content}}]
                 if not self.num_calls:  # the first delta names the call, as vLLM streams it
@@ -96,4 +102,9 @@ class ChatOutputParser:
         return d or None
 
     def finish_reason(self, reason: str | None) -> str | None:
+        """Raises (a 400, or an error event in a stream) when a forced call did not complete: the grammar
+        makes the call, so only ``max_tokens`` can cut it short (``tool_choice.py``)."""
+        if self.tool_mode == "forced" and reason == "length" and not (
+                self.num_calls and is_complete_json(self._forced_text)):
+            raise incomplete_call_error(True)
         return "tool_calls" if reason == "stop" and self.num_calls else reason

@@ -38,6 +38,8 @@ class ServerConfig:
     text_workers: int = 2  # threads for tokenization, detokenization and templates
     # CORS (llama.cpp's habit); empty: no CORS headers
     allowed_origins: list[str] = field(default_factory=list)
+    # /v1/responses: responses kept in memory for previous_response_id (the most recent; 0 keeps none)
+    responses_max_stored: int = 256
     reasoning_parser: str | None = None  # "qwen3" | "deepseek_r1": <think>...</think> -> reasoning_content
     # Diffusion routes, only when asked: a pipeline folder or "default" (the embedded model, loaded at the
     # first request); None: no route. /v1/images/generations and /v1/videos

@@ -146,6 +146,9 @@ def build_embedding_app(embedder: AsyncEmbedder, config: ServerConfig) -> FastAP
     for path in _GENERATION_ROUTES:
         app.add_api_route(path, not_generative, methods=["POST"], include_in_schema=False)
 
+    from forwardpass.server.invocations import add_invocations_route
+
+    add_invocations_route(app)  # SageMaker's route: input -> embeddings (others get the 400 above)
     install_middleware(app, config)  # CORS, the API key, the body limit: as the generative server
     return app
 

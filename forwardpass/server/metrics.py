@@ -95,6 +95,13 @@ class ServerMetrics:
         self.prefix_hits = [Counter(prefix + "prefix_cache_hits", "prompt tokens found in the prefix cache",
                                     list(lbl), registry=r).labels(**lbl) for prefix in (P, "vllm:")]
         self._prefix_seen = (0, 0)
+        # speculative decoding (engine/speculative/), under vLLM's names too
+        self.spec_drafts = [Counter(prefix + "spec_decode_num_draft_tokens", "draft tokens verified",
+                                    list(lbl), registry=r).labels(**lbl) for prefix in (P, "vllm:")]
+        self.spec_accepted = [Counter(prefix + "spec_decode_num_accepted_tokens", "draft tokens accepted",
+                                      list(lbl), registry=r).labels(**lbl) for prefix in (P, "vllm:")]
+        self.spec_length = h("spec_decode_acceptance_length", "tokens one verify step emitted for a sequence "
+                             "(accepted drafts + 1)", tuple(range(1, 17)))
         from forwardpass.server.dashboard.state import engine_peaks
 
         self.peaks = engine_peaks(engine)[0]
@@ -119,6 +126,12 @@ class ServerMetrics:
             for c in self.prefix_hits:
                 c.inc(dh)
         self._prefix_seen = (q, hits)
+        for c in self.spec_drafts:
+            c.inc(record.num_draft_tokens)
+        for c in self.spec_accepted:
+            c.inc(record.num_accepted_tokens)
+        for length in record.acceptance_lengths:
+            self.spec_length.observe(length)
 
     def on_finish(self, out: RequestOutput, timing: RequestTiming) -> None:
         self.ended.labels(**self.labels, status=timing.status).inc()

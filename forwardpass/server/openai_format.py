@@ -29,6 +29,9 @@ class ResponseContext:
         self.tokenizer, self.top_k = tokenizer, top_k
         self.as_ids, self.echo = as_ids, echo
         self.continuous_usage = False
+        self.prompt_tokens = 0  # streams: the prompts' tokens, for usage before the first output
+        self.return_token_ids = False  # vLLM's return_token_ids: prompt_token_ids and token_ids too
+        self.prompt_ids_sent = False  # chat streams: prompt_token_ids go on the first chunk only
         self.count_reasoning: Callable[[list[int]], int] | None = None  # chat with a reasoning parser
         self.echo_logprobs = False  # completions with echo and logprobs: the prompt's entries come first
         self.show_prompt_logprobs = False  # the request asked for prompt_logprobs (vLLM's field)
@@ -65,6 +68,17 @@ class ResponseContext:
                 for t, v in d.items()}
             for d in out.prompt_logprobs]}
 
+    def prompt_fields(self, out: RequestOutput) -> dict[str, Any]:
+        """What a response says about the prompt: ``prompt_logprobs``, and ``prompt_token_ids`` (vLLM's
+        ``return_token_ids``)."""
+        d = self.prompt_logprobs_field(out)
+        if self.return_token_ids:
+            d["prompt_token_ids"] = list(out.prompt_token_ids)
+        return d
+
+    def token_ids(self, c: CompletionOutput) -> dict[str, Any]:
+        return {"token_ids": list(c.token_ids)} if self.return_token_ids else {}
+
     def prompt_part(self, out: RequestOutput) -> dict[str, Any]:
         """The prompt's tokens in a completion's ``logprobs`` (echo): the first has no logprob."""
         first, rest = out.prompt_token_ids[0], out.prompt_logprobs or [None]
@@ -95,7 +109,8 @@ def completion_chunks(ctx: ResponseContext, i: int, out: RequestOutput) -> Itera
             if first and logprobs is not None and ctx.echo_logprobs:
                 logprobs = joined(ctx.prompt_part(out), logprobs)
             yield {"index": idx, "text": echo + text, "logprobs": logprobs, "finish_reason": c.finish_reason,
-                   "stop_reason": c.stop_reason, **(ctx.prompt_logprobs_field(out) if first else {})}
+                   "stop_reason": c.stop_reason, **(ctx.prompt_fields(out) if first else {}),
+                   **ctx.token_ids(c)}
 
 
 def chat_chunks(ctx: ResponseContext, i: int, out: RequestOutput) -> Iterator[dict[str, Any]]:
@@ -108,9 +123,11 @@ def chat_chunks(ctx: ResponseContext, i: int, out: RequestOutput) -> Iterator[di
             delta = parser.delta(text, final=c.finish_reason is not None)
         if c.finish_reason:  # as vLLM: the last chunk carries the last text with the finish reason
             yield {"index": c.index, "delta": delta or {}, "logprobs": lp,
-                   "finish_reason": parser.finish_reason(c.finish_reason), "stop_reason": c.stop_reason}
-        elif delta is not None or lp is not None:
-            yield {"index": c.index, "delta": delta or {}, "logprobs": lp, "finish_reason": None}
+                   "finish_reason": parser.finish_reason(c.finish_reason), "stop_reason": c.stop_reason,
+                   **ctx.token_ids(c)}
+        elif delta is not None or lp is not None or (ctx.return_token_ids and c.token_ids):
+            yield {"index": c.index, "delta": delta or {}, "logprobs": lp, "finish_reason": None,
+                   **ctx.token_ids(c)}
 
 
 def merged(acc: RequestOutput, delta: RequestOutput) -> RequestOutput:
@@ -155,7 +172,9 @@ def _token_text(tid: int, v: Logprob, as_ids: bool) -> str:
 
 def completion_logprobs(entries: LogprobEntries, offset: int, k: int, as_ids: bool = False,
                          skipped: frozenset[int] = frozenset()) -> dict[str, Any]:
-    """``skipped``: special tokens the text leaves out, so they do not move ``text_offset``."""
+    """``skipped``: special tokens the text leaves out, so they do not move ``text_offset``. Each
+    ``top_logprobs`` entry holds the ``k`` most likely tokens and the chosen one (so ``logprobs: 0`` still
+    gives the chosen token's)."""
     tokens: list[str] = []
     lps: list[float] = []
     tops: list[dict[str, float] | None] = []
@@ -165,7 +184,11 @@ def completion_logprobs(entries: LogprobEntries, offset: int, k: int, as_ids: bo
         tok = _token_text(tid, chosen, as_ids)
         tokens.append(tok)
         lps.append(chosen.logprob)
-        tops.append({_token_text(t, v, as_ids): v.logprob for t, v in top} or None)
+        # as OpenAI and vLLM: the k most likely and the chosen token (k + 1 entries when it is not among
+        # them); where two tokens read the same (partial UTF-8 bytes as "\ufffd"), the chosen one's shows
+        alternatives = {_token_text(t, v, as_ids): v.logprob for t, v in top}
+        alternatives[tok] = chosen.logprob
+        tops.append(alternatives)
         offsets.append(offset)
         offset += 0 if tid in skipped else len(chosen.decoded_token or "")
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}

@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI-compatible routes (pydantic). Unknown fields are refused, as OpenAI does.
 
 Responses are built as plain dicts in ``serving.py`` (one per SSE chunk; no validation cost per token)
-and documented by the response models at the end of this file.
+and documented by the models in ``response_models.py``. The strict base and vLLM's extra fields are in
+``protocol_base.py``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Self, TypeGuard, cast
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from forwardpass.errors import ValidationError
 from forwardpass.sampling.params import MAX_LOGIT_BIAS, MAX_TOKENS, MAX_TOP_K
@@ -21,43 +22,19 @@ from forwardpass.server.config import (
     MAX_STOP_LENGTH,
     MAX_STOP_STRINGS,
 )
+from forwardpass.server.protocol_base import (
+    SEED_MAX,
+    SEED_MIN,
+    ModelName,
+    OpenAIChatExtras,
+    TokenId,
+    VllmExtras,
+    _has_lone_surrogate,
+    _Strict,
+)
 from forwardpass.structured.params import MAX_CHOICES, StructuredOutputsParams
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
-TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
-ModelName = Annotated[str, Field(min_length=1, max_length=256)]
-
-
-def _has_lone_surrogate(value: Any) -> bool:
-    """A str that cannot be encoded as UTF-8 (JSON allows ``"\\udc80"``; tokenizers and responses do not)."""
-    if isinstance(value, str):
-        if value.isascii():
-            return False
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-    if isinstance(value, (list, tuple)):
-        return any(_has_lone_surrogate(v) for v in value)
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    return False
-
-
-class _Strict(BaseModel):
-    """Unknown fields refused; no coercion (``"16"`` is not an int, ``true`` is not a number); text that
-    is not valid Unicode (a lone surrogate) refused with a 400 naming the field."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _valid_unicode(cls, v: Any) -> Any:
-        if _has_lone_surrogate(v):
-            raise ValueError("must be valid Unicode text (a lone surrogate such as \\udc80 cannot be encoded "
-                             "as UTF-8)")
-        return v
 
 
 class StreamOptions(_Strict):
@@ -103,9 +80,10 @@ class StructuredOutputsRequest(_Strict):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
 
-class _SamplingRequest(_Strict):
+class _SamplingRequest(VllmExtras):
     model: ModelName | None = Field(None,
-                                    description="a served model name (GET /v1/models); default: the first")
+                                    description="a served model name (GET /v1/models); none or \"\": the "
+                                                "first")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K,
@@ -113,7 +91,7 @@ class _SamplingRequest(_Strict):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     n: int = Field(1, ge=1, le=MAX_N)
     stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP_STRINGS)
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
@@ -155,14 +133,15 @@ class _SamplingRequest(_Strict):
                 raise ValueError(f"logit_bias values must be in [-100, 100]; token {k} has {bias}")
         return v
 
-    def _extra_constraint(self) -> dict[str, Any] | None:
+    def _extra_constraint(self, token_budget: int | None) -> dict[str, Any] | None:
         return None
 
     def logit_bias_ids(self) -> dict[int, float] | None:
         return {int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None
 
-    def structured(self) -> StructuredOutputsParams | None:
-        """The request's one output constraint (validated by xgrammar: a 400 says what is wrong), or None."""
+    def structured(self, token_budget: int | None = None) -> StructuredOutputsParams | None:
+        """The request's one output constraint (validated by xgrammar: a 400 says what is wrong), or None.
+        ``token_budget``: the output tokens a forced tool call must fit in."""
         forms: dict[str, dict[str, Any]] = {}
         rf = self.response_format
         if rf is not None and rf.type == "json_object":
@@ -180,7 +159,7 @@ class _SamplingRequest(_Strict):
                           ("guided_grammar", "grammar")):
             if getattr(self, name) is not None:
                 forms[name] = {key: getattr(self, name)}
-        if (extra := self._extra_constraint()) is not None:
+        if (extra := self._extra_constraint(token_budget)) is not None:
             forms["tool_choice"] = extra
         if not forms:
             return None
@@ -209,6 +188,15 @@ class CompletionRequest(_SamplingRequest):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_N)
+    add_special_tokens: bool = True  # vLLM: the tokenizer's BOS etc. around a text prompt
+    prompt_embeds: Any = Field(None, description="refused: prompts are text or token ids")
+
+    @field_validator("prompt_embeds")
+    @classmethod
+    def _no_embeds(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError("prompt_embeds are not supported by this server; send text or token ids")
+        return v
 
     @model_validator(mode="after")
     def _unsupported(self) -> Self:
@@ -324,7 +312,7 @@ class NamedToolChoice(_Strict):
     function: NamedFunction
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(_SamplingRequest, OpenAIChatExtras):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
                                    description="deprecated alias of max_completion_tokens")
@@ -336,6 +324,7 @@ class ChatCompletionRequest(_SamplingRequest):
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # vLLM: the last (assistant) message is continued, not closed
+    add_special_tokens: bool = False  # vLLM: the template writes any BOS; true adds the tokenizer's too
     # vLLM: the response starts with the last message's content (when its role is assistant)
     echo: bool = False
     chat_template: str | None = Field(None, description="refused: the model's own template is always used")
@@ -376,114 +365,52 @@ class ChatCompletionRequest(_SamplingRequest):
             return None
         return "auto" if self.tool_choice in (None, "auto") else "forced"
 
-    def _extra_constraint(self) -> dict[str, Any] | None:
-        from forwardpass.server.tools import required_schema
+    def _extra_constraint(self, token_budget: int | None) -> dict[str, Any] | None:
+        from forwardpass.server.tool_choice import forced_tool_constraint
 
         if self.tool_mode() != "forced" or not self.tools:
             return None
-        if isinstance(self.tool_choice, NamedToolChoice):
-            name = self.tool_choice.function.name
-            tool = next(t for t in self.tools if t.function.name == name)
-            return {"json": tool.function.parameters or {"type": "object"}}
-        return {"json": required_schema(self.tool_dicts() or [])}
+        named = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
+        return forced_tool_constraint(self.tool_dicts() or [], named, self.parallel_tool_calls is not False,
+                                      token_budget)
 
 
 class TokenizeRequest(_Strict):
+    """vLLM's ``/tokenize``: a prompt, or a chat request's messages (with its tools, template variables and
+    documents: the prompt the chat route would build)."""
+
     model: ModelName | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = Field(None, description="default: true for a prompt, false for "
+                                                                "messages")
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(None, max_length=64)
+    documents: Annotated[list[dict[str, Any]], Field(max_length=64)] | None = None
     return_token_strs: bool = False  # vLLM: the token strings too
 
     @model_validator(mode="after")
     def _one_of(self) -> Self:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
+        if self.messages is None and (self.tools or self.chat_template_kwargs or self.documents
+                                      or self.continue_final_message):
+            raise ValueError("tools, chat_template_kwargs, documents and continue_final_message need "
+                             "messages")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message needs add_generation_prompt: false")
+        if reserved := set(self.chat_template_kwargs or ()) & RESERVED_TEMPLATE_NAMES:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}")
         return self
+
+    def template_kwargs(self) -> dict[str, Any]:
+        tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+        return {**(self.chat_template_kwargs or {}), **({"tools": tools} if tools else {}),
+                **({"documents": self.documents} if self.documents is not None else {})}
 
 
 class DetokenizeRequest(_Strict):
     model: ModelName | None = None
     tokens: list[TokenId] = Field(max_length=1 << 20)
-
-
-# ----- response shapes (documentation; the routes build dicts) ---------------------------------------
-class CompletionTokensDetails(BaseModel):
-    reasoning_tokens: int  # part of completion_tokens: the reasoning block, its closing tag included
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    completion_tokens_details: CompletionTokensDetails | None = None  # with a reasoning parser
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: dict[str, Any] | None = None
-    finish_reason: Literal["stop", "length"] | None
-    stop_reason: int | str | None = None
-    # vLLM: with prompt_logprobs, None for the first prompt token, then {token id:
-    # {logprob, rank, decoded_token}}
-    prompt_logprobs: list[dict[str, Any] | None] | None = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"]
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage
-    system_fingerprint: str | None = None
-
-
-class ToolCallFunction(BaseModel):
-    name: str
-    arguments: str  # JSON text
-
-
-class ToolCall(BaseModel):
-    id: str
-    type: Literal["function"]
-    function: ToolCallFunction
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"]
-    content: str | None
-    reasoning_content: str | None = Field(None, description="with --reasoning-parser: the <think> part")
-    tool_calls: list[ToolCall] | None = None
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: AssistantMessage
-    logprobs: dict[str, Any] | None = None
-    finish_reason: Literal["stop", "length", "tool_calls"] | None
-    stop_reason: int | str | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"]
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    system_fingerprint: str | None = None
-    prompt_logprobs: list[dict[str, Any] | None] | None = None  # vLLM, with prompt_logprobs
-
-
-class ErrorBody(BaseModel):
-    message: str
-    type: str
-    param: str | None
-    code: str | int | None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorBody

@@ -44,6 +44,7 @@ from forwardpass.server.openai_format import (
     usage_of,
 )
 from forwardpass.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from forwardpass.server.protocol_base import engine_seed
 from forwardpass.server.reasoning import END, START, reasoning_token_count
 from forwardpass.server.sse import SSEResponse
 from forwardpass.structured.params import StructuredOutputsParams
@@ -127,8 +128,9 @@ class Serving:
                 f"completion); reduce the length of the {what} or max_tokens", param="max_tokens")
         d = self.engine.default_sampling_params()
         vocab = self.engine.vocab_size
-        for name, ids in (("logit_bias", list(req.logit_bias_ids() or ())), ("allowed_token_ids",
-                                                                             req.allowed_token_ids or [])):
+        for name, ids in (("logit_bias", list(req.logit_bias_ids() or ())),
+                          ("allowed_token_ids", req.allowed_token_ids or []),
+                          ("stop_token_ids", req.stop_token_ids or [])):
             if bad := [t for t in ids if t >= vocab]:
                 raise SamplingParamsError(f"{name}: token id {bad[0]} is not in the vocabulary [0, {vocab})",
                                           param=name)
@@ -143,9 +145,12 @@ class Serving:
             n=req.n, temperature=pick(req.temperature, d.temperature), top_p=pick(req.top_p, d.top_p),
             top_k=pick(req.top_k, d.top_k), min_p=pick(req.min_p, d.min_p),
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-            repetition_penalty=pick(req.repetition_penalty, d.repetition_penalty), seed=req.seed,
+            repetition_penalty=pick(req.repetition_penalty, d.repetition_penalty),
+            seed=None if req.seed is None else engine_seed(req.seed),
             stop=req.stop, max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens),
             ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=req.logit_bias_ids(),
+            stop_token_ids=req.stop_token_ids, skip_special_tokens=req.skip_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output,
             allowed_token_ids=req.allowed_token_ids, structured_outputs=structured,
             reasoning_budget=reasoning_budget,
             prompt_logprobs=req.prompt_logprobs if prompt_logprobs is None else prompt_logprobs)
@@ -189,8 +194,9 @@ class Serving:
         lets through)."""
         if isinstance(prompt, list):
             vocab = self.engine.vocab_size
-            if any(t >= vocab for t in prompt):
-                raise ValidationError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+            if (bad := next((t for t in prompt if t >= vocab), None)) is not None:
+                raise ValidationError(f"prompt token id {bad} is out of vocabulary (this model's token ids "
+                                      f"are 0 to {vocab - 1})", param="prompt")
             return prompt
         tok = self.engine.tokenizer
         if tok is None:
@@ -204,7 +210,7 @@ class Serving:
 
     def chat_prompt_blocking(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
                              template_kwargs: dict[str, Any] | None = None,
-                             continue_final: bool = False) -> list[int]:
+                             continue_final: bool = False, add_special_tokens: bool = False) -> list[int]:
         tok = self.engine.tokenizer
         if tok is None:
             raise ValidationError("this model has no tokenizer, so it has no chat template", param="messages")
@@ -221,10 +227,19 @@ class Serving:
                                       "message's text as given", param="messages")
             text = text[:at + len(last)]
         self._check_text_length(text, "messages")
-        ids = tok.encode(text, add_special_tokens=False)  # the template wrote any BOS it wants
+        ids = tok.encode(text, add_special_tokens=add_special_tokens)  # the template writes any BOS it wants
         if not ids:
             raise ValidationError("the chat template rendered an empty prompt", param="messages")
         return ids
+
+    def truncated(self, ids: list[int], keep: int | None) -> list[int]:
+        """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: the context window's)."""
+        if keep is None:
+            return ids
+        if keep == 0:
+            raise ValidationError("truncate_prompt_tokens must be -1 (the context window) or at least 1",
+                                  param="truncate_prompt_tokens")
+        return ids[-(self.engine.max_model_len if keep < 0 else keep):]
 
     async def encode_async(self, prompt: str | list[int], add_special_tokens: bool = True,
                            for_generation: bool = True) -> list[int]:
@@ -234,10 +249,10 @@ class Serving:
 
     async def chat_prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
                           template_kwargs: dict[str, Any] | None = None,
-                          continue_final: bool = False) -> list[int]:
+                          continue_final: bool = False, add_special_tokens: bool = False) -> list[int]:
         try:  # the template checks its own deadline; this one also covers time spent waiting for a worker
             return await self.off_loop(self.chat_prompt_blocking, messages, add_generation_prompt,
-                                       template_kwargs, continue_final,
+                                       template_kwargs, continue_final, add_special_tokens,
                                        timeout=self.config.template_time_limit_s + 10, pool=self._templates)
         except TimeoutError:
             raise ChatTemplateLimitError("rendering the chat template took longer than "
@@ -262,7 +277,8 @@ class Serving:
         model, lora = self.resolve_model(req.model)
         self.check_capacity(len(req.prompts()) * req.n)
         structured = await self.off_loop(req.structured)  # a large schema is parsed off the event loop
-        prompts = [await self.encode_async(p) for p in req.prompts()]
+        prompts = [self.truncated(await self.encode_async(p, req.add_special_tokens),
+                                  req.truncate_prompt_tokens) for p in req.prompts()]
         # echo with logprobs: the prompt's tokens are listed first, with their own logprobs
         echo_lps = (max(req.logprobs, req.prompt_logprobs or 0) if req.echo and req.logprobs is not None
                     else None)
@@ -274,12 +290,15 @@ class Serving:
         ctx = ResponseContext(rid, model, int(time.time()), req.n, self.engine.tokenizer,
                               top_k=req.logprobs or 0, as_ids=req.return_tokens_as_token_ids)
         ctx.echo_logprobs, ctx.show_prompt_logprobs = echo_lps is not None, req.prompt_logprobs is not None
-        if req.echo:  # each choice's text starts with its prompt's text
-            ctx.echo_prompts = [p if isinstance(p, str) else await self.off_loop(self._decode, p)
-                                for p in req.prompts()]
+        ctx.return_token_ids = bool(req.return_token_ids)
+        if req.echo:  # each choice's text starts with its prompt's text (as truncated)
+            ctx.echo_prompts = [p if isinstance(p, str) and req.truncate_prompt_tokens is None
+                                else await self.off_loop(self._decode, ids)
+                                for p, ids in zip(req.prompts(), prompts)]
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             ctx.continuous_usage = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+            ctx.prompt_tokens = sum(len(p) for p in prompts)
             return SSEResponse(self._stream(streams, ctx, usage, completion_chunks))
         finals = await self._collect(streams, request)
         choices: list[dict[str, Any]] = []
@@ -292,7 +311,7 @@ class Serving:
                     lps = joined(ctx.prompt_part(out), lps)
                 choices.append({"index": i * req.n + c.index, "text": echo + c.text, "logprobs": lps,
                                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-                                **ctx.prompt_logprobs_field(out)})
+                                **ctx.prompt_fields(out), **ctx.token_ids(c)})
         return {"id": rid, "object": "text_completion", "created": ctx.created, "model": model,
                 "choices": choices, "usage": usage_of(finals), "system_fingerprint": None}
 
@@ -304,20 +323,24 @@ class Serving:
     async def chat(self, req: ChatCompletionRequest, request: Request) -> SSEResponse | dict[str, Any]:
         model, lora = self.resolve_model(req.model)
         self.check_capacity(req.n)
-        structured = await self.off_loop(req.structured)
         thinking = (req.chat_template_kwargs or {}).get("enable_thinking") is not False
+        kwargs = {**(req.chat_template_kwargs or {}), **req.template_extras(),
+                  **({"tools": req.tool_dicts()} if req.tools else {})}
+        ids = self.truncated(await self.chat_prompt(req.messages, req.add_generation_prompt, kwargs,
+                                                    req.continue_final_message, req.add_special_tokens),
+                             req.truncate_prompt_tokens)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        # a forced tool call is bounded to fit what the output may use (tool_choice.py)
+        budget = max_tokens if max_tokens is not None else self.engine.max_model_len - len(ids)
+        structured = await self.off_loop(req.structured, budget)
         tok = self.engine.tokenizer
         if (structured is not None and self.config.reasoning_parser is not None and thinking
                 and tok is not None):
             # the constraint applies to the answer: after the reasoning's closing tag
             structured.reasoning_end = tuple(tok.encode("</think>", add_special_tokens=False))
-        kwargs = {**(req.chat_template_kwargs or {}), **({"tools": req.tool_dicts()} if req.tools else {})}
-        ids = await self.chat_prompt(req.messages, req.add_generation_prompt, kwargs,
-                                     req.continue_final_message)
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         k = (req.top_logprobs or 0) if req.logprobs else None
-        budget = self._reasoning_budget(req.max_reasoning_tokens) if thinking else None
-        params = self.sampling_params(req, len(ids), max_tokens, k, "messages", structured, budget)
+        reasoning = self._reasoning_budget(req.max_reasoning_tokens) if thinking else None
+        params = self.sampling_params(req, len(ids), max_tokens, k, "messages", structured, reasoning)
         self.check_token_budget((len(ids) + (params.max_tokens or 0)) * req.n)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self.admit([ids], [params], rid, lora)
@@ -326,7 +349,7 @@ class Serving:
             choice = (req.tool_choice.model_dump() if isinstance(req.tool_choice, BaseModel)
                       else req.tool_choice)
             return ChatOutputParser(self.config.reasoning_parser, req.tool_mode(), choice,
-                                    req.parallel_tool_calls is not False)
+                                    req.parallel_tool_calls is not False, req.include_reasoning)
 
         echo = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
         ctx = ResponseContext(rid, model, int(time.time()), req.n, self.engine.tokenizer,
@@ -334,9 +357,11 @@ class Serving:
                               as_ids=req.return_tokens_as_token_ids, echo=echo)
         ctx.count_reasoning = self._reasoning_counter()
         ctx.show_prompt_logprobs = req.prompt_logprobs is not None
+        ctx.return_token_ids = bool(req.return_token_ids)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             ctx.continuous_usage = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+            ctx.prompt_tokens = len(ids)
             return SSEResponse(self._stream(streams, ctx, usage, chat_chunks))
         out = (await self._collect(streams, request))[0]
         choices = []
@@ -345,10 +370,11 @@ class Serving:
             choices.append({"index": c.index, "message": p.message(echo + c.text),
                             "logprobs": (chat_logprobs(c.logprobs, ctx.top_k, ctx.as_ids) if req.logprobs
                                          else None),
-                            "finish_reason": p.finish_reason(c.finish_reason), "stop_reason": c.stop_reason})
+                            "finish_reason": p.finish_reason(c.finish_reason), "stop_reason": c.stop_reason,
+                            **ctx.token_ids(c)})
         return {"id": rid, "object": "chat.completion", "created": ctx.created, "model": model,
                 "choices": choices, "usage": usage_of([out], ctx.count_reasoning), "system_fingerprint": None,
-                **ctx.prompt_logprobs_field(out)}
+                **ctx.prompt_fields(out)}
 
     # ----- running them --------------------------------------------------------------------------
     async def _collect(self, streams: list[RequestStream], request: Request) -> list[RequestOutput]:
@@ -377,23 +403,37 @@ class Serving:
     async def _stream(self, streams: list[RequestStream], ctx: ResponseContext, include_usage: bool,
                       make_chunks: ChunkMaker) -> AsyncIterator[str]:
         totals: dict[int, RequestOutput] = {}  # each stream's deltas folded together, for usage
+        continuous = include_usage and ctx.continuous_usage
+
+        def running_usage() -> dict[str, Any]:
+            """vLLM's continuous usage: the whole prompt (known from the start, however long its prefill
+            takes) and the tokens generated so far."""
+            usage = usage_of(list(totals.values()), ctx.count_reasoning)
+            return {**usage, "prompt_tokens": ctx.prompt_tokens,
+                    "total_tokens": ctx.prompt_tokens + usage["completion_tokens"]}
+
         try:
             if make_chunks is chat_chunks:  # the role comes first, once per choice
                 for j in range(ctx.n):
-                    yield ctx.sse(ctx.chunk("chat.completion.chunk", [{
+                    d = ctx.chunk("chat.completion.chunk", [{
                         "index": j, "delta": {"role": "assistant", "content": ctx.echo}, "logprobs": None,
-                        "finish_reason": None}], include_usage))
+                        "finish_reason": None}], include_usage)
+                    yield ctx.sse({**d, "usage": running_usage()} if continuous else d)
             async for i, out in _merge(streams):
                 chunks = list(make_chunks(ctx, i, out))  # before the fold below: it extends out's lists
                 totals[i] = out if i not in totals else merged(totals[i], out)
                 # chat: top level
-                extra = ctx.prompt_logprobs_field(out) if make_chunks is chat_chunks else {}
+                extra: dict[str, Any] = {}
+                if make_chunks is chat_chunks:
+                    extra = ctx.prompt_logprobs_field(out)
+                    if ctx.return_token_ids and not ctx.prompt_ids_sent:
+                        extra["prompt_token_ids"], ctx.prompt_ids_sent = list(out.prompt_token_ids), True
                 for choice in chunks:
                     d = ctx.chunk("chat.completion.chunk" if make_chunks is chat_chunks
                                   else "text_completion", [choice], include_usage)
                     d, extra = {**d, **extra}, {}
-                    if include_usage and ctx.continuous_usage:  # vLLM: running totals on every chunk
-                        d["usage"] = usage_of(list(totals.values()), ctx.count_reasoning)
+                    if continuous:  # vLLM: running totals on every chunk
+                        d["usage"] = running_usage()
                     yield ctx.sse(d)
             if include_usage:
                 obj = "chat.completion.chunk" if make_chunks is chat_chunks else "text_completion"

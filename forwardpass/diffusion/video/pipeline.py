@@ -28,6 +28,7 @@ from forwardpass.diffusion.loading import MODEL_CLASSES
 from forwardpass.diffusion.pipeline import ImagePipeline, _check_rescale
 from forwardpass.diffusion.video.dit import VideoDiTModel
 from forwardpass.errors import ConfigError, ValidationError
+from forwardpass.threads import with_own_threads
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class VideoPipeline(ImagePipeline):
                                   param="output_type")  # fmt: skip
 
     @torch.no_grad()
+    @with_own_threads  # num_threads for the call, restored after it (forwardpass/threads.py)
     def __call__(  # type: ignore[override]
         self,
         prompt: str | list[str],

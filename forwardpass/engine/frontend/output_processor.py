@@ -177,6 +177,8 @@ class OutputProcessor:
             m.first_scheduled_time = d.first_scheduled_time
             m.num_cached_tokens = d.num_cached_tokens
             m.num_preemptions = max(m.num_preemptions, d.num_preemptions)
+            m.num_draft_tokens += d.num_draft_tokens  # speculative decoding, summed over the n samples
+            m.num_accepted_tokens += d.num_accepted_tokens
             self._append(sample, d)
             if d.prompt_logprobs is not None and state.prompt_logprobs is None:  # every sample has them
                 state.prompt_logprobs = [None if lp is None else self._logprob_dict(lp)
@@ -195,6 +197,16 @@ class OutputProcessor:
         return list(touched.values()), stopped
 
     def _append(self, sample: SampleState, d: TokenDelta) -> None:
+        if len(d.token_ids) > 1 and sample.params.stop:  # several tokens (speculative decoding): a stop
+            for i in range(len(d.token_ids)):  # string may end the sample early; the later tokens then go
+                last = i == len(d.token_ids) - 1
+                self._append(sample, replace(d, token_ids=d.token_ids[i : i + 1],
+                                             logprobs=None if d.logprobs is None else d.logprobs[i : i + 1],
+                                             finish_reason=d.finish_reason if last else None,
+                                             stop_reason=d.stop_reason if last else None))
+                if sample.finished:
+                    return
+            return
         sample.token_ids.extend(d.token_ids)
         if d.logprobs is not None and sample.logprobs is not None:
             for lp in d.logprobs:

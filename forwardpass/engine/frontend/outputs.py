@@ -35,6 +35,8 @@ class RequestMetrics:
     finished_time: float | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified ...
+    num_accepted_tokens: int = 0  # ... and accepted by the target
 
 
 @dataclass

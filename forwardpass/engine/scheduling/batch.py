@@ -43,6 +43,9 @@ class ScheduledChunk:
     num_new_tokens: int
     new_block_ids: tuple[tuple[int, ...], ...]  # appended to each KV group's block table this step
     is_decode: bool = False  # one new token of a sequence that has generated before (not prompt work)
+    # speculative decoding: proposed tokens after the sequence's known ones, counted in num_new_tokens; the
+    # runner verifies them in this step's forward pass (engine/speculative/verify.py)
+    draft_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ class SchedulerOutput:
 
 @dataclass(frozen=True)
 class RunnerOutput:
-    """Sampled tokens of the sequences whose known tokens were all computed this step."""
+    """Sampled tokens of the sequences whose known tokens were all computed this step: one entry per token,
+    a sequence that verified drafts has its accepted ones and the next, consecutively."""
 
     seq_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
@@ -93,3 +97,5 @@ class TokenDelta:
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None  # once, with the first token
+    num_draft_tokens: int = 0  # speculative decoding: drafts verified this step ...
+    num_accepted_tokens: int = 0  # ... and accepted (they are among token_ids)

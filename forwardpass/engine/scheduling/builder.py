@@ -18,7 +18,7 @@ from typing import cast
 
 import torch
 
-from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
+from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig, SpeculativeConfig
 from forwardpass.engine.scheduling.core import EngineCore
 from forwardpass.engine.scheduling.cost import StepCostModel
 from forwardpass.engine.scheduling.executor import Executor, LocalExecutor
@@ -33,6 +33,7 @@ from forwardpass.engine.scheduling.kv_cache_spec import (
     sequence_capacity,
 )
 from forwardpass.engine.scheduling.scheduler import Scheduler
+from forwardpass.engine.speculative.policy import build_speculator
 from forwardpass.engine.worker.model_runner import CausalLM
 from forwardpass.engine.worker.routing_stats import ModelRoutingCounter, RoutingStats
 from forwardpass.errors import ConfigError
@@ -163,6 +164,8 @@ def build_engine_core(
         eos_token_ids=eos,
         admission=lora,
         fair_share_tokens=config.fair_share_tokens,
+        # refuses caches that can't roll back
+        speculator=build_speculator(SpeculativeConfig.from_value(config.speculative_config), groups),
     )
     kernel = plan.kernels.decode
     runner = executor.make_runner(

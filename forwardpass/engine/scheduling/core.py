@@ -17,12 +17,13 @@ from pathlib import Path
 import torch
 
 from forwardpass.config import EngineConfig
-from forwardpass.engine.scheduling.batch import SchedulerOutput, TokenDelta
+from forwardpass.engine.scheduling.batch import RunnerOutput, SchedulerOutput, TokenDelta
 from forwardpass.engine.scheduling.cost import StepCost
 from forwardpass.engine.scheduling.kv_cache import KVCacheManager
 from forwardpass.engine.scheduling.scheduler import Scheduler
 from forwardpass.engine.scheduling.sequence import Sequence, SequenceStatus
 from forwardpass.engine.scheduling.stats import StepRecord
+from forwardpass.engine.speculative.stats import step_acceptance
 from forwardpass.engine.worker.encoder_step import check_encoder_input
 from forwardpass.engine.worker.model_runner import ModelRunner
 from forwardpass.engine.worker.routing_stats import RoutingRecord, RoutingStats
@@ -167,7 +168,7 @@ class EngineCore:
                 failed[seq.request_id] = ForwardpassError(reason)
         self.scheduler.abort(list(failed))
         self.step_counter += 1
-        record = self._record(scheduled, len(result.seq_ids), start)
+        record = self._record(scheduled, result, start)
         self.stats.append(record)
         if self.routing_stats is not None and result.routing_counts is not None:
             self.routing_stats.append(
@@ -180,9 +181,13 @@ class EngineCore:
             )
         return EngineCoreOutput(deltas, record, failed)
 
-    def _record(self, scheduled: SchedulerOutput, num_sampled: int, start: float) -> StepRecord:
+    def _record(self, scheduled: SchedulerOutput, result: RunnerOutput, start: float) -> StepRecord:
+        num_sampled = len(result.seq_ids)
+        drafts, accepted, lengths = step_acceptance(scheduled.chunks, result.seq_ids)
         num_decode = sum(1 for c in scheduled.chunks if c.is_decode)
-        num_prefill = scheduled.total_num_tokens - num_decode
+        # draft tokens verified are neither prompt work nor the decode token itself
+        num_prefill = scheduled.total_num_tokens - num_decode - sum(len(c.draft_token_ids) for c in
+                                                                     scheduled.chunks)
         s, kv = self.scheduler, self.kv
         flops = nbytes = 0.0
         if self.cost is not None:
@@ -206,6 +211,9 @@ class EngineCore:
             total_preemptions=s.num_preemptions,
             flops=flops,
             bytes=nbytes,
+            num_draft_tokens=drafts,
+            num_accepted_tokens=accepted,
+            acceptance_lengths=lengths,
         )
 
     # ----- LoRA (vLLM's engine methods) ----------------------------------------------------------

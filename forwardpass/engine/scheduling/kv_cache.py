@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from forwardpass.engine.scheduling.block_pool import BlockKey, BlockPool
 from forwardpass.engine.scheduling.kv_cache_spec import NULL_BLOCK, KVCacheGroup
 from forwardpass.engine.scheduling.sequence import Sequence
+from forwardpass.engine.speculative.rollback import trim_table
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +194,13 @@ class KVCacheManager:
                 for pool, table in zip(self.pools, tables):
                     pool.register(table[i], hashes[i], key)
             parent = hashes[i]
+
+    def roll_back(self, seq: Sequence) -> None:
+        """After rejected drafts: release the trailing blocks ``seq``'s tokens no longer need (the runner cuts
+        its mirror by the same rule, ``engine/speculative/rollback.py``)."""
+        for group, pool, table in zip(self.groups, self.pools, self.tables.get(seq.seq_id, [])):
+            if gone := trim_table(table, group.spec, seq.num_tokens):
+                pool.release(gone)
 
     def free(self, seq: Sequence) -> None:
         """Return all of ``seq``'s blocks to their pools."""

@@ -15,12 +15,17 @@ that has generated the most (at least ``fair_share_tokens``) is swapped out to t
 queue, one per step, so a newcomer's first token does not wait for a long stream to end. Its full
 blocks stay in the prefix cache, so coming back usually recomputes less than a block.
 
+Speculative decoding (``speculator``, engine/speculative/): a decode step may carry draft tokens, whose
+K/V slots come out of the same budget and pool (without room for them the step decodes plainly);
+``update()`` sets ``num_computed_tokens`` back past the rejected ones and returns the blocks they held.
+
 ``schedule()`` decides; ``update()`` applies the runner's sampled tokens (appends them, checks the
-token-level stop conditions, finishes and frees) and returns one ``TokenDelta`` per new token.
+token-level stop conditions, finishes and frees) and returns one ``TokenDelta`` per sequence and step.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -33,8 +38,10 @@ from forwardpass.engine.scheduling.batch import (
     SchedulerOutput,
     TokenDelta,
 )
+from forwardpass.engine.scheduling.fairness import make_room_for_newcomer
 from forwardpass.engine.scheduling.kv_cache import NO_PREFIX, KVCacheManager
 from forwardpass.engine.scheduling.sequence import Sequence, SequenceStatus
+from forwardpass.engine.speculative.policy import Speculator
 
 
 class AdmissionPolicy(Protocol):
@@ -48,8 +55,7 @@ class Scheduler:
     def __init__(
         self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
         eos_token_ids: Iterable[int] = (), admission: AdmissionPolicy | None = None,
-        fair_share_tokens: int = 0,
-    ):
+        fair_share_tokens: int = 0, speculator: Speculator | None = None):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -64,6 +70,8 @@ class Scheduler:
         self.seqs: dict[int, Sequence] = {}  # unfinished sequences by id
         self.num_preemptions = 0
         self._finished_since_schedule: list[int] = []
+        self.speculator = speculator  # speculative decoding: drafts per decode step (None: off)
+        self._scheduled_at = 0.0  # when schedule() returned: the step's time, for the speculator's cost model
 
     # ----- requests ------------------------------------------------------------------------------
     def add_request(self, seqs: list[Sequence]) -> None:
@@ -91,30 +99,35 @@ class Scheduler:
 
     # ----- the step ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        self._make_room_for_newcomer()
+        make_room_for_newcomer(self)
         budget = self.max_num_batched_tokens
         chosen: list[ScheduledChunk] = []
         new: list[NewSequence] = []
         preempted = 0
 
         # 1. Running sequences: decode steps and unfinished prefill chunks.
-        i = 0
+        i, num_running = 0, len(self.running)
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             start = seq.num_computed_tokens
-            while (blocks := self.kv.allocate_slots(seq, num_new)) is None:
-                victim = self.running.pop()  # the most recently admitted
-                self._preempt(victim)
-                preempted += 1
-                if victim is seq:
-                    break
-            else:
-                chosen.append(ScheduledChunk(seq.seq_id, start, num_new, blocks, _is_decode(seq, num_new)))
-                budget -= num_new
-                i += 1
-                continue
-            break  # seq itself was preempted: nothing after it is running any more
+            drafts = (self.speculator.drafts_for_step(seq, num_new, budget, num_running, self.max_model_len)
+                      if self.speculator is not None else ())
+            blocks = self.kv.allocate_slots(seq, num_new + len(drafts)) if drafts else None
+            if blocks is None:
+                drafts = ()  # no room for drafts: decode without them rather than preempt for them
+                while (blocks := self.kv.allocate_slots(seq, num_new)) is None:
+                    victim = self.running.pop()  # the most recently admitted
+                    self._preempt(victim)
+                    preempted += 1
+                    if victim is seq:
+                        break
+                if blocks is None:
+                    break  # seq itself was preempted: nothing after it is running any more
+            chosen.append(ScheduledChunk(seq.seq_id, start, num_new + len(drafts), blocks,
+                                         _is_decode(seq, num_new), drafts))
+            budget -= num_new + len(drafts)
+            i += 1
 
         # 2. Waiting sequences, unless we just had to preempt (there is no room).
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
@@ -135,16 +148,8 @@ class Scheduler:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             if not seq.in_runner:
-                new.append(
-                    NewSequence(
-                        seq.seq_id,
-                        tuple(seq.prompt_token_ids),
-                        tuple(seq.output_token_ids),
-                        seq.params,
-                        seq.index,
-                        seq.lora_id, seq.encoder_input,
-                    )
-                )
+                new.append(NewSequence(seq.seq_id, tuple(seq.prompt_token_ids), tuple(seq.output_token_ids),
+                                       seq.params, seq.index, seq.lora_id, seq.encoder_input))
                 seq.in_runner = True
             self.running.append(seq)
             # a (re)admitted sequence's whole block table is new to the runner
@@ -157,27 +162,46 @@ class Scheduler:
         self.num_preemptions += preempted
         chosen.sort(key=lambda c: c.num_new_tokens != 1)  # one-token (decode-like) chunks first; stable
         finished, self._finished_since_schedule = tuple(self._finished_since_schedule), []
+        self._scheduled_at = time.perf_counter()
         return SchedulerOutput(tuple(new), tuple(chosen), finished, preempted)
 
     def update(self, scheduled: SchedulerOutput, result: RunnerOutput) -> list[TokenDelta]:
-        """Apply one step's results: computed tokens, sampled tokens, token-level stops, finishing."""
+        """Apply one step's results: computed tokens, sampled tokens (a sequence that verified drafts has
+        several, cut at the first stop), rejected drafts rolled back, token-level stops, finishing."""
+        drafted: dict[int, int] = {}
         for chunk in scheduled.chunks:
             seq = self.seqs.get(chunk.seq_id)
             if seq is not None:
                 seq.num_computed_tokens += chunk.num_new_tokens
+            if chunk.draft_token_ids:
+                drafted[chunk.seq_id] = len(chunk.draft_token_ids)
+        if self.speculator is not None and not scheduled.is_empty:
+            self.speculator.observe_step(scheduled.total_num_tokens, time.perf_counter() - self._scheduled_at)
         deltas = []
         prompt_lps = dict(result.prompt_logprobs)
-        for seq_id, token, logprobs in zip(result.seq_ids, result.token_ids, result.logprobs):
+        rows = zip(result.seq_ids, result.token_ids, result.logprobs)
+        for seq_id, run in itertools.groupby(rows, key=lambda r: r[0]):
             seq = self.seqs.get(seq_id)
             if seq is None:  # aborted while the step ran
                 continue
-            seq.append_token(token)
-            reason, stop = self._check_stop(seq, token)
+            _, tokens, logprobs = zip(*run)
+            kept, reason, stop = 0, None, None
+            while reason is None and kept < len(tokens):  # EOS / stop token / length inside a run cuts it
+                seq.append_token(tokens[kept])
+                reason, stop = self._check_stop(seq, tokens[kept])
+                kept += 1
+            proposed, accepted = drafted.get(seq_id, 0), len(tokens) - 1
+            if proposed:
+                seq.draft_stats.record(proposed, accepted)
+                seq.num_computed_tokens -= proposed - accepted  # the rejected drafts' positions
+                if reason is None:
+                    self.kv.roll_back(seq)
             if reason is not None:
                 self._finish(seq, reason, stop)
             deltas.append(TokenDelta(
-                seq.request_id, seq.index, (token,), None if logprobs is None else (logprobs,), reason, stop,
-                seq.num_cached_tokens, seq.num_preemptions, seq.first_scheduled_time, prompt_lps.get(seq_id)))
+                seq.request_id, seq.index, tokens[:kept], None if logprobs[0] is None else logprobs[:kept],
+                reason, stop, seq.num_cached_tokens, seq.num_preemptions, seq.first_scheduled_time,
+                prompt_lps.get(seq_id), proposed, accepted if proposed else 0))
         return deltas
 
     # ----- internals -----------------------------------------------------------------------------
@@ -194,28 +218,6 @@ class Scheduler:
         if seq.num_tokens >= self.max_model_len:
             return "length", None
         return None, None
-
-    def _make_room_for_newcomer(self) -> None:
-        """Fairness (see the module docstring): swap the longest-served sequence out for a newcomer."""
-        if not self.fair_share_tokens or not self.waiting or not self.running:
-            return
-        head = self.waiting[0]
-        first_chunk = min(head.num_tokens, self.max_num_batched_tokens)
-        slots_full = len(self.running) >= self.max_num_seqs
-        if (head.output_token_ids or head.num_preemptions
-                or not (slots_full or not self.kv.can_fit(first_chunk))):
-            return  # not a newcomer, or it has a slot and KV blocks as things are
-        victim = max(self.running, key=lambda s: len(s.output_token_ids))
-        if len(victim.output_token_ids) < self.fair_share_tokens:
-            return
-        if not slots_full and not self.kv.can_fit(first_chunk, freeing=victim):
-            return  # swapping it out would not make room: no point interrupting it
-        self.running.remove(victim)
-        self._preempt(victim)
-        self.waiting.popleft()  # _preempt put it first; it queues behind the newcomers instead
-        self.waiting.append(victim)
-        self.num_preemptions += 1
-        self.num_swaps += 1
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)

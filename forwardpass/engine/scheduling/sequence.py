@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from forwardpass.engine.speculative.stats import DraftStats
 from forwardpass.lora.request import LoRARequest
 from forwardpass.sampling.params import SamplingParams
 
@@ -51,6 +52,7 @@ class Sequence:
     in_runner: bool = False  # the model runner holds this sequence's tokens and block tables
     first_scheduled_time: float | None = None
     encoder_input: Any = None  # encoder–decoder models: the request's log-mel features (a tensor)
+    draft_stats: DraftStats = field(default_factory=DraftStats)  # speculative decoding (engine/speculative/)
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)

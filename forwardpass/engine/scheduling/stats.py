@@ -24,6 +24,11 @@ class StepRecord:
     total_preemptions: int
     flops: float = 0.0  # attributed by engine/scheduling/cost.py (the analyzer's accounting)
     bytes: float = 0.0  # weights + KV read and written
+    # speculative decoding (engine/speculative/): drafts verified and accepted this step, and the tokens each
+    # verifying sequence emitted (its acceptance length: accepted + 1)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    acceptance_lengths: tuple[int, ...] = ()
 
     @property
     def achieved_flops_per_s(self) -> float:

@@ -7,7 +7,9 @@ scheduler's request state: what it computed goes back in ``RunnerOutput``.
 
 Layout of the flattened batch (see ``attention/context.py``): the one-token (decode) chunks first,
 then each prefill chunk. Logits are computed only for rows that end a sequence's known tokens: a
-prefill chunk that stops short of the prompt's end samples nothing.
+prefill chunk that stops short of the prompt's end samples nothing. A chunk with draft tokens
+(speculative decoding) is ``[last token, drafts...]``: logits at every one of its positions, verified by
+``engine/speculative/verify.py``; block tables are cut back after rejections as the scheduler cuts its own.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from forwardpass.engine.scheduling.batch import (
     SchedulerOutput,
 )
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
+from forwardpass.engine.speculative.rollback import trim_table
+from forwardpass.engine.speculative.verify import SampleTarget, sample_and_verify
 from forwardpass.engine.worker.encoder_step import run_encoders
-from forwardpass.engine.worker.isolation import drop_unloadable, sample_isolated
-from forwardpass.engine.worker.prompt_logprobs import add_prompt_logprobs, take_prompt_logprobs
+from forwardpass.engine.worker.isolation import drop_unloadable
+from forwardpass.engine.worker.prompt_logprobs import add_prompt_logprobs
 from forwardpass.sampling.params import SamplingParams
-from forwardpass.sampling.sampler import Sampler, SamplingRow, TokenLogprobs, make_generator
+from forwardpass.sampling.sampler import Sampler, TokenLogprobs, make_generator
 from forwardpass.structured.backend import GrammarBackend, GrammarState
 
 
@@ -160,13 +164,13 @@ class ModelRunner:
         torch.Tensor,
         AttentionContext,
         list[int],
-        list[tuple[int, _RunnerSequence]],
+        list[SampleTarget],
         list[tuple[int, int]],
     ]:
         ids: list[int] = []
         pos: list[int] = []
         sample_rows: list[int] = []
-        sampled: list[tuple[int, _RunnerSequence]] = []
+        sampled: list[SampleTarget] = []
         row_adapters: list[tuple[int, int]] = []
         # each group's spec names the builder of its attention metadata (paged, state slot,
         # compressed entries, ...)
@@ -176,14 +180,15 @@ class ModelRunner:
             seq = self.sequences[chunk.seq_id]
             start, n = chunk.num_computed_tokens, chunk.num_new_tokens
             end = start + n
-            ids.extend(seq.tokens(start, end))
+            ids.extend(seq.tokens(start, end))  # the known tokens, then any drafts to verify
+            ids.extend(drafts := chunk.draft_token_ids)
             pos.extend(range(start, end))
             for builder, table in zip(builders, seq.block_tables):
                 builder.add(table, start, end, row)
             num_decode += n == 1
-            if end == seq.num_tokens:
-                sample_rows.append(row + n - 1)
-                sampled.append((chunk.seq_id, seq))
+            if end - len(drafts) == seq.num_tokens:
+                sampled.append(SampleTarget(chunk.seq_id, seq, len(sample_rows), drafts))
+                sample_rows.extend(range(row + n - 1 - len(drafts), row + n))
             row_adapters.append((seq.lora_id, n))
             row += n
         ctx = AttentionContext(
@@ -227,24 +232,9 @@ class ModelRunner:
         if not sampled:
             return RunnerOutput((), (), (), routing)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=hidden.device)])
-        rows = [SamplingRow(s.params, s.prompt, s.output, s.generator) for _, s in sampled]
-        bad: dict[int, str] = {}  # rows whose grammar failed: their requests fail, the batch goes on
-        if self.grammars is not None and any(s.params.structured_outputs for _, s in sampled):
-            states, masks, bad = self.grammars.prepare(
-                [(s.params.structured_outputs, s.grammar, s.output) for _, s in sampled])
-            for (_, s), state, mask, row in zip(sampled, states, masks, rows):
-                s.grammar, row.token_bitmask = state, mask
-        seq_ids, tokens, logprobs, failed, prompt_lps = [], [], [], [], []
-        results = sample_isolated(self.sampler, logits, rows, self.eos_token_ids)
-        for i, ((seq_id, seq), r) in enumerate(zip(sampled, results)):
-            if i in bad or isinstance(r, str):  # this sequence's own sampling failed: only its request fails
-                failed.append((seq_id, bad.get(i) or str(r)))
-                continue
-            seq.output.append(r[0])
-            if (lps := take_prompt_logprobs(seq)) is not None:
-                prompt_lps.append((seq_id, lps))
-            seq_ids.append(seq_id)
-            tokens.append(r[0])
-            logprobs.append(r[1])
-        return RunnerOutput(tuple(seq_ids), tuple(tokens), tuple(logprobs), routing, tuple(failed),
-                            tuple(prompt_lps))
+        out = sample_and_verify(self.sampler, self.grammars, self.eos_token_ids, logits, sampled)
+        for target in sampled:  # rejected drafts: the blocks past the new length go, as in the scheduler
+            for group, table in zip(self.groups, target.seq.block_tables if target.drafts else ()):
+                trim_table(table, group.spec, target.seq.num_tokens)
+        return RunnerOutput(tuple(out.seq_ids), tuple(out.token_ids), tuple(out.logprobs), routing,
+                            tuple(out.failed), tuple(out.prompt_logprobs))

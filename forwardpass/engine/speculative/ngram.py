@@ -1,0 +1,42 @@
+"""Prompt-lookup drafts: the continuation of the last n-gram's earlier occurrence in prompt + output.
+
+No model: if the sequence ends with tokens ``t[-n:]`` that also occur earlier, the tokens that followed
+that occurrence are a good guess for what comes next whenever text is copied (quoting, summarising,
+editing a given text, code with repeated identifiers, a model looping). The longest ``n`` from
+``prompt_lookup_max`` down to ``prompt_lookup_min`` is tried first; of its occurrences the most recent
+one is used (the nearest context). A continuation that runs into the end of the sequence goes on reading
+what it has just proposed, so a loop of period p (``a b c a b c a b``) is proposed k tokens ahead. One pass
+of numpy comparisons over the tokens: O(len · n) per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class NgramProposer:
+    def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int):
+        if not 1 <= prompt_lookup_min <= prompt_lookup_max:
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {prompt_lookup_min}, "
+                             f"{prompt_lookup_max}")
+        self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
+
+    def propose(self, token_ids: Sequence[int], k: int) -> tuple[int, ...]:
+        """Up to ``k`` draft tokens to follow ``token_ids`` (empty when no n-gram recurs)."""
+        num = len(token_ids)
+        if k < 1 or num <= self.min_n:
+            return ()
+        t = np.asarray(token_ids, dtype=np.int64)
+        for n in range(min(self.max_n, num - 1), self.min_n - 1, -1):
+            # windows starting at 0 .. num - n - 1: every occurrence that ends before the suffix itself
+            windows = np.lib.stride_tricks.sliding_window_view(t[: num - 1], n)
+            hits = np.flatnonzero((windows == t[num - n :]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n  # the most recent occurrence's continuation
+                drafts = t[start : start + k].tolist()
+                while len(drafts) < k:  # ran into the end: continue through the proposal itself
+                    drafts.append(drafts[len(drafts) - (num - start)])
+                return tuple(drafts)
+        return ()

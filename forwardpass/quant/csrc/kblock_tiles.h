@@ -1,0 +1,276 @@
+// The K-block kernel's inner loop: one tile of 16 weight rows (kblocks.py::pack's layout) against MR activation
+// rows, in each build's vectors. kblock_matmul.cpp hands the tiles out over the threads.
+//
+// Why tiles: in a row layout a vector holds 32-64 consecutive weights of ONE row, so every dot product is followed
+// by a horizontal reduction, a scale broadcast and an FMA, and the row's lanes are summed at the end (the old
+// kernel ran at half the Q4_0 kernel's rate). In the tile layout one 4-byte field per row, 16 rows side by side,
+// is one vector load: each int32 lane is one OUTPUT row, the lanes sum a group of 16 weights in 4 dot products
+// (the activations' 4 bytes broadcast), and a group's scales are a vector load of the 16 rows' scale fields:
+// one convert and one FMA per group, no reduction at all (as the Q8_0/Q4_0 tile kernels, tiles.h).
+//
+// Per block of 32 weights (elements 8g + c low nibble of group g, 8g + 4 + c high; 6-bit codes add their high
+// 2 bits from two planes), with x the int8 activations and dx their scale:
+//   acc += float(Σ_{0..15} u·x - OFF·Σ x) · (d·sc₀·dx) + float(Σ_{16..31} ...) · (d·sc₁·dx)   (one sum for G = 32)
+//   acc += min · (dx · Σ x)   per group, types with mins (Q4_1, Q5_1: +m; K-quants: -dmin·mc)
+// -OFF·Σx is exact in int32 and starts the integer sums (computed once per activation row).
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace kb {
+
+constexpr int64_t TILE = 16;
+
+// A type's layout: BITS 4 or 6, SB blocks of 32 per d (1 or 8), G weights per scale (16 or 32), mins, code offset.
+template <int BITS_, int SB_, int G_, bool MIN_, int OFF_>
+struct Kind {
+  static constexpr int BITS = BITS_, SB = SB_, G = G_, OFF = OFF_;
+  static constexpr bool MIN = MIN_;
+  static constexpr int BB = BITS == 6 ? 24 : 16;  // code bytes per block of 32
+  static constexpr int GPB = 32 / G;               // groups per block
+  // meta bytes of a row of nb blocks (kblocks.py::meta_bytes)
+  static int64_t meta_bytes(int64_t nb) {
+    const int64_t nd = nb / SB;
+    int64_t bytes = nd * 2 * (MIN ? 2 : 1);
+    if (SB > 1) bytes += nb * GPB * (MIN ? 2 : 1);
+    return (bytes + 3) / 4 * 4;
+  }
+};
+
+// the meta fields of a tile of R rows: d[s][r], dm[s][r] (fp16), sc[j][r], mc[j][r] (int8)
+template <class K>
+struct TileMeta {
+  const uint16_t* d;
+  const uint16_t* dm;
+  const int8_t* sc;
+  const int8_t* mc;
+  TileMeta(const uint8_t* m, int64_t R, int64_t nb) {
+    const int64_t nd = nb / K::SB;
+    d = reinterpret_cast<const uint16_t*>(m);
+    dm = d + nd * R;
+    sc = reinterpret_cast<const int8_t*>(m + nd * R * 2 * (K::MIN ? 2 : 1));
+    mc = sc + nb * K::GPB * R;
+  }
+};
+
+// The activations, prepared once per matmul (kblock_matmul.cpp::prepare)
+struct Acts {
+  const int8_t* xq;   // [M, nb·32]
+  const float* xd;    // [M, nb]
+  const int32_t* xo;  // [M, nb·2]: -OFF · Σ x of each half block (types with a code offset)
+  const float* xm;    // [M, nb·2]: dx · Σ x of each group (G = 32: the block's, then unused)
+  int64_t nb;
+};
+
+inline int32_t bytes4(const int8_t* p) {  // 4 activation bytes as one int32 (memcpy: no aliasing breach)
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// ---- AVX-512 VNNI: one zmm = 16 rows; vpdpbusd sums 4 unsigned code × signed activation products per lane ----
+template <class K, int MR>
+inline void tile_dot(const uint8_t* tc, const uint8_t* tm, int64_t R, const Acts& a, int64_t m0, float* y,
+                     int64_t N) {
+  const int64_t nb = a.nb, gs = R * 4;
+  const __mmask16 mask = static_cast<__mmask16>((1u << R) - 1);
+  const TileMeta<K> meta(tm, R, nb);
+  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  __m512 acc[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  __m512 dv = _mm512_setzero_ps(), dmv = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = tc + b * K::BB * R;
+    if (b % K::SB == 0) {
+      dv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, meta.d + b / K::SB * R));
+      if constexpr (K::MIN) {
+        dmv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, meta.dm + b / K::SB * R));
+        if constexpr (K::SB > 1) dmv = _mm512_sub_ps(_mm512_setzero_ps(), dmv);  // K-quants subtract mins
+      }
+    }
+    __m512i lo[4], hi[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      const __m512i v = _mm512_maskz_loadu_epi32(mask, p + g * gs);
+      lo[g] = _mm512_and_si512(v, low);
+      hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    if constexpr (K::BITS == 6) {  // plane q: bits 0-1 → lo[2q], 2-3 → hi[2q], 4-5 → lo[2q+1], 6-7 → hi[2q+1]
+#pragma GCC unroll 2
+      for (int q = 0; q < 2; ++q) {
+        const __m512i h = _mm512_maskz_loadu_epi32(mask, p + 16 * R + q * gs);
+        lo[2 * q] = _mm512_or_si512(lo[2 * q], _mm512_and_si512(_mm512_slli_epi16(h, 4), top));
+        hi[2 * q] = _mm512_or_si512(hi[2 * q], _mm512_and_si512(_mm512_slli_epi16(h, 2), top));
+        lo[2 * q + 1] = _mm512_or_si512(lo[2 * q + 1], _mm512_and_si512(h, top));
+        hi[2 * q + 1] = _mm512_or_si512(hi[2 * q + 1], _mm512_and_si512(_mm512_srli_epi16(h, 2), top));
+      }
+    }
+    __m512 s0 = dv, s1 = dv, n0 = dmv, n1 = dmv;
+    if constexpr (K::SB > 1) {
+      auto factor = [&](const int8_t* f, int h) {
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, f + (b * K::GPB + h) * R)));
+      };
+      s0 = _mm512_mul_ps(dv, factor(meta.sc, 0));
+      s1 = K::GPB == 2 ? _mm512_mul_ps(dv, factor(meta.sc, 1)) : s0;
+      if constexpr (K::MIN) {
+        n0 = _mm512_mul_ps(dmv, factor(meta.mc, 0));
+        n1 = K::GPB == 2 ? _mm512_mul_ps(dmv, factor(meta.mc, 1)) : n0;
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const int64_t row = (m0 + i) * nb + b;
+      const int8_t* xb = a.xq + row * 32;
+      __m512i sa = K::OFF ? _mm512_set1_epi32(a.xo[2 * row]) : _mm512_setzero_si512();
+      __m512i sb = K::OFF ? _mm512_set1_epi32(a.xo[2 * row + 1]) : _mm512_setzero_si512();
+      sa = _mm512_dpbusd_epi32(sa, lo[0], _mm512_set1_epi32(bytes4(xb)));
+      sb = _mm512_dpbusd_epi32(sb, lo[2], _mm512_set1_epi32(bytes4(xb + 16)));
+      sa = _mm512_dpbusd_epi32(sa, hi[0], _mm512_set1_epi32(bytes4(xb + 4)));
+      sb = _mm512_dpbusd_epi32(sb, hi[2], _mm512_set1_epi32(bytes4(xb + 20)));
+      sa = _mm512_dpbusd_epi32(sa, lo[1], _mm512_set1_epi32(bytes4(xb + 8)));
+      sb = _mm512_dpbusd_epi32(sb, lo[3], _mm512_set1_epi32(bytes4(xb + 24)));
+      sa = _mm512_dpbusd_epi32(sa, hi[1], _mm512_set1_epi32(bytes4(xb + 12)));
+      sb = _mm512_dpbusd_epi32(sb, hi[3], _mm512_set1_epi32(bytes4(xb + 28)));
+      const __m512 dx = _mm512_set1_ps(a.xd[row]);
+      if constexpr (K::GPB == 1) {
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sa, sb)), _mm512_mul_ps(s0, dx), acc[i]);
+        if constexpr (K::MIN) acc[i] = _mm512_fmadd_ps(n0, _mm512_set1_ps(a.xm[2 * row]), acc[i]);
+      } else {
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), _mm512_mul_ps(s0, dx), acc[i]);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb), _mm512_mul_ps(s1, dx), acc[i]);
+        if constexpr (K::MIN) {
+          acc[i] = _mm512_fmadd_ps(n0, _mm512_set1_ps(a.xm[2 * row]), acc[i]);
+          acc[i] = _mm512_fmadd_ps(n1, _mm512_set1_ps(a.xm[2 * row + 1]), acc[i]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + (m0 + i) * N, mask, acc[i]);
+}
+constexpr int MAX_MR = 4;
+#else
+// ---- AVX2: 16 rows as two ymm halves of 8; maddubs + madd for 4 products per lane ----
+// n fields of 4 bytes (n < 8 only in a matrix's last tile: copied, never read past the tensor)
+inline __m256i load_fields(const void* p, int64_t n) {
+  if (n == 8) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  alignas(32) int32_t buf[8] = {};
+  std::memcpy(buf, p, n * 4);
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+}
+inline __m256 load_halves(const uint16_t* p, int64_t n) {  // n fp16 → fp32
+  if (n == 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  uint16_t buf[8] = {};
+  std::memcpy(buf, p, n * 2);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(buf)));
+}
+inline __m256 load_factors(const int8_t* p, int64_t n) {  // n int8 → fp32
+  int64_t v = 0;
+  if (n == 8)
+    std::memcpy(&v, p, 8);
+  else
+    std::memcpy(&v, p, n);
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(v)));
+}
+
+template <class K, int MR>
+inline void tile_dot(const uint8_t* tc, const uint8_t* tm, int64_t R, const Acts& a, int64_t m0, float* y,
+                     int64_t N) {
+  const int64_t nb = a.nb, gs = R * 4;
+  const TileMeta<K> meta(tm, R, nb);
+  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+  for (int64_t h0 = 0; h0 < R; h0 += 8) {  // rows h0 .. h0 + n of the tile
+    const int64_t n = std::min<int64_t>(8, R - h0);
+    __m256 acc[MR];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+    __m256 dv = _mm256_setzero_ps(), dmv = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* p = tc + b * K::BB * R + h0 * 4;
+      if (b % K::SB == 0) {
+        dv = load_halves(meta.d + b / K::SB * R + h0, n);
+        if constexpr (K::MIN) {
+          dmv = load_halves(meta.dm + b / K::SB * R + h0, n);
+          if constexpr (K::SB > 1) dmv = _mm256_sub_ps(_mm256_setzero_ps(), dmv);
+        }
+      }
+      __m256i lo[4], hi[4];
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        const __m256i v = load_fields(p + g * gs, n);
+        lo[g] = _mm256_and_si256(v, low);
+        hi[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
+      if constexpr (K::BITS == 6) {
+#pragma GCC unroll 2
+        for (int q = 0; q < 2; ++q) {
+          const __m256i h = load_fields(p + 16 * R + q * gs, n);
+          lo[2 * q] = _mm256_or_si256(lo[2 * q], _mm256_and_si256(_mm256_slli_epi16(h, 4), top));
+          hi[2 * q] = _mm256_or_si256(hi[2 * q], _mm256_and_si256(_mm256_slli_epi16(h, 2), top));
+          lo[2 * q + 1] = _mm256_or_si256(lo[2 * q + 1], _mm256_and_si256(h, top));
+          hi[2 * q + 1] = _mm256_or_si256(hi[2 * q + 1], _mm256_and_si256(_mm256_srli_epi16(h, 2), top));
+        }
+      }
+      __m256 s0 = dv, s1 = dv, n0 = dmv, n1 = dmv;
+      if constexpr (K::SB > 1) {
+        const int64_t j = b * K::GPB * R + h0;
+        s0 = _mm256_mul_ps(dv, load_factors(meta.sc + j, n));
+        s1 = K::GPB == 2 ? _mm256_mul_ps(dv, load_factors(meta.sc + j + R, n)) : s0;
+        if constexpr (K::MIN) {
+          n0 = _mm256_mul_ps(dmv, load_factors(meta.mc + j, n));
+          n1 = K::GPB == 2 ? _mm256_mul_ps(dmv, load_factors(meta.mc + j + R, n)) : n0;
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const int64_t row = (m0 + i) * nb + b;
+        const int8_t* xb = a.xq + row * 32;
+        auto prod = [&](__m256i u, int k) { return _mm256_maddubs_epi16(u, _mm256_set1_epi32(bytes4(xb + k))); };
+        // int16 sums stay exact: |u·x + u·x| <= 2·15·127 (4-bit codes: 4 of them add up to 15240) or 2·63·127
+        // (6-bit: 2 of them, 32004)
+        __m256i sa, sb;
+        if constexpr (K::BITS == 4) {
+          sa = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(prod(lo[0], 0), prod(hi[0], 4)),
+                                                  _mm256_add_epi16(prod(lo[1], 8), prod(hi[1], 12))), ones);
+          sb = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(prod(lo[2], 16), prod(hi[2], 20)),
+                                                  _mm256_add_epi16(prod(lo[3], 24), prod(hi[3], 28))), ones);
+        } else {
+          sa = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(prod(lo[0], 0), prod(hi[0], 4)), ones),
+                                _mm256_madd_epi16(_mm256_add_epi16(prod(lo[1], 8), prod(hi[1], 12)), ones));
+          sb = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(prod(lo[2], 16), prod(hi[2], 20)), ones),
+                                _mm256_madd_epi16(_mm256_add_epi16(prod(lo[3], 24), prod(hi[3], 28)), ones));
+        }
+        if constexpr (K::OFF != 0) {
+          sa = _mm256_add_epi32(sa, _mm256_set1_epi32(a.xo[2 * row]));
+          sb = _mm256_add_epi32(sb, _mm256_set1_epi32(a.xo[2 * row + 1]));
+        }
+        const __m256 dx = _mm256_set1_ps(a.xd[row]);
+        if constexpr (K::GPB == 1) {
+          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(sa, sb)), _mm256_mul_ps(s0, dx), acc[i]);
+          if constexpr (K::MIN) acc[i] = _mm256_fmadd_ps(n0, _mm256_set1_ps(a.xm[2 * row]), acc[i]);
+        } else {
+          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), _mm256_mul_ps(s0, dx), acc[i]);
+          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sb), _mm256_mul_ps(s1, dx), acc[i]);
+          if constexpr (K::MIN) {
+            acc[i] = _mm256_fmadd_ps(n0, _mm256_set1_ps(a.xm[2 * row]), acc[i]);
+            acc[i] = _mm256_fmadd_ps(n1, _mm256_set1_ps(a.xm[2 * row + 1]), acc[i]);
+          }
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      alignas(32) float buf[8];
+      _mm256_store_ps(buf, acc[i]);
+      std::memcpy(y + (m0 + i) * N + h0, buf, n * sizeof(float));
+    }
+  }
+}
+constexpr int MAX_MR = 2;
+#endif
+
+}  // namespace kb
