@@ -106,3 +106,33 @@ def test_an_unknown_architecture(good, tmp_path, cache):
     _refused(tmp_path / "mamba.gguf",
              "GGUF architecture 'mamba' is not supported; supported: llama, qwen2, qwen3",
              cache)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "template, limit",
+    [
+        ("{% for i in range(1000000000) %}x{% endfor %}", "range|limit"),  # a loop that does not end
+        ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursion|limit|time"),  # nor does this
+    ],
+    ids=["loop", "recursion"],
+)
+def test_a_chat_template_that_does_not_end(template, limit, tmp_path):
+    """The file's own chat template is code from the file: one that loops is refused with a clear error on
+    the request that renders it, and the engine serves the next request."""
+    import json
+
+    from forwardpass import LLM, SamplingParams
+    from forwardpass.errors import ForwardpassError
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(default_llm_path(), model_dir)
+    cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(cfg))
+    path = tmp_path / "looping.gguf"
+    converter().convert(model_dir, path, "q8_0")
+    llm = LLM(str(path))
+    with pytest.raises(ForwardpassError, match=f"(?i)chat template.*({limit})"):
+        llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=2))
+    out = llm.generate(["Once upon a time"], SamplingParams(max_tokens=2, temperature=0))[0]
+    assert len(out.outputs[0].token_ids) == 2
