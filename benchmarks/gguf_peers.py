@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS, median, save
-from benchmarks.peers import Worker, roofs
+from benchmarks.peers import Worker, llama_cpp_runner, roofs
 
 
 def _forwardpass(args):
@@ -64,23 +64,8 @@ def _forwardpass(args):
 
 
 def _llama_cpp(args):
-    from llama_cpp import Llama
-
-    llm = Llama(args.gguf, n_ctx=1024, n_batch=512, n_threads=args.threads, n_threads_batch=args.threads,
-                verbose=False)
-
-    def run():
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(args.prompt)
-        t1 = time.perf_counter()
-        for _ in range(args.new_tokens):
-            llm.eval([llm.sample(top_k=1, temp=0.0)])
-        t2 = time.perf_counter()
-        return {"prefill_tok_s": len(args.prompt) / (t1 - t0), "decode_tok_s": args.new_tokens / (t2 - t1)}
-
-    run()
-    return run, Path(args.gguf).stat().st_size
+    path = Path(args.gguf)
+    return llama_cpp_runner(path, args.prompt, args.new_tokens, threads=args.threads), path.stat().st_size
 
 
 def worker(args) -> None:

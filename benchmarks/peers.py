@@ -138,30 +138,29 @@ def _transformers(args):
 
 
 def _llama_cpp(args):
+    path = Path(args.checkpoint) / f"model-{args.engine.split('-', 1)[1]}.gguf"
+    return llama_cpp_runner(path, args.prompt, args.new_tokens, threads=os.cpu_count()), path.stat().st_size
+
+
+def llama_cpp_runner(path: Path, prompt: list[int], new_tokens: int, threads: int | None):
+    """A warmed-up llama.cpp engine on ``path``: ``run()`` times one prefill of ``prompt`` and ``new_tokens``
+    greedy decode steps (also used by gguf_peers.py)."""
     from llama_cpp import Llama
 
-    path = Path(args.checkpoint) / f"model-{args.engine.split('-', 1)[1]}.gguf"
-    llm = Llama(
-        str(path),
-        n_ctx=1024,
-        n_batch=512,
-        n_threads=os.cpu_count(),
-        n_threads_batch=os.cpu_count(),
-        verbose=False,
-    )
+    llm = Llama(str(path), n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
 
     def run():
         llm.reset()
         t0 = time.perf_counter()
-        llm.eval(args.prompt)
+        llm.eval(prompt)
         t1 = time.perf_counter()
-        for _ in range(args.new_tokens):
+        for _ in range(new_tokens):
             llm.eval([llm.sample(top_k=1, temp=0.0)])
         t2 = time.perf_counter()
-        return {"prefill_tok_s": len(args.prompt) / (t1 - t0), "decode_tok_s": args.new_tokens / (t2 - t1)}
+        return {"prefill_tok_s": len(prompt) / (t1 - t0), "decode_tok_s": new_tokens / (t2 - t1)}
 
     run()
-    return run, path.stat().st_size
+    return run
 
 
 VLLM_WORKER = r"""

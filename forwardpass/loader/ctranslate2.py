@@ -246,14 +246,11 @@ def packaged_model_path(name: str) -> Path | None:
     """The directory of the packaged model ``name`` (``tiny.en``) when its package is installed, else None."""
     if name not in PACKAGED:
         return None
-    import importlib.util
+    from forwardpass.loader.gguf_packages import package_path
 
     package, sub, _ = PACKAGED[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / sub
-    return path if (path / MODEL_FILE).is_file() else None
+    path = package_path(package, sub)
+    return path if path is not None and (path / MODEL_FILE).is_file() else None
 
 
 def installed_packaged() -> list[tuple[str, Path, str]]:

@@ -14,16 +14,22 @@ PACKAGED_GGUF = {
 }  # fmt: skip
 
 
+def package_path(package: str, relative: str) -> Path | None:
+    """``relative`` inside the installed package ``package`` (located, never imported), or None when the
+    package is not installed. Also finds the packaged Whisper directories (``ctranslate2.py``)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / relative
+
+
 def packaged_gguf(name: str) -> Path | None:
     """The GGUF file of the packaged model ``name`` when its package is installed, else None."""
     if name not in PACKAGED_GGUF:
         return None
     package, file, _ = PACKAGED_GGUF[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / file
-    return path if path.is_file() else None
+    path = package_path(package, file)
+    return path if path is not None and path.is_file() else None
 
 
 def installed() -> list[tuple[str, Path, str]]:
