@@ -134,27 +134,50 @@ def test_teacher_forced_top1_agrees_with_transformers_fp32(hf_tokenizer, hf_mode
 
 
 QUESTIONS = [("What is the capital of France?", "Paris"), ("What is the capital of Japan?", "Tokyo"),
-             ("What color is the sky on a clear day?", "blue")]  # fmt: skip
+             ("What language is spoken in Brazil?", "Portuguese"), ("What is the chemical symbol for gold?", "Au"),
+             ("What is the capital of Germany?", "Berlin"), ("What is the opposite of hot?", "cold"),
+             ("How many days are in a week?", "7"), ("Who wrote Romeo and Juliet?", "Shakespeare"),
+             ("Which planet is known as the Red Planet?", "Mars")]  # fmt: skip
+#: below this gap between the oracle's top two logits, somewhere before its key word, the question is a tie
+#: that rounding the activations decides (int8 as llama.cpp and our decode kernels do, bf16 on AMX): France's
+#: first answer token is "The" over "L" by 0.08 in fp32, and llama.cpp's own greedy answer on this file
+#: starts "L'Étoile", as ours does on an AVX2-only CPU. Measured: Japan, gold, Germany, hot and week are
+#: decided by 0.66-2.5; France, Brazil, Shakespeare and Mars are ties (printed; not checked).
+TIE_MARGIN = 0.5
+
+
+def _oracle_answer(hf_tokenizer, hf_model, chat, word: str) -> tuple[str, float]:
+    """transformers' greedy answer and the smallest top-1 / top-2 logit gap on the way to ``word``."""
+    prompt = hf_tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")
+    prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    with torch.no_grad():
+        out = hf_model.generate(prompt, max_new_tokens=16, do_sample=False)
+        logits = hf_model(out).logits[0, prompt.shape[1] - 1 : -1]
+    answer = out[0, prompt.shape[1] :]
+    top2 = logits.topk(2).values
+    gaps = (top2[:, 0] - top2[:, 1]).tolist()
+    for i in range(len(answer)):
+        if word.lower() in hf_tokenizer.decode(answer[: i + 1]).lower():
+            return hf_tokenizer.decode(answer, skip_special_tokens=True), min(gaps[: i + 1])
+    return hf_tokenizer.decode(answer, skip_special_tokens=True), 0.0  # no key word: no oracle
 
 
 def test_greedy_answers_carry_transformers_key_words(hf_tokenizer, hf_model):
     from forwardpass import LLM, SamplingParams
 
     llm = LLM("smollm2")  # by name: the package's file
-    checked = 0
+    checked, ties = [], []
     for question, word in QUESTIONS:
         chat = [{"role": "user", "content": question}]
-        prompt = hf_tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")
-        prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
-        with torch.no_grad():
-            out = hf_model.generate(prompt, max_new_tokens=16, do_sample=False)
-        theirs = hf_tokenizer.decode(out[0, prompt.shape[1] :], skip_special_tokens=True)
-        if word.lower() not in theirs.lower():
-            continue  # a key word transformers' answer lacks is no oracle
+        theirs, gap = _oracle_answer(hf_tokenizer, hf_model, chat, word)
+        if gap < TIE_MARGIN:
+            ties.append(question)
+            continue
         mine = llm.chat(chat, SamplingParams(max_tokens=16, temperature=0))[0].outputs[0].text
-        assert word.lower() in mine.lower(), (question, mine, theirs)
-        checked += 1
-    assert checked >= 2
+        assert word.lower() in mine.lower(), (question, mine, theirs, gap)
+        checked.append(question)
+    print(f"checked {len(checked)} answers; ties (gap < {TIE_MARGIN}) not checked: {ties}")
+    assert len(checked) >= 5
 
 
 def test_listed_and_found_by_name(capsys):
