@@ -10,7 +10,8 @@ processes of their own, loaded once, each with the thread count torch uses (llam
 ``n_threads_batch``); they are then asked for one measurement each in turn, A B A B ..., with the read
 bandwidth measured in every round (peers.py's design: a shared host drifts within minutes). Ratios are
 paired: each round's forwardpass / llama.cpp, then the median with the range over the rounds. The decode
-roof of each engine is its weight bytes per token (what a batch-1 step reads) / the round's bandwidth.
+roof of each engine is its weight bytes per token (what a batch-1 step reads: ours the model's stored tensors,
+llama.cpp's the file's tensors) / the round's bandwidth.
 
 The prompt is the same token ids for both (random ids of the vocabulary, seeded). Results:
 benchmarks/results/local/gguf_peers_<file>.json.
@@ -63,9 +64,17 @@ def _forwardpass(args):
     return run, weight_bytes
 
 
+def tensor_bytes(path: Path) -> int:
+    """The bytes of a GGUF file's tensors (what llama.cpp's decode step reads; the file's metadata, e.g. its
+    vocabulary, is not weights)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(path).tensors)
+
+
 def _llama_cpp(args):
     path = Path(args.gguf)
-    return llama_cpp_runner(path, args.prompt, args.new_tokens, threads=args.threads), path.stat().st_size
+    return llama_cpp_runner(path, args.prompt, args.new_tokens, threads=args.threads), tensor_bytes(path)
 
 
 def worker(args) -> None:
@@ -170,6 +179,9 @@ def main(argv: list[str] | None = None) -> None:
     for k, v in ratios.items():
         print(f"forwardpass / llama.cpp {k.split('_')[0]:<8} {v['median']:.2f}x ({v['range'][0]:.2f}-"
               f"{v['range'][1]:.2f})")  # fmt: skip
+    ours, theirs = rows["forwardpass"]["weight_bytes"], rows["llama.cpp"]["weight_bytes"]
+    print(f"weight bytes per decoded token: forwardpass {ours / 1e6:.3f} MB, llama.cpp {theirs / 1e6:.3f} MB "
+          f"(the file's tensors): {ours - theirs:+d} bytes")  # fmt: skip
     out = save(f"gguf_peers_{path.stem}", {"file": str(path), "prompt_len": args.prompt_len,
                                            "new_tokens": args.new_tokens,
                               "rounds": args.rounds, "threads": args.threads, "cpu": cpu_name(),

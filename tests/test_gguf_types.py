@@ -17,7 +17,7 @@ pytest.importorskip("gguf")
 pytest.importorskip("llama_cpp")
 
 from forwardpass.assets import default_llm_path  # noqa: E402
-from forwardpass.quant.kblock_weight import GEMM_ROWS, KBlockWeight, RowStack  # noqa: E402
+from forwardpass.quant.kblock_weight import GEMM_ROWS, KBlockStack, KBlockWeight, RowStack  # noqa: E402
 from forwardpass.quant.weight import QuantizedWeight  # noqa: E402
 from tests.helpers.gguf_files import converter  # noqa: E402
 from tests.helpers.requantize import requantize  # noqa: E402
@@ -55,7 +55,9 @@ def _weights(model) -> Counter:
         w = getattr(m, "weight", None)
         parts = list(w.parts) if isinstance(w, RowStack) else [w]
         for p in parts:
-            if isinstance(p, (KBlockWeight, QuantizedWeight)):
+            if isinstance(p, KBlockStack):  # parts of different types in one K-block weight
+                kinds.update(p.kinds)
+            elif isinstance(p, (KBlockWeight, QuantizedWeight)):
                 kinds[p.fmt] += 1
     return kinds
 

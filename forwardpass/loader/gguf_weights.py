@@ -8,7 +8,8 @@ Each tensor goes where it computes, from its bytes as stored (no requantization)
   repacked by ``quant/kblocks.py``: the same numbers, laid out for the K-block kernel).
 
 A merged projection (q/k/v, gate/up) whose parts share one quantized type is one weight; parts of different
-types (Q4_K_M files keep some ``attn_v`` in Q6_K) become a ``RowStack``, each part on its own kernel. Llama's
+K-block types (Q4_K_M files keep some ``attn_v`` in Q8_0 or Q6_K) a ``KBlockStack`` (one kernel call, each
+part at its file's bits), other mixes a ``RowStack``, each part on its own kernel. Llama's
 q/k rows are stored permuted for GGML's interleaved rotary layout; we undo it on the rows of bytes, as
 transformers' reader does on the values.
 """
@@ -86,7 +87,14 @@ def _set_weight(module: nn.Module, parts: list[_Tensor]) -> None:
         w = torch.cat([p.float() for p in parts]) if len(parts) > 1 else parts[0].float()
         module.weight.data.copy_(w.reshape(module.weight.shape))
         return
-    if len(kinds) > 1 and kinds <= set(gguf_blocks.AS_Q8_0):  # Q5_0 q/k, Q8_0 v (Q4_K_M): Q8_0, exactly
+    if len(kinds) > 1 and all(p.kind.lower() in kblocks.KINDS for p in parts):  # Q5_0 q/k, Q8_0 v (Q4_K_M)
+        from forwardpass.quant.kblock_weight import KBlockStack  # each part at its file's bits, one call
+
+        packed = kblocks.pack_stack([(kblocks.KINDS[p.kind.lower()], gguf_blocks.unpack(p.kind, p.raw, p.k))
+                                     for p in parts])  # fmt: skip
+        module.method.load_blocks(module, KBlockStack(*packed))
+        return
+    if len(kinds) > 1 and kinds <= set(gguf_blocks.AS_Q8_0):  # Q4_0 beside Q8_0: Q8_0, exactly
         for p in parts:
             p.raw, p.kind = gguf_blocks.to_q8_0(p.kind, p.raw, p.k), "Q8_0"
         kinds = {"Q8_0"}

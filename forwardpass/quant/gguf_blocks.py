@@ -43,7 +43,7 @@ class Unpacked:
 
     u: torch.Tensor  # uint8 [R, K], 0 <= u < 2**bits
     off: int
-    bits: int  # 4 or 6: how the codes are stored in the compute format
+    bits: int  # 4, 5 or 6: how the codes are stored in the compute format
     group: int  # weights per scale: 16 or 32
     d: torch.Tensor
     sc: torch.Tensor | None = None
@@ -131,8 +131,8 @@ def unpack(kind: str, raw: torch.Tensor, k: int) -> Unpacked:
         )  # bit i of the 32 → element i
         u = (_nibbles(b[..., o + 4 :], 16).reshape(r, -1, 32) | (qh << 4)).reshape(r, k)
         if kind == "Q5_0":
-            return Unpacked(u, 16, 6, 32, _f16(b[..., :2]))
-        return Unpacked(u, 0, 6, 32, _f16(b[..., :2]), dm=_f16(b[..., 2:4]))
+            return Unpacked(u, 16, 5, 32, _f16(b[..., :2]))
+        return Unpacked(u, 0, 5, 32, _f16(b[..., :2]), dm=_f16(b[..., 2:4]))
     if kind == "Q2_K":  # scales[16] qs[64] d dmin
         sc = b[..., :16]
         u = _bits(b[..., 16:80].reshape(r, -1, 2, 32), 2, 4).reshape(r, k)  # byte i, shift 2s → 32s + i
@@ -153,7 +153,7 @@ def unpack(kind: str, raw: torch.Tensor, k: int) -> Unpacked:
         u = _nibbles(ql, 32).reshape(r, -1, QK_K)  # 64-weight chunks: low nibbles then high
         if kind == "Q5_K":
             u = u | (_bits(b[..., 16:48], 1, 8).reshape(r, -1, QK_K) << 4)
-        return Unpacked(u.reshape(r, k), 0, 4 if kind == "Q4_K" else 6, 32, _f16(b[..., :2]),
+        return Unpacked(u.reshape(r, k), 0, 4 if kind == "Q4_K" else 5, 32, _f16(b[..., :2]),
                         sc.reshape(r, -1).view(torch.int8), _f16(b[..., 2:4]),
                         mn.reshape(r, -1).view(torch.int8))  # fmt: skip
     if kind == "Q6_K":  # ql[128] qh[64] scales[16] d

@@ -1,5 +1,6 @@
 """``KBlockWeight``: a GGUF Q4_1 / Q5_0 / Q5_1 / K-quant matrix in its compute format (``kblocks.py``) that
-multiplies activations; ``RowStack``: matrices of different formats stacked along the output rows.
+multiplies activations; ``KBlockStack``: K-block matrices of different kinds stacked along the output rows, in
+one kernel call; ``RowStack``: matrices of any formats stacked along the output rows, each on its own kernel.
 
 Like :class:`~forwardpass.quant.weight.QuantizedWeight` it takes the place of a layer's fp32 weight and
 ``layers/linear.py::linear`` sends ``x · Wᵀ`` to :meth:`KBlockWeight.matmul`:
@@ -44,12 +45,16 @@ class KBlockWeight(nn.Module):
         super().__init__()
         self.kind = kind
         self.fmt = kind.name
-        self.in_features = codes.shape[1] // kind.code_bytes * 32
+        self.in_features = self._in_features(kind, codes, meta)
         # decided once, when the weight is made: the kernel if it builds, else the reference for good
         self._kernel = load_kblock_kernel() if kernel and codes.device.type == "cpu" else None
         self.bf16_gemm = gemm_path(cpu_flags()) in ("amx", "bf16")
         self.register_buffer("codes", codes, persistent=True)
         self.register_buffer("meta", meta, persistent=True)
+
+    @staticmethod
+    def _in_features(kind: kblocks.KBlockKind, codes: torch.Tensor, meta: torch.Tensor) -> int:
+        return codes.shape[1] // kind.code_bytes * 32
 
     @property
     def gemm_rows(self) -> int:
@@ -77,7 +82,7 @@ class KBlockWeight(nn.Module):
         return getattr(self._kernel, f"{self.fmt}_capsule")() if self._kernel is not None else None
 
     def dequantize(self) -> torch.Tensor:
-        return self._dequantized_rows(0, self.codes.shape[0])
+        return self._dequantized_rows(0, self.shape[0])
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """fp32 rows ``W[ids]`` (a tied embedding's lookup)."""
@@ -101,6 +106,9 @@ class KBlockWeight(nn.Module):
     def _kernel_matmul(self, x2: torch.Tensor) -> torch.Tensor:
         return getattr(self._kernel, f"{self.fmt}_matmul")(x2, self.codes, self.meta)
 
+    def _reference_matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        return kblocks.reference_matmul(x2, self.kind, self.codes, self.meta)
+
     def matmul_batch_invariant(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x · Wᵀ (+ bias)`` through the kernel for every batch size (each row computed on its own)."""
         if self._kernel is None or not x.is_cpu:
@@ -123,18 +131,65 @@ class KBlockWeight(nn.Module):
             from forwardpass.layers.linear import linear
 
             dtype = torch.bfloat16 if self.bf16_gemm else torch.float32
-            xg, n = x2.to(dtype), self.codes.shape[0]
+            xg, n = x2.to(dtype), self.shape[0]
             outs = [linear(xg, self._dequantized_rows(s, min(n, s + GEMM_SLAB), dtype))
                     for s in range(0, n, GEMM_SLAB)]  # fmt: skip
             out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).float()
         else:
-            out = kblocks.reference_matmul(x2, self.kind, self.codes, self.meta)
+            out = self._reference_matmul(x2)
         if bias is not None:
             out = out + bias
         return out.view(*shape[:-1], out.shape[-1]).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.fmt}, shape={tuple(self.shape)}, {self.path}"
+
+
+class KBlockStack(KBlockWeight):
+    """K-block matrices of different kinds stacked along the output rows: a merged projection whose parts
+    the file stores in different types (llama.cpp's Q4_K_M keeps some ``attn_v`` in Q8_0 beside Q5_0 q/k).
+    Each part keeps its own kind's tiles and bits per weight (``kblocks.pack_stack``); one kernel call
+    multiplies them all (``stack_matmul``), so the decode stack takes it as it takes any KBlockWeight.
+    ``codes`` and ``meta`` are 1-D (the parts' bytes one after another, ``meta`` after a header)."""
+
+    def __init__(self, codes: torch.Tensor, meta: torch.Tensor, kernel: bool = True):
+        parts = kblocks.stack_parts(codes, meta)
+        super().__init__(parts[0][0], codes, meta, kernel)
+        self.fmt = "stack"
+        self.kinds = [kind.name for kind, _, _ in parts]
+        self.rows_of_parts = [c.shape[0] for _, c, _ in parts]
+
+    @staticmethod
+    def _in_features(kind: kblocks.KBlockKind, codes: torch.Tensor, meta: torch.Tensor) -> int:
+        ks = {c.shape[1] // kind.code_bytes * 32 for kind, c, _ in kblocks.stack_parts(codes, meta)}
+        if len(ks) != 1:
+            raise ValueError(f"the parts of a stack have different K: {sorted(ks)}")
+        return ks.pop()
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((sum(self.rows_of_parts), self.in_features))
+
+    def _dequantized_rows(self, start: int, end: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        # the parts whole (a stack is one layer's projection, not an embedding), then the rows asked for
+        outs = []
+        for kind, codes, meta in kblocks.stack_parts(self.codes, self.meta):
+            if self._kernel is not None:
+                name = f"{kind.name}_dequantize" + ("_bf16" if dtype == torch.bfloat16 else "")
+                outs.append(getattr(self._kernel, name)(codes, meta))
+            else:
+                outs.append(kblocks.dequantize(kind, codes, meta).to(dtype))
+        return torch.cat(outs)[start:end]
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.dequantize()[ids]
+
+    def _reference_matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        parts = kblocks.stack_parts(self.codes, self.meta)
+        return torch.cat([kblocks.reference_matmul(x2, kind, c, m) for kind, c, m in parts], dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"stack of {'/'.join(self.kinds)}, shape={tuple(self.shape)}, {self.path}"
 
 
 class RowStack(nn.Module):

@@ -2,7 +2,8 @@
 // scales as the file stores them, repacked without rounding into tiles of 16 rows (forwardpass/quant/kblocks.py::pack
 // has the byte offsets; kblock_tiles.h the inner loop and why tiles):
 //
-//   codes [N, nb·BB] uint8: per block of 32 weights 16 bytes of nibbles and, for 6-bit codes, 8 bytes of high bits;
+//   codes [N, nb·BB] uint8: per block of 32 weights 16 bytes of nibbles and, for 5- and 6-bit codes, 4 or 8 bytes
+//     of high bits;
 //   meta [N, row bytes] uint8: fp16 d (per block, or per super-block of 8 blocks), fp16 dmin where the type has mins,
 //     then for K-quants the int8 scale of each group of G weights and the int8 min factor of each group.
 //
@@ -20,6 +21,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "activations.h"
 #include "kblock_tiles.h"
@@ -32,13 +34,14 @@ using kb::TILE;
 std::atomic<int64_t> g_calls{0};  // matmuls run (tests assert that this kernel, not a fallback, computed)
 
 using Q4_1 = Kind<4, 1, 32, true, 0>;
-using Q5_0 = Kind<6, 1, 32, false, 16>;
-using Q5_1 = Kind<6, 1, 32, true, 0>;
+using Q5_0 = Kind<5, 1, 32, false, 16>;
+using Q5_1 = Kind<5, 1, 32, true, 0>;
 using Q2_K = Kind<4, 8, 16, true, 0>;
 using Q3_K = Kind<4, 8, 16, false, 4>;
 using Q4_K = Kind<4, 8, 32, true, 0>;
-using Q5_K = Kind<6, 8, 32, true, 0>;
+using Q5_K = Kind<5, 8, 32, true, 0>;
 using Q6_K = Kind<6, 8, 16, false, 32>;
+using Q8_0 = Kind<8, 1, 32, false, 128>;  // only as a part of a stack (below): alone it has its own kernels
 
 template <class K>
 void check(const torch::Tensor& codes, const torch::Tensor& meta, int64_t& nb) {
@@ -124,12 +127,26 @@ torch::Tensor matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor meta) {
 // The 32 codes of row r, block b of a tile (the layout of kblocks.py::pack).
 template <class K>
 inline void row_codes(const uint8_t* p, int64_t R, int64_t r, uint8_t u[32]) {
+  if constexpr (K::BITS == 8) {
+    for (int v = 0; v < 8; ++v) std::memcpy(u + 4 * v, p + (v * R + r) * 4, 4);
+    return;
+  }
   for (int g = 0; g < 4; ++g) {
     uint32_t w;
     std::memcpy(&w, p + (g * R + r) * 4, 4);
     const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
     std::memcpy(u + 8 * g, &lo, 4);
     std::memcpy(u + 8 * g + 4, &hi, 4);
+  }
+  if constexpr (K::BITS == 5) {
+    uint32_t h;
+    std::memcpy(&h, p + (16 * R + r * 4), 4);
+    for (int j = 0; j < 8; ++j) {  // elements 4j + c: bit j of byte c
+      uint32_t v;
+      std::memcpy(&v, u + 4 * j, 4);
+      v |= ((h >> j) & 0x01010101u) << 4;
+      std::memcpy(u + 4 * j, &v, 4);
+    }
   }
   if constexpr (K::BITS == 6) {
     for (int q = 0; q < 2; ++q) {
@@ -171,10 +188,17 @@ torch::Tensor dequantize(torch::Tensor codes, torch::Tensor meta) {
           float s[2] = {d, d}, mn[2] = {0.0f, 0.0f};
           for (int h = 0; h < 2; ++h) {
             const int64_t j = (b * K::GPB + (K::GPB == 2 ? h : 0)) * R + r;
-            if constexpr (K::SB > 1) s[h] = d * static_cast<float>(meta_t.sc[j]);
+            int sc = 0, mc = 0;
+            if constexpr (K::PACK6) {
+              meta_t.factors(b, R, r, &sc, &mc);
+            } else if constexpr (K::SB > 1) {
+              sc = meta_t.sc[j];
+              if constexpr (K::MIN) mc = meta_t.mc[j];
+            }
+            if constexpr (K::SB > 1) s[h] = d * static_cast<float>(sc);
             if constexpr (K::MIN) {
               const float dm = _cvtsh_ss(meta_t.dm[sb]);
-              mn[h] = K::SB > 1 ? dm * static_cast<float>(meta_t.mc[j]) : dm;
+              mn[h] = K::SB > 1 ? dm * static_cast<float>(mc) : dm;
             }
           }
           for (int e = 0; e < 4; ++e) {  // elements 8e .. 8e + 7: the first 16 in group 0, the next in group 1
@@ -191,6 +215,54 @@ torch::Tensor dequantize(torch::Tensor codes, torch::Tensor meta) {
     }
   });
   return out;
+}
+
+// A stack of matrices of different kinds along the output rows (a merged q/k/v whose parts the file stores in
+// different types: Q4_K_M's Q5_0 q/k beside a Q8_0 v), each part in its own kind's tiles, multiplied by its own
+// kernel: codes uint8 [Σ part bytes], each part's codes after the last; meta uint8, a header of int64 (the number
+// of parts P, then per part its kind's index in KIND_OPS, its rows and its K) and then each part's meta.
+using MatmulFn = torch::Tensor (*)(torch::Tensor, torch::Tensor, torch::Tensor);
+struct KindOps {
+  MatmulFn matmul;
+  int64_t code_bytes;  // per block of 32
+  int64_t (*meta_bytes)(int64_t nb);
+};
+template <class K>
+constexpr KindOps ops_of() {
+  return {&matmul<K>, K::BB, &K::meta_bytes};
+}
+// the order of kblocks.py::STACK_KINDS
+const KindOps KIND_OPS[] = {ops_of<Q4_1>(), ops_of<Q5_0>(), ops_of<Q5_1>(), ops_of<Q2_K>(), ops_of<Q3_K>(),
+                            ops_of<Q4_K>(), ops_of<Q5_K>(), ops_of<Q6_K>(), ops_of<Q8_0>()};
+constexpr int64_t N_KINDS = sizeof(KIND_OPS) / sizeof(KIND_OPS[0]);
+
+torch::Tensor stack_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor meta) {
+  TORCH_CHECK(codes.dtype() == torch::kUInt8 && codes.dim() == 1 && codes.is_contiguous(), "codes: uint8 [bytes]");
+  TORCH_CHECK(meta.dtype() == torch::kUInt8 && meta.dim() == 1 && meta.is_contiguous() && meta.size(0) >= 8,
+              "meta: uint8 [header + bytes]");
+  const uint8_t* mp = meta.data_ptr<uint8_t>();
+  auto field = [&](int64_t i) {
+    int64_t v;
+    std::memcpy(&v, mp + 8 * i, 8);
+    return v;
+  };
+  const int64_t P = field(0), header = 8 * (1 + 3 * P);
+  TORCH_CHECK(P > 0 && meta.size(0) >= header, "a stack's header is ", header, " bytes");
+  std::vector<torch::Tensor> outs;
+  int64_t co = 0, mo = header;
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t kind = field(1 + 3 * p), rows = field(2 + 3 * p), k = field(3 + 3 * p);
+    TORCH_CHECK(kind >= 0 && kind < N_KINDS && rows > 0 && k % QK == 0, "part ", p, " of the stack is malformed");
+    const KindOps& ops = KIND_OPS[kind];
+    const int64_t cb = k / QK * ops.code_bytes, mb = ops.meta_bytes(k / QK);
+    TORCH_CHECK(co + rows * cb <= codes.size(0) && mo + rows * mb <= meta.size(0), "the stack's bytes end early");
+    outs.push_back(ops.matmul(x, codes.narrow(0, co, rows * cb).view({rows, cb}),
+                              meta.narrow(0, mo, rows * mb).view({rows, mb})));
+    co += rows * cb;
+    mo += rows * mb;
+  }
+  TORCH_CHECK(co == codes.size(0) && mo == meta.size(0), "the stack's bytes do not match its header");
+  return outs.size() == 1 ? outs[0] : torch::cat(outs, 1);
 }
 
 template <class K>
@@ -215,6 +287,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   define<Q4_K>(m, "q4_k");
   define<Q5_K>(m, "q5_k");
   define<Q6_K>(m, "q6_k");
+  define<Q8_0>(m, "q8_0");
+  m.def("stack_matmul", &stack_matmul, "x[M,K] fp32 · W[N,K]ᵀ, W a stack of parts of different kinds (kblocks.py)");
+  m.def("stack_capsule", []() {
+    return py::capsule(reinterpret_cast<void*>(&stack_matmul), "forwardpass.quant_matmul");
+  });
   m.def("calls", []() { return g_calls.load(); }, "matmuls this module has run");
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
   m.attr("isa") = "avx512vnni";
