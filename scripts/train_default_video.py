@@ -27,6 +27,15 @@ so clip latents and caption embeddings are computed once, before the first step:
     python scripts/train_default_video.py --steps 3200 --stop-at 1300
     python scripts/train_default_video.py --steps 2300
     python scripts/train_default_video.py --steps 10500 --restart-at 2300 --lr 3e-4 --inherited-lr-scale 0.33
+
+Fine-tuning a shipped model (``--init-from``; issue 43's attempts to teach it the direction words, none kept —
+forwardpass/assets/video/README.md): ``--word-lr`` learns the new words' embedding rows, ``--text-lr-scale``
+the layers that read the caption, ``--mean-prob`` trains a share of clips at σ = 1 on the caption's mean clip
+(``CaptionMeans``), ``--direction-row-scale`` scales the direction rows first. E.g. the fourth run:
+
+    python scripts/train_default_video.py --init-from forwardpass/assets/video --out /tmp/fp_video_out \
+        --workdir /tmp/fp_video_ft4 --steps 700 --lr 2e-4 --inherited-lr-scale 0.33 --text-lr-scale 1.0 \
+        --word-lr 3e-3 --direction-row-scale 5 --mean-prob 0.25 --warmup 30
 """
 
 from __future__ import annotations
@@ -72,6 +81,7 @@ from forwardpass.diffusion.video.moving_digits import (
 log = logging.getLogger("train_video")
 IMAGE = ROOT / "forwardpass" / "assets" / "image"
 NEW_LAYERS = ("attn_temporal", "norm_temporal", "frame_embed")  # not in the image DiT
+TEXT_LAYERS = ("cross.", "norm_cross", "text_pool")  # read the caption
 
 
 def make_data(args, work: Path) -> dict:
@@ -128,6 +138,40 @@ def make_text(args, out: Path) -> tuple[PromptTokenizer, TinyTextEncoder]:
     return PromptTokenizer(tok, max_length=te.config["max_position_embeddings"]), te.eval()
 
 
+class CaptionMeans:
+    """The mean training clip (latents) per caption: per digit and direction, per digit, and overall.
+
+    At σ = 1 the noisy input holds nothing of the clip, so the flow target's expectation given the caption is
+    ``noise − E[x0 | caption]``: the mean clip for that digit and direction (time-reversed clips counted with
+    the opposite direction, as training draws them). Regressing on that mean instead of one sampled clip has
+    the same optimum and none of the sample's variance — and it is the one σ where the direction word is
+    all the model has to go on. With sampled clips the direction is nearly invisible in the loss: the
+    10,500-step model's loss at σ = 0.95 is the same (±0.1%) with the opposite direction in its captions —
+    it never learned the word."""
+
+    def __init__(self, lat: torch.Tensor, labels: torch.Tensor, dirs: torch.Tensor):
+        names = list(DIRECTIONS)
+        sums = torch.zeros(10, len(names), *lat.shape[1:])
+        counts = torch.zeros(10, len(names))
+        for i in range(len(lat)):
+            clip, d, r = lat[i].float(), int(labels[i]), int(dirs[i])
+            sums[d, r] += clip
+            sums[d, names.index(OPPOSITE[names[r]])] += clip.flip(0)
+            counts[d, r] += 1
+            counts[d, names.index(OPPOSITE[names[r]])] += 1
+        self.by_direction = sums / counts[:, :, None, None, None, None]
+        self.by_digit = self.by_direction.mean(1)
+        self.overall = self.by_digit.mean(0)
+        self.names = names
+
+    def lookup(self, digit: int, direction: str, caption: str) -> torch.Tensor:
+        if not caption:
+            return self.overall
+        if any(w in caption.split() for w in self.names):
+            return self.by_direction[digit, self.names.index(direction)]
+        return self.by_digit[digit]
+
+
 def caption_for(label: int, direction: str, rng: random.Random, cond_drop: float, still_prob: float) -> str:
     r = rng.random()
     if r < cond_drop:
@@ -137,63 +181,121 @@ def caption_for(label: int, direction: str, rng: random.Random, cond_drop: float
     return motion_caption(label, direction, rng.randrange(len(MOTION_TEMPLATES)), rng.randrange(len(VERBS)))
 
 
-def train(args, work: Path, out: Path) -> None:
-    data = make_data(args, work)
+def load_start(args, out: Path):
+    """The denoiser and the text side training starts from: the image teacher inflated (a fresh run), or a
+    shipped video model (``--init-from``: fine-tuning, e.g. to teach it the direction words)."""
+    if args.init_from:
+        src = Path(args.init_from)
+        te = TinyTextEncoder.from_pretrained(src / "text_encoder")
+        length = te.config["max_position_embeddings"]
+        tok = PromptTokenizer.from_pretrained(src / "tokenizer", max_length=length)
+        (out / "tokenizer").mkdir(parents=True, exist_ok=True)
+        if src.resolve() != out.resolve():
+            shutil.copy(src / "tokenizer" / "tokenizer.json", out / "tokenizer" / "tokenizer.json")
+        if args.direction_row_scale != 1.0:
+            # The direction words' rows (0.1x the old rows' std in the shipped model) scaled up: at 5x, the
+            # caption states differ by 6.2 between "left" and "right" (1.6 before), "3" vs "7" stays 10.8.
+            rows = [tok.tok.token_to_id(w) for w in DIRECTIONS]
+            with torch.no_grad():
+                te.embed.weight[rows] *= args.direction_row_scale
+        return VideoDiTModel.from_pretrained(src / "transformer"), tok, te.eval()
     tokenizer, te = make_text(args, out)
-    caps = all_captions()
-    index = {c: i for i, c in enumerate(caps)}
-    with torch.no_grad():
-        ids, mask = tokenizer(caps)
-        text = te(ids, mask)
-    log.info("text: %d captions embedded once, %s", len(caps), tuple(text.shape))
-
-    torch.manual_seed(0)
     image_dit = DiTTransformer2DModel.from_pretrained(IMAGE / "transformer")
     dit = VideoDiTModel.from_image_dit(image_dit, num_frames=args.frames, attention_mode=args.attention_mode)
+    return dit, tokenizer, te
+
+
+def train(args, work: Path, out: Path) -> None:
+    data = make_data(args, work)
+    torch.manual_seed(0)
+    dit, tokenizer, te = load_start(args, out)
+    caps = all_captions()
+    index = {c: i for i, c in enumerate(caps)}
+    ids, mask = tokenizer(caps)
+    # --word-lr: the rows of the words the video captions add (verbs, directions) are learned, everything
+    # else in the text encoder stays frozen, so image prompts embed exactly as before. Why: at 0.1x scale
+    # through a frozen encoder a direction word moves a caption's states ~7x less than its digit word does,
+    # and the DiT trained without them learned to ignore the direction (38% of clips moved the prompted way).
+    n_old = te.config["vocab_size"] - len(NEW_WORDS)
+    for p_ in te.parameters():
+        p_.requires_grad_(False)
+    if args.word_lr > 0:
+        te.embed.weight.requires_grad_(True)
+    with torch.no_grad():
+        text = te(ids, mask)
+    log.info("text: %d captions, %s; new word rows %s", len(caps), tuple(text.shape),
+             "learned" if args.word_lr > 0 else "frozen")  # fmt: skip
+
     dit.train()
     ema = copy.deepcopy(dit)
     # New layers (temporal attention, temporal position) learn at --lr; the inherited image weights at
     # --lr * --inherited-lr-scale, so frames keep the image model's quality while time is learned.
-    new = [p for n, p in dit.named_parameters() if any(k in n for k in NEW_LAYERS)]
-    old = [p for n, p in dit.named_parameters() if not any(k in n for k in NEW_LAYERS)]
-    groups = [{"params": new, "scale": 1.0}, {"params": old, "scale": args.inherited_lr_scale}]
+    # --text-lr-scale: the layers that read the caption (cross-attention, the pooled-text adaLN input) may
+    # learn faster than the rest of the inherited weights, to pick up the direction words.
+    def scale_of(name: str) -> float:
+        if any(k in name for k in NEW_LAYERS):
+            return 1.0
+        if args.text_lr_scale and any(k in name for k in TEXT_LAYERS):
+            return args.text_lr_scale
+        return args.inherited_lr_scale
+
+    by_scale: dict[float, list] = {}
+    for n, p in dit.named_parameters():
+        by_scale.setdefault(scale_of(n), []).append(p)
+    groups = [{"params": ps, "scale": sc} for sc, ps in by_scale.items()]
+    if args.word_lr > 0:
+        groups.append({"params": [te.embed.weight], "scale": args.word_lr / args.lr})
     opt = torch.optim.AdamW(groups, lr=args.lr, weight_decay=0.0)
     step, rng, elapsed = 0, random.Random(0), 0.0
+    ema_rows = te.embed.weight.detach().clone()  # the shipped text encoder gets the EMA rows, as the DiT
     ckpt = work / "dit.pt"
     if ckpt.exists():
         st = torch.load(ckpt, weights_only=False)
         dit.load_state_dict(st["dit"]), ema.load_state_dict(st["ema"]), opt.load_state_dict(st["opt"])
+        if "text_encoder" in st:
+            te.load_state_dict(st["text_encoder"])
+            ema_rows = st["ema_rows"]
         step, elapsed = st["step"], st["elapsed"]
         rng.setstate(st["rng"]), torch.set_rng_state(st["torch_rng"])
         log.info("resumed at step %d", step)
     lat, labels, dirs = data["latents"], data["labels"], data["dirs"]
+    means = CaptionMeans(lat, labels, dirs) if args.mean_prob > 0 else None
     names = list(DIRECTIONS)
     bs, total, nf = args.batch, args.steps, args.frames
     t0, start = time.time(), step
     while step < total and not (args.stop_at and step >= args.stop_at):
         s0 = args.restart_at  # a warm restart: a new warm-up + cosine from step s0 (0: the first schedule)
         frac = (step - s0) / (total - s0)
-        lr = args.lr * min(1.0, (step - s0 + 1) / 100) * (0.5 * (1 + math.cos(math.pi * frac)) * 0.9 + 0.1)
+        warm = min(1.0, (step - s0 + 1) / args.warmup)
+        lr = args.lr * warm * (0.5 * (1 + math.cos(math.pi * frac)) * 0.9 + 0.1)
         for group in opt.param_groups:
             group["lr"] = lr * group["scale"]
         idx = torch.randint(0, len(lat), (bs,))
         x0 = lat[idx].float()
-        cap_ids = []
+        cap_ids, target = [], x0.clone()
+        on_mean = torch.zeros(bs, dtype=torch.bool)
         for row, i in enumerate(idx.tolist()):
             direction = names[int(dirs[i])]
             if rng.random() < 0.5:  # time reversal: the same digit moving the other way
                 x0[row] = x0[row].flip(0)
                 direction = OPPOSITE[direction]
-            cap_ids.append(
-                index[caption_for(int(labels[i]), direction, rng, args.cond_drop, args.still_prob)]
-            )
+            caption = caption_for(int(labels[i]), direction, rng, args.cond_drop, args.still_prob)
+            cap_ids.append(index[caption])
+            target[row] = x0[row]
+            if means is not None and rng.random() < args.mean_prob:
+                on_mean[row] = True
+                target[row] = means.lookup(int(labels[i]), direction, caption)
         cap_ids_t = torch.tensor(cap_ids)
-        context, ctx_mask = text[cap_ids_t], mask[cap_ids_t]
+        ctx_mask = mask[cap_ids_t]
+        context = te(ids[cap_ids_t], ctx_mask) if args.word_lr > 0 else text[cap_ids_t]
         noise = torch.randn_like(x0)
-        sigma = torch.sigmoid(torch.randn(bs))[:, None].expand(bs, nf).clone()  # logit-normal, per clip
+        # logit-normal σ per clip; --sigma-mean > 0 leans to the noisy end, where a clip's motion is decided
+        sigma = torch.sigmoid(torch.randn(bs) + args.sigma_mean)[:, None].expand(bs, nf).clone()
         weight = torch.ones(bs, nf)
+        sigma[on_mean] = 1.0
         for row in range(bs):
-            if rng.random() < args.ar_prob:  # autoregressive form: clean prefix, frame k noisy, future noise
+            # autoregressive form: clean prefix, frame k noisy, future noise
+            if not on_mean[row] and rng.random() < args.ar_prob:
                 k = rng.randrange(nf)
                 sigma[row, :k], sigma[row, k + 1 :] = 0.0, 1.0
                 weight[row] = 0.0
@@ -201,13 +303,18 @@ def train(args, work: Path, out: Path) -> None:
         s = sigma[:, :, None, None, None]
         xt = (1 - s) * x0 + s * noise
         pred = dit(xt, sigma * 1000, context, ctx_mask)
-        per_frame = (pred - (noise - x0)).pow(2).mean((2, 3, 4))
+        per_frame = (pred - (noise - target)).pow(2).mean((2, 3, 4))
         loss = (per_frame * weight).sum() / weight.sum()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
+        if args.word_lr > 0:
+            te.embed.weight.grad[:n_old] = 0  # the image model's words keep their rows
         opt.step()
-        ema_update(ema, dit, min(args.ema, (1 + step) / (10 + step)))
+        decay = min(args.ema, (1 + step) / (10 + step))
+        ema_update(ema, dit, decay)
+        if args.word_lr > 0:
+            ema_rows.lerp_(te.embed.weight.detach(), 1 - decay)
         step += 1
         if step % 25 == 0:
             rate = (time.time() - t0) / (step - start)
@@ -215,11 +322,16 @@ def train(args, work: Path, out: Path) -> None:
         if step % 100 == 0 or step in (total, args.stop_at):
             save_ckpt(ckpt, {"dit": dit.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
                              "step": step, "elapsed": elapsed + time.time() - t0, "rng": rng.getstate(),
-                             "torch_rng": torch.get_rng_state()})  # fmt: skip
+                             "torch_rng": torch.get_rng_state(), "text_encoder": te.state_dict(),
+                             "ema_rows": ema_rows})  # fmt: skip
     if step < total:
         log.info("stopped at step %d (--stop-at); resume with the same workdir", step)
         sys.exit(0)
     ema.eval().save_pretrained(out / "transformer", half=True)
+    if args.word_lr > 0:
+        with torch.no_grad():
+            te.embed.weight.copy_(ema_rows)
+        te.save_pretrained(out / "text_encoder")
     times = {"dit_wall_s": round(elapsed + time.time() - t0, 1), "steps": total, "batch": bs,
              "clips": len(lat), "frames": nf}  # fmt: skip
     (work / "times.json").write_text(json.dumps(times, indent=2))
@@ -237,9 +349,10 @@ def assemble(args, out: Path) -> None:
         "transformer": ["forwardpass", "VideoDiTModel"],
         "vae": ["forwardpass", "TinyAutoencoderKL"],
         "scheduler": ["forwardpass", "FlowMatchEulerDiscreteScheduler"],
-        "forwardpass_defaults": {"num_inference_steps": 10, "guidance_scale": 3.0, "num_frames": args.frames,
-                                 "height": 32, "width": 32, "trained_sizes": [[32, 32]],
-                                 "trained_frames": [args.frames], "negative_mode": "replace"},
+        "forwardpass_defaults": {"num_inference_steps": 10, "guidance_scale": args.guidance,
+                                 "num_frames": args.frames, "height": 32, "width": 32,
+                                 "trained_sizes": [[32, 32]], "trained_frames": [args.frames],
+                                 "negative_mode": "replace"},
     }  # fmt: skip
     (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
 
@@ -268,6 +381,19 @@ def main() -> None:
     ap.add_argument(
         "--new-word-scale", type=float, default=0.1, help="new word rows' std / the old rows' std"
     )
+    ap.add_argument("--init-from", default=None,
+                    help="fine-tune this video model folder instead of inflating the image teacher")
+    ap.add_argument("--word-lr", type=float, default=0.0,
+                    help="learn the new words' embedding rows at this lr (0: frozen)")
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--text-lr-scale", type=float, default=0.0,
+                    help="lr factor for the cross-attention and pooled-text layers (0: --inherited-lr-scale)")
+    ap.add_argument("--sigma-mean", type=float, default=0.0, help="mean of the logit-normal σ sampling")
+    ap.add_argument("--direction-row-scale", type=float, default=1.0,
+                    help="with --init-from: multiply the direction words' embedding rows by this first")
+    ap.add_argument("--mean-prob", type=float, default=0.0,
+                    help="share of clips trained at σ = 1 on the caption's mean clip (CaptionMeans)")
+    ap.add_argument("--guidance", type=float, default=5.0, help="the pipeline's default CFG scale")
     ap.add_argument("--ema", type=float, default=0.998)
     ap.add_argument("--cond-drop", type=float, default=0.1)
     ap.add_argument("--still-prob", type=float, default=0.1, help="captions naming the digit but no motion")

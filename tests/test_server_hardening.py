@@ -197,20 +197,27 @@ def test_break4_tokenizing_a_big_prompt_does_not_block_health(http, server):
         done.set()
 
     t = threading.Thread(target=tokenize, daemon=True)
+    started = time.monotonic()
     t.start()
     time.sleep(0.3)
+    probes = 0
     while not done.is_set():
         t0 = time.monotonic()
         assert httpx.get(server.url + "/health", timeout=30).status_code == 200
         worst[0] = max(worst[0], time.monotonic() - t0)
+        probes += 1
         time.sleep(0.05)
     t.join()
+    tokenize_s = time.monotonic() - started
     assert result["r"].status_code == 200 and result["r"].json()["count"] > 100000
-    assert worst[0] < 1.0, f"/health took {worst[0]:.2f}s while a 2 MB prompt was tokenized"
+    # a blocked event loop holds /health for the whole tokenization; a free one answers in a small share of
+    # it (a ratio, not a wall-clock bound: on a loaded 2-core host both stretch together)
+    assert probes >= 3, f"tokenizing took {tokenize_s:.2f}s: too short to probe"
+    assert worst[0] < max(1.0, 0.3 * tokenize_s), f"/health took {worst[0]:.2f}s of {tokenize_s:.2f}s"
     # the same prompt for generation is refused before tokenization (far beyond the context window)
     t0 = time.monotonic()
     assert_error(http.post("/v1/completions", json={"prompt": text}), 400, param="prompt")
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < max(2.0, 0.3 * tokenize_s)
 
 
 # ----- break 5 ---------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ GREEDY = {"temperature": 0.0, "ignore_eos": True}
 def server(checkpoint_factory, tmp_path_factory):
     model = make_served_model(tmp_path_factory.mktemp("compat"), checkpoint_factory("qwen3"))
     # a small step budget: a long prompt is prefilled over many steps (the "long prompt" usage case)
-    with ServerProcess(model, "--num-kv-blocks", "256", "--max-num-batched-tokens", "64") as srv:
+    with ServerProcess(model, "--num-kv-blocks", "256", "--max-num-batched-tokens", "64",
+                       "--enable-tokenizer-info-endpoint") as srv:
         yield srv
 
 
@@ -266,3 +267,77 @@ def test_64_bit_seeds(http):
     assert len({sample(s) for s in (1, 2**40 + 1, 2**63 + 1)}) == 3
     for bad in (2**64, -(2**63) - 1):
         assert error_of(http.post("/v1/completions", json={"prompt": "Hi", "seed": bad}), 400, "seed")
+
+
+# ----- found by running vLLM's own tests (benchmarks/vllm_openai_compat) -----------------------------------
+def test_required_tool_choice_with_refs_to_the_tools_defs(client):
+    """A tool's parameters that refer to their own ``$defs`` (pydantic writes them so): with ``required`` the
+    parameters sit inside the array of calls, so the definitions must move to its root (was a 400 from the
+    grammar compiler: "Cannot find field '$defs'")."""
+    tool = {"type": "function", "function": {"name": "w", "parameters": {
+        "type": "object", "properties": {"o": {"$ref": "#/$defs/O"}}, "required": ["o"],
+        "$defs": {"O": {"type": "object", "properties": {"u": {"enum": ["c", "f"]}}, "required": ["u"]}}}}}
+    # (the test model's context is 512 byte-level tokens: one small tool leaves room for the call)
+    r = client.chat.completions.create(model=MODEL, messages=MSG, tools=[tool], tool_choice="required",
+                                       max_tokens=64, seed=1)
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and calls, r.choices[0].message
+    assert all(json.loads(c.function.arguments)["o"]["u"] in ("c", "f") for c in calls), calls
+
+
+def test_required_tool_choice_refuses_conflicting_defs(http):
+    def tool(name, unit_enum):
+        return {"type": "function", "function": {"name": name, "parameters": {
+            "type": "object", "properties": {"o": {"$ref": "#/$defs/O"}},
+            "$defs": {"O": {"enum": unit_enum}}}}}
+
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MSG, "tool_choice": "required",
+                                                "tools": [tool("a", ["x"]), tool("b", ["y"])]})
+    assert "$defs/O" in error_of(r, 400, "tools")
+
+
+def test_reasoning_also_under_vllms_newer_name():
+    """vLLM's responses carry the reasoning as ``reasoning`` (``reasoning_content`` is its older name): both,
+    in a whole message and in stream deltas; neither with ``include_reasoning: false``."""
+    from forwardpass.server.chat_output import ChatOutputParser
+
+    msg = ChatOutputParser(reasoning_parser="deepseek_r1").message("weigh it</think>yes")
+    assert msg["reasoning"] == msg["reasoning_content"] == "weigh it" and msg["content"] == "yes"
+    stream = ChatOutputParser(reasoning_parser="deepseek_r1")
+    deltas = [stream.delta(t, final=False) or {} for t in ("weigh ", "it</think>", "yes")]
+    deltas.append(stream.delta("", final=True) or {})
+    assert "".join(d.get("reasoning", "") for d in deltas) == "weigh it"
+    assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
+    hidden = ChatOutputParser(reasoning_parser="deepseek_r1", include_reasoning=False).message("a</think>b")
+    assert "reasoning" not in hidden and "reasoning_content" not in hidden
+
+
+def test_tokenize_answers_token_strs_null_unless_asked(http):
+    """vLLM's /tokenize always has ``token_strs`` (its tests read ``result["token_strs"] is None``)."""
+    for body in ({"prompt": "Hi there"}, {"messages": MSG}, {"prompt": ""}):
+        r = http.post("/tokenize", json=body)
+        assert r.status_code == 200 and r.json()["token_strs"] is None, r.text
+    asked = http.post("/tokenize", json={"prompt": "Hi there", "return_token_strs": True}).json()
+    assert len(asked["token_strs"]) == asked["count"] > 0
+
+
+def test_logit_bias_error_names_every_bad_key(http):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MSG, "max_tokens": 1,
+                                                "logit_bias": {"bad1": 1, "5": 1, "bad2": 2}})
+    message = error_of(r, 400, "logit_bias")
+    assert "'bad1'" in message and "'bad2'" in message and "'5'" not in message
+
+
+def test_tokenizer_info(http, server):
+    """vLLM's ``/tokenizer_info`` (``--enable-tokenizer-info-endpoint``; off by default): the tokenizer's
+    configuration, the chat template the server renders, the context window; no filesystem paths."""
+    from forwardpass.loader.tokenizer import Tokenizer
+    from forwardpass.server.config import ServerConfig
+
+    assert ServerConfig().enable_tokenizer_info is False
+    info = http.get("/tokenizer_info").json()
+    assert isinstance(info["tokenizer_class"], str) and info["tokenizer_class"]
+    model_dir = server.cmd[server.cmd.index("--model") + 1]
+    assert info["chat_template"] == Tokenizer.from_dir(model_dir).chat_template
+    assert info["model_max_length"] == http.post("/tokenize", json={"prompt": "x"}).json()["max_model_len"]
+    assert not any(str(model_dir) in json.dumps(v) for v in info.values())

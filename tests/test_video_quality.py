@@ -104,44 +104,82 @@ def test_roofline_video_cli(capsys):
     assert "Why batch 1" in capsys.readouterr().out
 
 
-# ----- the claim: whole-clip generation keeps the prompted digit more often than frame by frame -----------
-def _drift(n: int, steps: int, seeds: list[int]) -> dict[str, dict]:
-    """Both samplers on the same ``n`` prompts once per seed, the clips pooled (``n × len(seeds)`` each)."""
-    from forwardpass.diffusion import DEFAULT_MODEL_DIR
-    from forwardpass.diffusion.quality import load_classifier
+# ----- the claims (forwardpass/assets/video/README.md), judged by a classifier fit on real handwriting only
+# The full measurement is scripts/video_eval_claims.py (200 held-out clips per sampler); CI runs a small
+# version of it, the slow test the full one. Frame-by-frame sampling costs 8× the denoiser passes of
+# whole-clip sampling, which is what made the previous CI check (150 clips per sampler) take 146 s.
+@pytest.fixture(scope="module")
+def claims_setup():
     from forwardpass.diffusion.video import DEFAULT_VIDEO_MODEL_DIR
+    from forwardpass.diffusion.video.judge import load_judge
     from forwardpass.diffusion.video.pipeline import VideoPipeline
-    from forwardpass.diffusion.video.quality import clip_metrics, eval_prompts, generate_clips
 
-    torch.set_num_threads(1)
-    pipe = VideoPipeline.from_pretrained(DEFAULT_VIDEO_MODEL_DIR)
-    judge = load_classifier(DEFAULT_MODEL_DIR / "eval_classifier")
+    judge = load_judge(DEFAULT_VIDEO_MODEL_DIR / "judge_mnist_optdigits.npz")
+    return VideoPipeline.from_pretrained(DEFAULT_VIDEO_MODEL_DIR), judge
+
+
+def _claims(pipe, judge, n: int, seed: int, framewise: bool, steps: int = 10) -> dict:
+    from forwardpass.diffusion.video.quality import direction_agrees, eval_prompts, generate_clips
+
     _, digits, dirs = eval_prompts(n)
-    out = {}
-    for name, framewise in (("whole", False), ("framewise", True)):
-        clips = [generate_clips(pipe, n, framewise=framewise, seed=seed, batch_size=n,
-                                num_inference_steps=steps)
-                 for seed in seeds]  # fmt: skip
-        out[name] = clip_metrics(judge, np.concatenate(clips), digits * len(seeds), dirs * len(seeds))
-    return out
+    clips = generate_clips(pipe, n, framewise=framewise, seed=seed, batch_size=n, num_inference_steps=steps)
+    right = judge.predict(clips) == np.asarray(digits)[:, None]
+    return {"frames_right": right.mean(), "kept": right.all(1).mean(),
+            "direction": direction_agrees(clips, dirs).mean()}  # fmt: skip
 
 
-def test_fast_drift_evaluation():
-    """The fast version of scripts/video_eval_drift.py: 30 clips (3 per digit) × 5 seeds, 6 steps, the model's
-    CFG 5, whole clip and frame by frame with the same model, prompts and seeds.
+# Measured on the shipped model (forwardpass/assets/video/README.md, "The claims, judged independently"). The
+# CI bars sit a few clips below the measured figures, for another CPU's rounding.
+CI_MEASURED = {"frames_right": 0.747, "kept": 0.425, "direction": 0.25}  # 40 clips, seed 1000, 10 steps
+CI_BARS = {"frames_right": 0.65}
+FULL_BARS = {"direction": 0.8, "frames_right": 0.8, "kept_standard_errors": 2.0}  # issue 43's bars
 
-    Shipped model here: whole clip keeps the digit in every frame in 60% of the 150 clips, frame by frame in
-    53% (per seed 47/70/63/60/60% vs 53/47/50/57/60%: one seed alone does not separate them, hence the pool);
-    frames recognised 87% vs 76%. The full evaluation (350 clips, 10 steps; and 16-frame clips) is in
-    forwardpass/assets/video/README.md. The margins leave room for another CPU's rounding (a few clips)."""
-    res = _drift(30, 6, [0, 1, 2, 3, 4])
-    for name, m in res.items():
-        assert m["clips"] == 150 and len(m["frame_rate_by_position"]) == 8
-        # the judge recognises generated digits far above chance (10%)
-        assert m["frame_rate"] > 0.5, (name, m)
-    whole, framewise = res["whole"], res["framewise"]
-    print(f"kept: whole clip {whole['kept']:.1%} vs frame by frame {framewise['kept']:.1%}; frames "
-          f"recognised {whole['frame_rate']:.1%} vs {framewise['frame_rate']:.1%}")  # fmt: skip
-    assert whole["kept"] >= framewise["kept"] + 0.03
-    assert whole["frame_rate"] >= framewise["frame_rate"] + 0.05
-    assert whole["consistency"] > framewise["consistency"]
+
+@pytest.fixture(scope="module")
+def ci_claims(claims_setup):
+    """40 held-out clips (seed 1000: never used in training or selection), whole clip, model defaults."""
+    m = _claims(*claims_setup, n=40, seed=1000, framewise=False)
+    print(m)
+    return m
+
+
+def test_digit_ci_sized(ci_claims):
+    assert ci_claims["frames_right"] >= CI_BARS["frames_right"], ci_claims
+
+
+@pytest.mark.xfail(strict=True, reason="the embedded video model does not honour the direction word yet: "
+                   "25.5% of 200 held-out clips move the prompted way (chance: 25%); see its README")
+def test_direction_honoured_ci_sized(ci_claims):
+    assert ci_claims["direction"] >= FULL_BARS["direction"], ci_claims
+
+
+def test_framewise_baseline_ci_sized(claims_setup):
+    """Frame by frame runs the same network: 10 clips, 6 steps; its frames are digits the judge recognises."""
+    m = _claims(*claims_setup, n=10, seed=1000, framewise=True, steps=6)
+    print(m)
+    assert m["frames_right"] >= 0.5, m
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 43's bars are not met by the embedded video model (its README)")
+def test_claims_full():
+    """scripts/video_eval_claims.py as the README states it: 200 held-out clips per sampler, against the
+    issue's bars."""
+    import subprocess
+    import sys
+
+    from tests.helpers.server import REPO
+
+    out = REPO / "forwardpass" / "assets" / "video" / "claims_eval.json"
+    tmp = out.with_name("claims_eval.test.json")
+    subprocess.run([sys.executable, "scripts/video_eval_claims.py", "--json", str(tmp)], cwd=REPO, check=True,
+                   timeout=3600)  # fmt: skip
+    try:
+        res = json.loads(tmp.read_text())
+    finally:
+        tmp.unlink(missing_ok=True)
+    whole, diff = res["whole"], res["kept_difference"]
+    assert whole["clips"] == res["framewise"]["clips"] == 200
+    assert whole["direction"] >= FULL_BARS["direction"], whole
+    assert whole["frames_right"] >= FULL_BARS["frames_right"], whole
+    assert diff["standard_errors"] >= FULL_BARS["kept_standard_errors"], diff

@@ -77,20 +77,35 @@ class OversubscriptionWatch:
         if _warned:
             return None
         j = self.judge(records)
-        if j is None or j["ratio"] <= RATIO or j["load"] <= j["cores"]:
+        if not oversubscribed(j):
             return None
         import torch
 
-        threads = torch.get_num_threads()
-        advice = ("; try --threads 1 (LLM(num_threads=1)), or as many as the cores left free"
-                  if threads > 1 else "; other processes are taking the cores")
-        message = (f"decode steps take {j['measured_s'] * 1e3:.1f} ms, {j['ratio']:.0f}x the "
-                   f"{j['predicted_s'] * 1e3:.1f} ms predicted for this machine, and the load average "
-                   f"({j['load']:.1f}) exceeds the {j['cores']:.0f} core(s) this process may use: its "
-                   f"{threads} compute thread(s) compete with other work{advice}")
+        message = warning_text(j, torch.get_num_threads())
         _warned.append(message)
         log.warning("%s", message)
         return message
+
+
+def oversubscribed(judged: dict[str, float] | None) -> bool:
+    """What :meth:`OversubscriptionWatch.judge` found calls for the warning."""
+    return judged is not None and judged["ratio"] > RATIO and judged["load"] > judged["cores"]
+
+
+def warning_text(judged: dict[str, float], threads: int) -> str:
+    """The warning for a judgement that :func:`oversubscribed` accepts, with the advice for ``threads``."""
+    j = judged
+    advice = ("; try --threads 1 (LLM(num_threads=1)), or as many as the cores left free"
+              if threads > 1 else "; other processes are taking the cores")
+    return (f"decode steps take {j['measured_s'] * 1e3:.1f} ms, {j['ratio']:.0f}x the "
+            f"{j['predicted_s'] * 1e3:.1f} ms predicted for this machine, and the load average "
+            f"({j['load']:.1f}) exceeds the {j['cores']:.0f} core(s) this process may use: its "
+            f"{threads} compute thread(s) compete with other work{advice}")
+
+
+def warning_logged() -> str | None:
+    """The warning this process logged, if it did (the dashboard shows it)."""
+    return _warned[0] if _warned else None
 
 
 def watch_engine(engine: Any) -> OversubscriptionWatch:

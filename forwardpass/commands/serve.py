@@ -75,6 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between throughput / KV-cache lines while the engine is busy (0: never)")
     p.add_argument("--enable-debug-endpoints", action="store_true", help="GET /debug/engine (for tests)")
+    p.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   help="GET /tokenizer_info: the tokenizer's configuration and chat template (vLLM's)")
     p.add_argument("--reasoning-parser", choices=["qwen3", "deepseek_r1"], default=None,
                    help="split <think>...</think> into reasoning_content (chat responses and stream deltas)")
     p.add_argument("--image-model", default=None, metavar="DIR|default",
@@ -197,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     server_config = ServerConfig(models=models, api_key=api_key, max_request_bytes=args.max_request_bytes,
                                  max_request_tokens=args.max_request_tokens,
                                  enable_debug_endpoints=args.enable_debug_endpoints,
+                                 enable_tokenizer_info=args.enable_tokenizer_info_endpoint,
                                  shutdown_timeout_s=args.shutdown_timeout,
                                  request_timeout_s=args.request_timeout,
                                  watchdog_timeout_s=args.watchdog_timeout, read_timeout_s=args.read_timeout,

@@ -124,6 +124,14 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
     async def version() -> dict[str, str]:
         return {"version": forwardpass.__version__}
 
+    if config.enable_tokenizer_info:
+        @app.get("/tokenizer_info", response_model=None)
+        async def tokenizer_info() -> dict[str, Any]:
+            from forwardpass.server.tokenizer_info import tokenizer_info as info
+
+            template = engine.tokenizer.chat_template if engine.tokenizer is not None else None
+            return await serving.off_loop(info, engine.model_dir, template, engine.max_model_len)
+
     @app.post("/tokenize", responses=_ERRORS, response_model=None)
     async def tokenize(req: TokenizeRequest) -> dict[str, Any] | Response:
         serving.resolve_model(req.model)
@@ -132,10 +140,12 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
                                             req.continue_final_message, req.add_special_tokens is True)
         else:
             if not req.prompt:
-                return {"tokens": [], "count": 0, "max_model_len": engine.max_model_len}
+                return {"tokens": [], "count": 0, "max_model_len": engine.max_model_len, "token_strs": None}
             ids = await serving.encode_async(req.prompt, req.add_special_tokens is not False,
                                              for_generation=False)
-        body: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
+        # token_strs is always there, null unless asked for (vLLM's shape)
+        body: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len,
+                                "token_strs": None}
         if req.return_token_strs and engine.tokenizer is not None:
             tok = engine.tokenizer
             body["token_strs"] = [tok.id_to_token(t) for t in ids]

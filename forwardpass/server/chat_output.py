@@ -54,6 +54,8 @@ class ChatOutputParser:
         msg["content"] = content
         if not self.include_reasoning:
             msg.pop("reasoning_content", None)
+        elif "reasoning_content" in msg:  # vLLM's newer name of the same field; clients read either
+            msg["reasoning"] = msg["reasoning_content"]
         calls = calls if self.parallel_tool_calls else calls[:1]
         if calls:
             msg["tool_calls"] = calls
@@ -69,7 +71,7 @@ class ChatOutputParser:
         if self._reasoning is not None:
             reasoning, content = self._reasoning.feed(text, final)
             if reasoning and self.include_reasoning:
-                d["reasoning_content"] = reasoning
+                d["reasoning_content"] = d["reasoning"] = reasoning
         if self._tools is not None:
             content, calls = self._tools.feed(content, final)
             calls = calls if self.parallel_tool_calls else [c for c in calls if c["index"] == 0]
@@ -104,7 +106,7 @@ class ChatOutputParser:
     def finish_reason(self, reason: str | None) -> str | None:
         """Raises (a 400, or an error event in a stream) when a forced call did not complete: the grammar
         makes the call, so only ``max_tokens`` can cut it short (``tool_choice.py``)."""
-        if self.tool_mode == "forced" and reason == "length" and not (
+        if self.tool_mode == "forced" and reason in ("length", "stop") and not (
                 self.num_calls and is_complete_json(self._forced_text)):
-            raise incomplete_call_error(True)
+            raise incomplete_call_error(reason == "length")
         return "tool_calls" if reason == "stop" and self.num_calls else reason

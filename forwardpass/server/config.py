@@ -29,6 +29,7 @@ class ServerConfig:
     max_request_tokens: int = 1 << 20
     retry_after_s: int = 1  # Retry-After sent with 503 when the waiting queue is full
     enable_debug_endpoints: bool = False  # GET /debug/engine (free blocks, invariants) for tests
+    enable_tokenizer_info: bool = False  # GET /tokenizer_info (vLLM's; it publishes the chat template)
     shutdown_timeout_s: float = 30.0  # on SIGTERM: then every stream still open ends with an error + [DONE]
     request_timeout_s: float | None = None  # a request running longer fails (504 / an SSE error event)
     watchdog_timeout_s: float = 60.0  # /health is 503 when the engine has work but no progress this long

@@ -126,9 +126,11 @@ class _SamplingRequest(VllmExtras):
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        bad = [k for k in (v or {}) if not (k.isascii() and k.isdigit() and len(k) <= 10)]
+        if bad:  # every bad key named (the first eight), as vLLM does, so a client can fix them at once
+            raise ValueError("logit_bias keys must be token ids (digit strings); got "
+                             + ", ".join(f"{k!r:.40}" for k in bad[:8]) + (" ..." if len(bad) > 8 else ""))
         for k, bias in (v or {}).items():
-            if not (k.isascii() and k.isdigit() and len(k) <= 10):
-                raise ValueError(f"logit_bias keys must be token ids (digit strings); got {k!r:.40}")
             if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 raise ValueError(f"logit_bias values must be in [-100, 100]; token {k} has {bias}")
         return v

@@ -57,6 +57,7 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
     reasoning_content: str | None = Field(None, description="with --reasoning-parser: the <think> part")
+    reasoning: str | None = Field(None, description="the same as reasoning_content (vLLM's newer name)")
     tool_calls: list[ToolCall] | None = None
 
 

@@ -22,7 +22,7 @@ import json
 from typing import Any
 
 from forwardpass.errors import ValidationError
-from forwardpass.server.tools import required_schema
+from forwardpass.server.tools import leading_json, required_schema
 
 #: a string value is never bounded below this many characters, nor above the second
 MIN_STRING_CHARS, MAX_STRING_CHARS = 8, 4096
@@ -80,11 +80,7 @@ def incomplete_call_error(max_tokens_hit: bool) -> ValidationError:
 
 
 def is_complete_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
+    return leading_json(text)[1] is not None
 
 
 def _dict(node: dict[str, Any], key: str) -> dict[str, Any]:

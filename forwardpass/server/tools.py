@@ -15,6 +15,8 @@ import re
 import uuid
 from typing import Any
 
+from forwardpass.errors import ValidationError
+
 START, END = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -58,22 +60,42 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
 def forced_calls(tool_choice: Any, text: str) -> list[dict[str, Any]]:
     """The tool calls of an output constrained by ``required`` (a JSON array) or a named
     tool (its arguments)."""
-    if isinstance(tool_choice, dict):
-        return [_call(tool_choice["function"]["name"], text)]
-    try:
-        items = json.loads(text)
-    except ValueError:
-        return []
+    value, end = leading_json(text)
+    if isinstance(tool_choice, dict):  # the arguments as generated, up to where their JSON ends
+        return [_call(tool_choice["function"]["name"], text if end is None else text.lstrip()[:end])]
+    items = value if isinstance(value, list) else []
     return [_call(i["name"], i.get("parameters", {})) for i in items if isinstance(i, dict) and "name" in i]
 
 
+def leading_json(text: str) -> tuple[Any, int | None]:
+    """The JSON value the text starts with and where it ends in ``text.lstrip()`` ((None, None) if it starts
+    with none): what the grammar forced, without a tail the detokenizer may add (a tokenizer whose
+    end-of-sequence token is not marked special spells it)."""
+    try:
+        return json.JSONDecoder().raw_decode(text.lstrip())
+    except ValueError:
+        return None, None
+
+
 def required_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """JSON array of one or more calls, each naming a given tool and matching its parameters (vLLM's form)."""
-    return {"type": "array", "minItems": 1, "items": {"anyOf": [
-        {"type": "object", "properties": {
-            "name": {"type": "string", "enum": [t["function"]["name"]]},
-            "parameters": t["function"].get("parameters") or {"type": "object"}},
-         "required": ["name", "parameters"]} for t in tools]}}
+    """JSON array of one or more calls, each naming a given tool and matching its parameters (vLLM's form).
+
+    A tool's ``$defs`` (or ``definitions``) move to the array's root, where its ``#/$defs/...`` references
+    point once the parameters are nested in the array (as vLLM does); two tools defining one name differently
+    are a 400 naming ``tools``."""
+    params = [dict(t["function"].get("parameters") or {"type": "object"}) for t in tools]
+    root: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": [
+        {"type": "object", "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
+                                          "parameters": p},
+         "required": ["name", "parameters"]} for t, p in zip(tools, params, strict=True)]}}
+    for key in ("$defs", "definitions"):
+        for p in params:
+            defs = p.pop(key, None)
+            for name, schema in (defs.items() if isinstance(defs, dict) else ()):
+                if root.setdefault(key, {}).setdefault(name, schema) != schema:
+                    raise ValidationError(f"two tools define {key}/{name} differently; the forced call's "
+                                          "schema needs one definition per name", param="tools")
+    return root
 
 
 # the start of a call object up to its arguments: name first (the order Hermes templates and Qwen use)

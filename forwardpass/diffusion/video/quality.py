@@ -54,6 +54,17 @@ def centres(frames: np.ndarray) -> np.ndarray:
     return np.stack([cx, cy], -1)
 
 
+def direction_agrees(frames: np.ndarray, dirs: list[str], min_px: float = 1.0) -> np.ndarray:
+    """Per clip ``frames [N, F, H, W]``: did the ink's centre of mass move (first frame to last) further
+    along the prompted direction than along any other of the four, and by at least ``min_px``?"""
+    com = centres(frames)
+    travel = com[:, -1] - com[:, 0]  # (dx, dy)
+    names = list(DIRECTIONS)
+    along = travel @ np.array([DIRECTIONS[d] for d in names], dtype=np.float64).T  # [N, 4]
+    want = np.array([names.index(d) for d in dirs])
+    return (along.argmax(1) == want) & (along[np.arange(len(dirs)), want] >= min_px)
+
+
 def recentre(frames: np.ndarray) -> np.ndarray:
     """Shift each frame ``[N, H, W]`` by whole pixels so its ink's centre of mass is the canvas centre."""
     n, h, w = frames.shape

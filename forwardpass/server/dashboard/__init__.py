@@ -18,7 +18,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import HTMLResponse, Response
 
 from forwardpass.engine.frontend.protocol import BlockMapRequest
-from forwardpass.server.dashboard.state import DashboardState, engine_peaks
+from forwardpass.server.dashboard.state import DashboardState, engine_peaks, engine_watch
 from forwardpass.server.sse import SSEResponse
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def dashboard_router(engine: AsyncLLMEngine, *, interval_s: float = 0.5, stream_
     """``stream_s`` bounds one SSE connection (the page's ``EventSource`` reconnects at once): an open
     dashboard must not hold up a graceful shutdown, which waits for open responses to end."""
     peaks, layers = engine_peaks(engine)
-    state = DashboardState(engine, peaks, layers)
+    state = DashboardState(engine, peaks, layers, engine_watch(engine, layers))
     router = APIRouter(include_in_schema=False)
     last_map: dict[str, Any] = {}
 

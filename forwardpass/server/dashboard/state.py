@@ -16,6 +16,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from forwardpass.analysis.oversubscription import (
+    OversubscriptionWatch,
+    oversubscribed,
+    warning_logged,
+    warning_text,
+)
+from forwardpass.analysis.regime import classify
+
 if TYPE_CHECKING:
     from forwardpass.engine.frontend.async_engine import AsyncLLMEngine, RequestTiming
     from forwardpass.engine.frontend.outputs import RequestOutput
@@ -70,14 +78,19 @@ def device_peaks(device: str, dtype: str = "fp32") -> Peaks | None:
         return None
 
 
-def engine_peaks(engine: AsyncLLMEngine) -> tuple[Peaks | None, int | None]:
-    """(peaks of the engine's device and dtype, its model's layer count) from its recipe and config.json."""
+def _device_dtype(engine: AsyncLLMEngine) -> tuple[str, str]:
     kwargs = engine.spec.config_kwargs
     device = str(kwargs.get("device", "cpu"))
     dtype = str(kwargs.get("dtype", "auto"))
     dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
     if dtype == "auto":
         dtype = "bf16" if device.startswith("cuda") else "fp32"
+    return device, dtype
+
+
+def engine_peaks(engine: AsyncLLMEngine) -> tuple[Peaks | None, int | None]:
+    """(peaks of the engine's device and dtype, its model's layer count) from its recipe and config.json."""
+    device, dtype = _device_dtype(engine)
     layers = None
     try:
         from forwardpass.loader.spec import load_model_spec
@@ -88,9 +101,19 @@ def engine_peaks(engine: AsyncLLMEngine) -> tuple[Peaks | None, int | None]:
     return device_peaks(device, dtype), layers
 
 
+def engine_watch(engine: AsyncLLMEngine, layers: int | None) -> OversubscriptionWatch | None:
+    """The oversubscription judge of ``analysis/oversubscription.py`` for this engine (None without layers);
+    silent itself: the dashboard only shows what it finds."""
+    if not layers:
+        return None
+    device, dtype = _device_dtype(engine)
+    return OversubscriptionWatch(layers, dtype, device=device.split(":")[0])
+
+
 class DashboardState:
-    def __init__(self, engine: AsyncLLMEngine, peaks: Peaks | None = None, layers: int | None = None) -> None:
-        self.engine, self.peaks, self.layers = engine, peaks, layers
+    def __init__(self, engine: AsyncLLMEngine, peaks: Peaks | None = None, layers: int | None = None,
+                 watch: OversubscriptionWatch | None = None) -> None:
+        self.engine, self.peaks, self.layers, self.watch = engine, peaks, layers, watch
         self.steps: deque[tuple[float, StepRecord]] = deque(maxlen=HISTORY)  # (received at, record)
         self.ttft: deque[float] = deque(maxlen=100)
         self.tpot: deque[float] = deque(maxlen=100)
@@ -108,14 +131,45 @@ class DashboardState:
         if timing.itl:
             self.tpot.append(sum(timing.itl) / len(timing.itl))
 
-    def bound(self, r: StepRecord) -> str | None:
+    def _terms(self, r: StepRecord) -> dict[str, float] | None:
         p = self.peaks
-        if p is None or not r.duration_s:
+        if p is None:
             return None
         terms = {"compute": r.flops / p.flops, "memory": r.bytes / p.bandwidth}
         if p.per_step_s is not None:
             terms["overhead"] = p.per_step_s + (p.per_layer_s or 0.0) * (self.layers or 0)
+        return terms
+
+    def bound(self, r: StepRecord) -> str | None:
+        """The bound the prediction gives the step (its largest term)."""
+        terms = self._terms(r)
+        if terms is None or not r.duration_s:
+            return None
         return max(terms, key=lambda k: terms[k])
+
+    def regime(self, r: StepRecord) -> dict[str, Any]:
+        """Measured against predicted time and the regime (``analysis/regime.py``): the predicted bound, or
+        ``overhead`` when the step took more than 3x its prediction — what ``explain --json`` gives a step."""
+        terms = self._terms(r)
+        if terms is None or not r.duration_s:
+            return {"predicted_s": None, "ratio": None, "regime": None}
+        predicted = max(terms["compute"], terms["memory"]) + terms.get("overhead", 0.0)
+        c = classify(r.duration_s, predicted, max(terms, key=lambda k: terms[k]))
+        return {"predicted_s": c.predicted_s, "ratio": c.ratio, "regime": c.regime}
+
+    def oversubscription(self, records: list[StepRecord]) -> dict[str, Any] | None:
+        """The oversubscription judgement over the recent steps, with the warning when it fires (now, or
+        once logged by this process); None without a prediction for this machine."""
+        logged = warning_logged()
+        judged = self.watch.judge(records) if self.watch is not None else None
+        if judged is None and logged is None:
+            return None
+        warning = logged
+        if oversubscribed(judged):
+            from forwardpass.threads import usable_cores
+
+            warning = warning_text(judged, self.engine.spec.num_threads or usable_cores())  # type: ignore[arg-type]
+        return {**(judged or {}), "warning": warning}
 
     def snapshot(self) -> dict[str, Any]:
         """The numbers of the page (without the block map, which the engine is asked for)."""
@@ -144,6 +198,7 @@ class DashboardState:
             "tpot_s": sum(self.tpot) / len(self.tpot) if self.tpot else None,
             "preemptions": last.total_preemptions if last else 0,
             "prefix_cache_hit_rate": last.prefix_cache_hit_rate if last else 0.0,
+            "spec_decode": spec_decode(recent),  # speculative decoding over the window; None without drafts
             "achieved_flops_per_s": flops_s,
             "achieved_bytes_per_s": bytes_s,
             "mfu": flops_s / p.flops if p and not idle else None,
@@ -155,7 +210,20 @@ class DashboardState:
                 {"step": r.step, "age_s": now - t, "prefill": r.num_prefill_tokens,
                  "decode": r.num_decode_tokens, "duration_s": r.duration_s, "flops": r.flops,
                  "bytes": r.bytes, "intensity": r.flops / r.bytes if r.bytes else 0.0,
-                 "flops_per_s": r.achieved_flops_per_s, "bound": self.bound(r)}
+                 "flops_per_s": r.achieved_flops_per_s, "bound": self.bound(r), **self.regime(r)}
                 for t, r in list(self.steps)[-60:]
             ],
+            "oversubscription": self.oversubscription([r for _, r in self.steps]),
         }
+
+
+def spec_decode(records: list[StepRecord]) -> dict[str, Any] | None:
+    """Drafts verified and accepted in ``records``, the acceptance rate and the mean acceptance length
+    (tokens a verifying sequence emitted per step); None when no step verified drafts."""
+    drafts = sum(r.num_draft_tokens for r in records)
+    if not drafts:
+        return None
+    accepted = sum(r.num_accepted_tokens for r in records)
+    lengths = [n for r in records for n in r.acceptance_lengths]
+    return {"drafts": drafts, "accepted": accepted, "acceptance_rate": accepted / drafts,
+            "mean_acceptance_length": sum(lengths) / len(lengths) if lengths else None}

@@ -18,6 +18,9 @@
     return (Math.abs(x) < 10 ? x.toFixed(1) : x.toFixed(0)) + (unit ? " " + unit : "");
   }
   const ms = (s) => (s === null || s === undefined) ? "–" : (s * 1000).toFixed(s < 0.1 ? 1 : 0) + " ms";
+  // a step's time: microseconds below one millisecond (a fast machine's prediction), else milliseconds
+  const dur = (s) => (s === null || s === undefined) ? "–" : s < 1e-3 ? (s * 1e6).toFixed(1) + " µs" : ms(s);
+  const times = (r) => (r === null || r === undefined) ? "–" : r.toFixed(r < 100 ? 1 : 0) + "×";
   const pct = (x) => (x === null || x === undefined) ? "–" : (100 * x).toFixed(1) + "%";
 
   function drawGrid(map) {
@@ -93,6 +96,33 @@
     g.globalAlpha = 1;
   }
 
+  // Measured vs predicted time of the latest steps and their regime (what `explain --json` gives a step), and
+  // the oversubscription warning when the server's judge finds decode far slower than predicted under load.
+  function regimeBadge(regime) {
+    const b = document.createElement("span");
+    b.className = "rg " + (regime || "");
+    b.textContent = regime || "–";
+    return b;
+  }
+  function drawRegimes(state) {
+    const steps = state.steps, last = steps.length ? steps[steps.length - 1] : null;
+    const cell = $("regime");
+    cell.textContent = "";
+    cell.appendChild(regimeBadge(last && last.regime));
+    $("regime-times").textContent = last && last.predicted_s !== null
+      ? `${dur(last.duration_s)} / ${dur(last.predicted_s)} (${times(last.ratio)})` : "no prediction";
+    const body = $("steps-table").tBodies[0];
+    body.textContent = "";
+    steps.slice(-12).reverse().forEach((s) => {
+      const row = body.insertRow();
+      [s.step, s.prefill, s.decode, dur(s.duration_s), dur(s.predicted_s), times(s.ratio)].forEach((v) => { row.insertCell().textContent = v; });
+      row.insertCell().appendChild(regimeBadge(s.regime));
+    });
+    const warn = $("oversubscription"), o = state.oversubscription;
+    warn.hidden = !(o && o.warning);
+    warn.textContent = o && o.warning ? "⚠ " + o.warning : "";
+  }
+
   function render(state) {
     $("requests-running").textContent = state.requests_running;
     $("requests-waiting").textContent = state.requests_waiting;
@@ -103,6 +133,10 @@
     $("tpot").textContent = ms(state.tpot_s);
     $("preemptions").textContent = state.preemptions;
     $("prefix-hit-rate").textContent = pct(state.prefix_cache_hit_rate);
+    const sd = state.spec_decode;  // speculative decoding over the last window (null: no drafts verified)
+    $("spec-acceptance").textContent = sd ? pct(sd.acceptance_rate) : "–";
+    $("spec-length").textContent = sd ? `${sd.accepted} of ${sd.drafts} drafts, ` +
+      `${sd.mean_acceptance_length.toFixed(2)} tokens per verify` : "speculative decoding off or idle";
     $("flops-per-s").textContent = si(state.achieved_flops_per_s, "FLOP/s");
     $("bytes-per-s").textContent = si(state.achieved_bytes_per_s, "B/s");
     $("mfu").textContent = pct(state.mfu);
@@ -123,6 +157,7 @@
     drawGrid(state.blocks);
     drawBatchMix(state.steps);
     drawRoofline(state);
+    drawRegimes(state);
   }
 
   // One SSE connection lasts a few seconds (so the server can shut down); EventSource reconnects by

@@ -1,0 +1,1 @@
+"""vLLM's own OpenAI-server tests run against forwardpass serve (run.py)."""
