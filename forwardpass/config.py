@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -31,7 +32,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
                           param="dtype") from None
 
 
-SPECULATIVE_METHODS = ("ngram",)  # draft_model and mtp: not yet (docs/speculative.md)
+SPECULATIVE_METHODS = ("ngram", "draft_model")  # mtp: not yet (docs/speculative.md)
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,15 @@ class SpeculativeConfig:
     ``ngram`` (prompt lookup): the longest n-gram (``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens)
     ending the sequence that also occurs earlier in its prompt + output proposes the up to
     ``num_speculative_tokens`` tokens that followed it; one forward pass verifies them all.
+    ``draft_model``: ``model`` (a name, directory or ``.gguf`` file sharing the target's tokenizer) proposes
+    the drafts, running in the engine with its own small KV cache (engine/speculative/draft.py).
     ``disable_by_batch_size``: no proposals while more sequences than this run (the step is no longer
     memory-bound, so verifying k extra tokens per sequence costs about k times more; None: never).
     ``adaptive``: per request, stop proposing while its measured acceptance makes a verify step a loss.
     """
 
     method: str = "ngram"
+    model: str | None = None  # draft_model: the draft (a model name, a directory or a .gguf file)
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
@@ -59,8 +63,18 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
             raise ConfigError(f"speculative_config.method must be one of {', '.join(SPECULATIVE_METHODS)}, "
-                              f"got {self.method!r} (draft_model and mtp are not supported yet)",
+                              f"got {self.method!r} (mtp is not supported yet)",
                               param="speculative_config.method")
+        if isinstance(self.model, os.PathLike):  # a pathlib.Path from the Python API
+            object.__setattr__(self, "model", os.fspath(self.model))
+        if self.method == "draft_model" and (not isinstance(self.model, str) or not self.model.strip()):
+            raise ConfigError("speculative_config.model: method draft_model needs the draft model (a name "
+                              "from `forwardpass models`, a directory or a .gguf file with the target's "
+                              "tokenizer), "
+                              f"got {self.model!r}", param="speculative_config.model")
+        if self.method != "draft_model" and self.model is not None:
+            raise ConfigError(f"speculative_config.model applies to method draft_model, not {self.method!r}",
+                              param="speculative_config.model")
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -62,6 +62,11 @@ def _embedded_paths() -> dict[str, tuple[str, Callable[[], Path], str]]:
 
         return default_llm_path()
 
+    def text_draft() -> Path:
+        from forwardpass.assets import default_llm_draft_path
+
+        return default_llm_draft_path()
+
     def speech() -> Path:
         from forwardpass.assets import ASSETS_DIR
 
@@ -69,6 +74,8 @@ def _embedded_paths() -> dict[str, tuple[str, Callable[[], Path], str]]:
 
     return {
         DEFAULT_TEXT: ("text", text, "the default of generate / chat / serve / explain / LLM()"),
+        "forwardpass-default-draft": ("text", text_draft, "the draft model of forwardpass-default for "
+                                      "speculative_config={'method': 'draft_model', 'model': this name}"),
         "digits": ("image", image, "the default of forwardpass image (serve --image-model default)"),
         "moving-digits": ("video", video, "the default of forwardpass video (serve --video-model default)"),
         "forwardpass-speech": ("speech", speech, "the default of forwardpass transcribe (a tiny Whisper)"),

@@ -84,5 +84,6 @@ def test_models_command_lists_cache_and_embedded(hf_home, capsys):
     assert main(["models", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["models"]
     packaged = {r["model"] for r in rows if r["kind"].endswith("(package)")}  # pip-installed models, if any
-    assert {r["model"] for r in rows} - packaged == {"forwardpass-default", "digits", "moving-digits",
-                                                      "forwardpass-speech", "acme/tiny-qwen"}
+    assert {r["model"] for r in rows} - packaged == {"forwardpass-default", "forwardpass-default-draft",
+                                                      "digits", "moving-digits", "forwardpass-speech",
+                                                      "acme/tiny-qwen"}

@@ -31,8 +31,8 @@ def test_models_lists_every_kind(capsys):
     assert main(["models", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["models"]
     embedded = {r["model"]: r["type"] for r in rows if r["source"] == "embedded"}
-    assert embedded == {"forwardpass-default": "text", "digits": "image", "moving-digits": "video",
-                        "forwardpass-speech": "speech"}
+    assert embedded == {"forwardpass-default": "text", "forwardpass-default-draft": "text", "digits": "image",
+                        "moving-digits": "video", "forwardpass-speech": "speech"}
     assert {r["type"] for r in rows} <= set(KINDS)
     assert all(Path(r["path"]).exists() for r in rows)
     assert main(["models"]) == 0  # the table names each kind

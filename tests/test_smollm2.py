@@ -134,7 +134,8 @@ def test_teacher_forced_top1_agrees_with_transformers_fp32(hf_tokenizer, hf_mode
 
 
 QUESTIONS = [("What is the capital of France?", "Paris"), ("What is the capital of Japan?", "Tokyo"),
-             ("What language is spoken in Brazil?", "Portuguese"), ("What is the chemical symbol for gold?", "Au"),
+             ("What language is spoken in Brazil?", "Portuguese"),
+             ("What is the chemical symbol for gold?", "Au"),
              ("What is the capital of Germany?", "Berlin"), ("What is the opposite of hot?", "cold"),
              ("How many days are in a week?", "7"), ("Who wrote Romeo and Juliet?", "Shakespeare"),
              ("Which planet is known as the Red Planet?", "Mars")]  # fmt: skip

@@ -16,6 +16,12 @@ def default_llm_path() -> Path:
     return ASSETS_DIR / "llm"
 
 
+def default_llm_draft_path() -> Path:
+    """The draft model of the default LLM for speculative decoding (``method: draft_model``): a 1.1M-parameter
+    Qwen3 distilled from it, same tokenizer (``scripts/train_draft_llm.py``)."""
+    return ASSETS_DIR / "llm_draft"
+
+
 def default_llm_heldout_text_path() -> Path:
     """The held-out evaluation text of the default LLM (never seen in training)."""
     return ASSETS_DIR / "data" / "austen_heldout.txt"

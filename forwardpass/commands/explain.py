@@ -6,7 +6,7 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from forwardpass.commands._common import add_model_args
+    from forwardpass.commands._common import add_model_args, speculative_config_arg
 
     p = sub.add_parser("explain", help="run one request and show what the engine did, step by step")
     p.add_argument("prompt", help="the prompt text")
@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-overhead", action="store_true", help="leave the measured overhead out")
     p.add_argument("--html", metavar="FILE", default=None, help="also write a self-contained HTML report")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the terminal view")
+    p.add_argument("--speculative-config", type=speculative_config_arg, default=None, metavar="JSON",
+                   help="speculative decoding (as for generate): each step's proposed, accepted and rejected "
+                        "drafts are shown")
     p.set_defaults(func=run)
     register_image(sub)
 
@@ -41,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos,
         layer=args.layer, head=args.head, hardware=args.hardware,
         overhead=None if args.no_overhead else "this-machine", dtype=args.dtype, device=args.device,
+        speculative_config=args.speculative_config,
     )
     if args.html:
         from forwardpass.explain.html import render_html

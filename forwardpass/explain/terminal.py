@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from forwardpass.analysis.report import fmt_bytes, fmt_flops, fmt_rate, fmt_time
+from forwardpass.explain.speculation import render_speculation
 
 _SHADES = " ░▒▓█"
 
@@ -90,6 +91,7 @@ def render(ex: dict[str, Any], out: Any = None, *, funnels: int = 3) -> None:
                     str(d["kv_entries"]), fmt_time(d["time_s"]), _predicted(d),
                     fmt_flops(d["flops"]), fmt_bytes(d["bytes"]), _regime(d), str(d["pool_size"]), top)
     con.print(tab)
+    render_speculation(con, ex.get("speculation"), _show)  # drafts per step, with a speculative_config
     causes = {d["cause_text"] for d in rows if d.get("cause_text")}
     for cause in sorted(causes):  # why steps ran > 3x their prediction (analysis/regime.py)
         con.print(f"[yellow]overhead-bound steps[/]: {cause}")

@@ -19,6 +19,7 @@ import torch
 
 from forwardpass.engine.scheduling.stats import StepRecord
 from forwardpass.explain.funnel import sampling_funnel
+from forwardpass.explain.speculation import speculation_steps
 from forwardpass.explain.views import layer_views
 from forwardpass.sampling.params import SamplingParams
 from forwardpass.sampling.sampler import make_generator
@@ -102,6 +103,7 @@ def explain(
     overhead: Any = "this-machine",
     dtype: str = "auto",
     device: str = "cpu",
+    speculative_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``prompt`` once and explain it; see ``docs/explain.md`` for the fields.
 
@@ -116,7 +118,7 @@ def explain(
         from forwardpass.engine.frontend.llm_engine import LLMEngine
 
         engine = LLMEngine(resolve_model(str(model) if model else None),
-                           EngineConfig(dtype=dtype, device=device))
+                           EngineConfig(dtype=dtype, device=device, speculative_config=speculative_config))
     core, tok, spec = engine.core, engine.tokenizer, engine.spec
     params = _params(engine, max_tokens, seed, ignore_eos, temperature=temperature, top_k=top_k,
                      top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
@@ -180,7 +182,8 @@ def explain(
                            **_cost(prefill_records, layers, hw, dtype_name, oh, tuple(prefill_cpu))}
             continue
         for t in new:
-            decode.append({"step": len(decode) + 1, "token": t, "text": text(t), "kv_entries": kv_entries,
+            decode.append({"step": len(decode) + 1, "engine_step": rec.step, "token": t, "text": text(t),
+                           "kv_entries": kv_entries,
                            "kv_blocks": math.ceil(kv_entries / bs),
                            "kv_blocks_in_pool": core.kv.num_blocks - rec.num_free_blocks,
                            **_cost([rec], layers, hw, dtype_name, oh, (cpu_s, wall_s))})
@@ -251,5 +254,6 @@ def explain(
         if views.attention else None,
         "routing": views.routing,
         "roofline": roofline,
+        "speculation": speculation_steps(steps, text),  # drafts proposed / accepted / rejected per step
         "verified": all(f["verified"] is not False for f in funnels),
     }

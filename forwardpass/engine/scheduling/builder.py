@@ -34,6 +34,7 @@ from forwardpass.engine.scheduling.kv_cache_spec import (
 )
 from forwardpass.engine.scheduling.scheduler import Scheduler
 from forwardpass.engine.speculative.policy import build_speculator
+from forwardpass.engine.speculative.rows import decode_row_limit
 from forwardpass.engine.worker.model_runner import CausalLM
 from forwardpass.engine.worker.routing_stats import ModelRoutingCounter, RoutingStats
 from forwardpass.errors import ConfigError
@@ -165,8 +166,11 @@ def build_engine_core(
         admission=lora,
         fair_share_tokens=config.fair_share_tokens,
         # refuses caches that can't roll back
-        speculator=build_speculator(SpeculativeConfig.from_value(config.speculative_config), groups),
+        speculator=build_speculator(SpeculativeConfig.from_value(config.speculative_config), groups,
+                                    {"target_dir": model_dir, "engine": config, "target_vocab": spec.vocab}),
     )
+    if scheduler.speculator is not None:  # verify rows stay within the rows the decode kernels take
+        scheduler.speculator.limit_step_rows(decode_row_limit(net), config.max_num_batched_tokens)
     kernel = plan.kernels.decode
     runner = executor.make_runner(
         cast(CausalLM, net),  # every registered model class has forward + compute_logits

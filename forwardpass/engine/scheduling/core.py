@@ -183,7 +183,7 @@ class EngineCore:
 
     def _record(self, scheduled: SchedulerOutput, result: RunnerOutput, start: float) -> StepRecord:
         num_sampled = len(result.seq_ids)
-        drafts, accepted, lengths = step_acceptance(scheduled.chunks, result.seq_ids)
+        drafts, accepted, lengths, proposals = step_acceptance(scheduled.chunks, result.seq_ids)
         num_decode = sum(1 for c in scheduled.chunks if c.is_decode)
         # draft tokens verified are neither prompt work nor the decode token itself
         num_prefill = scheduled.total_num_tokens - num_decode - sum(len(c.draft_token_ids) for c in
@@ -213,7 +213,7 @@ class EngineCore:
             bytes=nbytes,
             num_draft_tokens=drafts,
             num_accepted_tokens=accepted,
-            acceptance_lengths=lengths,
+            acceptance_lengths=lengths, draft_token_ids=proposals,
         )
 
     # ----- LoRA (vLLM's engine methods) ----------------------------------------------------------

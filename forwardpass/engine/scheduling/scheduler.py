@@ -57,8 +57,7 @@ class Scheduler:
         eos_token_ids: Iterable[int] = (), admission: AdmissionPolicy | None = None,
         fair_share_tokens: int = 0, speculator: Speculator | None = None):
         self.kv = kv
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.admission = admission
@@ -160,7 +159,7 @@ class Scheduler:
             budget -= num_new
 
         self.num_preemptions += preempted
-        chosen.sort(key=lambda c: c.num_new_tokens != 1)  # one-token (decode-like) chunks first; stable
+        chosen.sort(key=lambda c: c.num_new_tokens != 1 + len(c.draft_token_ids))  # decode/verify rows first
         finished, self._finished_since_schedule = tuple(self._finished_since_schedule), []
         self._scheduled_at = time.perf_counter()
         return SchedulerOutput(tuple(new), tuple(chosen), finished, preempted)
@@ -176,7 +175,7 @@ class Scheduler:
             if chunk.draft_token_ids:
                 drafted[chunk.seq_id] = len(chunk.draft_token_ids)
         if self.speculator is not None and not scheduled.is_empty:
-            self.speculator.observe_step(scheduled.total_num_tokens, time.perf_counter() - self._scheduled_at)
+            self.speculator.observe_step(scheduled.chunks, time.perf_counter() - self._scheduled_at)
         deltas = []
         prompt_lps = dict(result.prompt_logprobs)
         rows = zip(result.seq_ids, result.token_ids, result.logprobs)
@@ -192,7 +191,7 @@ class Scheduler:
                 kept += 1
             proposed, accepted = drafted.get(seq_id, 0), len(tokens) - 1
             if proposed:
-                seq.draft_stats.record(proposed, accepted)
+                self.speculator.record(seq.draft_stats, proposed, accepted)  # type: ignore[union-attr]
                 seq.num_computed_tokens -= proposed - accepted  # the rejected drafts' positions
                 if reason is None:
                     self.kv.roll_back(seq)
@@ -221,8 +220,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)
-        seq.num_computed_tokens = 0
-        seq.status = SequenceStatus.WAITING
+        if self.speculator is not None: self.speculator.release(seq.seq_id)  # a draft model's cache blocks
+        seq.num_computed_tokens, seq.status = 0, SequenceStatus.WAITING
         seq.num_preemptions += 1
         seq.in_runner = False
         self.waiting.appendleft(seq)
@@ -234,6 +233,7 @@ class Scheduler:
         else:
             self.waiting.remove(seq)
         self.kv.free(seq)
+        if self.speculator is not None: self.speculator.release(seq.seq_id)  # a draft model's cache blocks
         seq.status, seq.finish_reason, seq.stop_reason = SequenceStatus.FINISHED, reason, stop
         del self.seqs[seq.seq_id]
         self._finished_since_schedule.append(seq.seq_id)

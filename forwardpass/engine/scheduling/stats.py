@@ -29,6 +29,7 @@ class StepRecord:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     acceptance_lengths: tuple[int, ...] = ()
+    draft_token_ids: tuple[tuple[int, ...], ...] = ()  # the drafts each of those sequences verified
 
     @property
     def achieved_flops_per_s(self) -> float:

@@ -25,9 +25,14 @@ class NgramProposer:
 
     def propose(self, token_ids: Sequence[int], k: int) -> tuple[int, ...]:
         """Up to ``k`` draft tokens to follow ``token_ids`` (empty when no n-gram recurs)."""
+        return self.match(token_ids, k)[0]
+
+    def match(self, token_ids: Sequence[int], k: int) -> tuple[tuple[int, ...], int]:
+        """``(drafts, n)``: up to ``k`` drafts and the length ``n`` of the n-gram match they continue (the
+        policy's acceptance estimate depends on it); ``((), 0)`` when no n-gram recurs."""
         num = len(token_ids)
         if k < 1 or num <= self.min_n:
-            return ()
+            return (), 0
         t = np.asarray(token_ids, dtype=np.int64)
         for n in range(min(self.max_n, num - 1), self.min_n - 1, -1):
             # windows starting at 0 .. num - n - 1: every occurrence that ends before the suffix itself
@@ -38,5 +43,5 @@ class NgramProposer:
                 drafts = t[start : start + k].tolist()
                 while len(drafts) < k:  # ran into the end: continue through the proposal itself
                     drafts.append(drafts[len(drafts) - (num - start)])
-                return tuple(drafts)
-        return ()
+                return tuple(drafts), n
+        return (), 0

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from forwardpass.engine.worker.isolation import sample_isolated
+from forwardpass.engine.speculative.draft_verify import sample_round
 from forwardpass.engine.worker.prompt_logprobs import take_prompt_logprobs
 from forwardpass.sampling.sampler import Sampler, SamplingRow, TokenLogprobs
 from forwardpass.structured.backend import GrammarBackend
@@ -74,7 +74,9 @@ def sample_and_verify(sampler: Sampler, grammars: GrammarBackend | None, eos_tok
             for t, state, mask, row in zip(live, states, masks, rows):
                 t.seq.grammar, row.token_bitmask = state, mask
         index = torch.tensor([t.row + j for t in live], device=logits.device)
-        results = sample_isolated(sampler, logits.index_select(0, index), rows, eos_token_ids)
+        # drafts a draft model sampled from its q: the full rejection rule (draft_verify.py); others: as above
+        results = sample_round(sampler, logits.index_select(0, index), rows, eos_token_ids,
+                               [t.drafts for t in live], j)
         going_on = []
         for i, (t, r) in enumerate(zip(live, results)):
             if i in bad or isinstance(r, str):  # this sequence's own sampling failed: only its request fails

@@ -183,9 +183,16 @@ class ModelRunner:
             ids.extend(seq.tokens(start, end))  # the known tokens, then any drafts to verify
             ids.extend(drafts := chunk.draft_token_ids)
             pos.extend(range(start, end))
+            # a verify chunk among the decode rows: each position a decode query over its own prefix, so the
+            # step keeps the decode kernels (the decode stack) and each row rounds as in a decode step
+            as_decode = n == 1 or (n == 1 + len(drafts) and row == num_decode)
             for builder, table in zip(builders, seq.block_tables):
-                builder.add(table, start, end, row)
-            num_decode += n == 1
+                if as_decode:
+                    for i in range(n):
+                        builder.add(table, start + i, start + i + 1, row + i)
+                else:
+                    builder.add(table, start, end, row)
+            num_decode += n if as_decode else 0
             if end - len(drafts) == seq.num_tokens:
                 sampled.append(SampleTarget(chunk.seq_id, seq, len(sample_rows), drafts))
                 sample_rows.extend(range(row + n - 1 - len(drafts), row + n))

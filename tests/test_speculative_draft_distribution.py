@@ -1,0 +1,88 @@
+"""The chi-square test of ``test_speculative_distribution.py`` with a real draft model: drafts drawn from the
+draft's own distribution ``q`` (not a point mass) and verified by the full rejection rule
+(``engine/speculative/draft_verify.py``: accept with ``min(1, p/q)``, else draw from ``norm(max(0, p - q))``).
+
+The target is the 16-token model of that test; the draft is another random model of the same vocabulary, so
+``q`` disagrees with ``p`` everywhere. The joint distribution of the two tokens a verify of 2 drafts decides
+must match the target's exact one at significance 0.001; with the rule broken (a rejected draft resampled
+from ``p`` instead of the residual, the classic mistake, or every draft accepted) the same test must fail.
+Every request is seeded and the draft's draws come from per-sequence generators, so it is deterministic.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from forwardpass import LLM, SamplingParams
+from forwardpass.engine.speculative import draft_verify
+from tests.test_speculative_distribution import (
+    PROMPT,
+    SIGNIFICANCE,
+    VOCAB,
+    chi_square_p_value,
+    next_token_probs,
+)
+
+SAMPLES = 2000  # 4 requests x n=500
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint_factory):
+    """The engine, and the target's exact joint distribution of the two tokens after the prefill's."""
+    target_path = checkpoint_factory("qwen3", vocab_size=VOCAB, initializer_range=0.5, num_hidden_layers=1)
+    draft_path = checkpoint_factory("llama", vocab_size=VOCAB, initializer_range=0.5, num_hidden_layers=1,
+                                    hidden_size=32, intermediate_size=64)
+    llm = LLM(target_path, num_threads=1, num_kv_blocks=1024, max_num_seqs=512,
+              max_num_batched_tokens=4096, enable_prefix_caching=True, speculative_config={
+                  "method": "draft_model", "model": str(draft_path), "num_speculative_tokens": 2,
+                  "adaptive": False, "disable_by_batch_size": None})
+    p0 = next_token_probs(llm, [PROMPT])[0]
+    p1 = next_token_probs(llm, [PROMPT + [x] for x in range(VOCAB)])
+    p2 = next_token_probs(llm, [PROMPT + [x, y] for x in range(VOCAB) for y in range(VOCAB)])
+    return llm, (p0[:, None, None] * p1[:, :, None] * p2.view(VOCAB, VOCAB, VOCAB)).sum(0)  # P(x1, x2)
+
+
+def _always_accept(p, q, draft, generator):
+    return draft
+
+
+def _resample_from_p(p, q):
+    return p.clone()
+
+
+@pytest.mark.parametrize("broken", [None, "resample_from_p", "always_accept"])
+def test_draft_model_samples_follow_the_target(engine, broken, monkeypatch):
+    llm, target = engine
+    rounds = [0]
+    rule = draft_verify.reject_or_accept if broken != "always_accept" else _always_accept
+
+    def counted(*args):
+        rounds[0] += 1
+        return rule(*args)
+
+    monkeypatch.setattr(draft_verify, "reject_or_accept", counted)
+    if broken == "resample_from_p":
+        monkeypatch.setattr(draft_verify, "residual", _resample_from_p)
+    per_request = 500
+    params = [SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, n=per_request, seed=100 + r)
+              for r in range(SAMPLES // per_request)]
+    outs = llm.generate([PROMPT] * len(params), params, use_tqdm=False)
+    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    for out in outs:
+        for c in out.outputs:
+            counts[c.token_ids[1], c.token_ids[2]] += 1
+    assert counts.sum() == SAMPLES
+    drafts = sum(o.metrics.num_draft_tokens for o in outs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outs)
+    assert drafts >= SAMPLES and rounds[0] >= SAMPLES  # every sample verified drafts, by the full rule
+    p_value = chi_square_p_value(counts.flatten(), SAMPLES * target.flatten())
+    if broken:
+        assert p_value < SIGNIFICANCE, f"{broken} passed the test (p = {p_value:.3g}): it has no power"
+        return
+    assert 0 < accepted < drafts
+    assert p_value > SIGNIFICANCE, f"speculative sampling does not follow the target (p = {p_value:.3g})"
+    llm.engine.check_invariants()
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+    cache = llm.engine.core.scheduler.speculator.proposer.cache
+    assert cache.num_free_blocks == cache.num_blocks and not cache.sequences
