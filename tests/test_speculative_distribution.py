@@ -82,15 +82,7 @@ def test_emitted_tokens_follow_the_target(path, broken, monkeypatch):
     llm.engine.core.scheduler.speculator.proposer = DisagreeingProposer(unlikely)  # test-only draft
     if broken:
         monkeypatch.setattr(verify, "accepts", lambda sampled, draft: True)
-    per_request = 500
-    params = [SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, n=per_request, seed=100 + r)
-              for r in range(SAMPLES // per_request)]
-    outs = llm.generate([PROMPT] * len(params), params, use_tqdm=False)
-    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
-    for out in outs:
-        for c in out.outputs:
-            counts[c.token_ids[1], c.token_ids[2]] += 1
-    assert counts.sum() == SAMPLES
+    outs, counts = sample_pairs(llm)
     drafts = sum(o.metrics.num_draft_tokens for o in outs)
     accepted = sum(o.metrics.num_accepted_tokens for o in outs)
     assert drafts >= SAMPLES and accepted > 0  # every sample verified drafts
@@ -102,3 +94,17 @@ def test_emitted_tokens_follow_the_target(path, broken, monkeypatch):
         assert p_value > SIGNIFICANCE, f"speculative sampling does not follow the target (p = {p_value:.3g})"
     llm.engine.check_invariants()
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+
+
+def sample_pairs(llm) -> tuple[list, torch.Tensor]:
+    """SAMPLES seeded samples of PROMPT at temperature 1: the outputs and the counts of (x1, x2)."""
+    per_request = 500
+    params = [SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, n=per_request, seed=100 + r)
+              for r in range(SAMPLES // per_request)]
+    outs = llm.generate([PROMPT] * len(params), params, use_tqdm=False)
+    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    for out in outs:
+        for c in out.outputs:
+            counts[c.token_ids[1], c.token_ids[2]] += 1
+    assert counts.sum() == SAMPLES
+    return outs, counts

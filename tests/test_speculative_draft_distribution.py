@@ -12,19 +12,18 @@ Every request is seeded and the draft's draws come from per-sequence generators,
 from __future__ import annotations
 
 import pytest
-import torch
 
-from forwardpass import LLM, SamplingParams
+from forwardpass import LLM
 from forwardpass.engine.speculative import draft_verify
 from tests.test_speculative_distribution import (
     PROMPT,
+    SAMPLES,
     SIGNIFICANCE,
     VOCAB,
     chi_square_p_value,
     next_token_probs,
+    sample_pairs,
 )
-
-SAMPLES = 2000  # 4 requests x n=500
 
 
 @pytest.fixture(scope="module")
@@ -64,15 +63,7 @@ def test_draft_model_samples_follow_the_target(engine, broken, monkeypatch):
     monkeypatch.setattr(draft_verify, "reject_or_accept", counted)
     if broken == "resample_from_p":
         monkeypatch.setattr(draft_verify, "residual", _resample_from_p)
-    per_request = 500
-    params = [SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, n=per_request, seed=100 + r)
-              for r in range(SAMPLES // per_request)]
-    outs = llm.generate([PROMPT] * len(params), params, use_tqdm=False)
-    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
-    for out in outs:
-        for c in out.outputs:
-            counts[c.token_ids[1], c.token_ids[2]] += 1
-    assert counts.sum() == SAMPLES
+    outs, counts = sample_pairs(llm)
     drafts = sum(o.metrics.num_draft_tokens for o in outs)
     accepted = sum(o.metrics.num_accepted_tokens for o in outs)
     assert drafts >= SAMPLES and rounds[0] >= SAMPLES  # every sample verified drafts, by the full rule

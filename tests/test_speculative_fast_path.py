@@ -19,19 +19,10 @@ from forwardpass.config import SpeculativeConfig
 from forwardpass.engine.speculative.ngram import NgramProposer
 from forwardpass.engine.speculative.policy import Speculator, StepCosts
 from forwardpass.engine.speculative.stats import DraftStats
-from tests.helpers.checkpoints import random_prompts
+from tests.test_speculative import copy_heavy_prompts
 
 ALWAYS = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4,
           "adaptive": False, "disable_by_batch_size": None}
-
-
-def copy_heavy_prompts(n: int, vocab: int = 512) -> list[list[int]]:
-    out = []
-    for i in range(n):
-        pattern = random_prompts(1, [3 + i % 4], vocab=vocab, seed=50 + i)[0]
-        noise = random_prompts(1, [5 + 3 * i], vocab=vocab, seed=80 + i)[0]
-        out.append(noise + pattern * (4 + i % 3) + noise[:3])
-    return out
 
 
 @pytest.fixture(scope="module")
