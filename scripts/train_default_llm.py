@@ -535,14 +535,8 @@ def cmd_train(args) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def cmd_export(args) -> None:
-    from transformers import GenerationConfig, PreTrainedTokenizerFast
-
-    work: Path = args.work
-    out: Path = args.out
-    st = torch.load(work / "ckpt.pt", map_location="cpu", weights_only=False)
-    model = build_model(args.seed)
-    model.load_state_dict(st["model"])
+def save_model_dir(model, out: Path) -> None:
+    """``out`` afresh with the model's safetensors and a config a loader reads (fp32, no training choices)."""
     model.config.use_cache = True
     if out.exists():
         shutil.rmtree(out)
@@ -553,6 +547,17 @@ def cmd_export(args) -> None:
     cfg.pop("_attn_implementation_autoset", None)
     cfg["dtype"] = "float32"
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def cmd_export(args) -> None:
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+    work: Path = args.work
+    out: Path = args.out
+    st = torch.load(work / "ckpt.pt", map_location="cpu", weights_only=False)
+    model = build_model(args.seed)
+    model.load_state_dict(st["model"])
+    save_model_dir(model, out)
 
     tok = PreTrainedTokenizerFast(
         tokenizer_file=str(work / "tokenizer.json"),

@@ -209,15 +209,7 @@ def cmd_export(args) -> None:
     st = torch.load(work / "draft_ckpt.pt", map_location="cpu", weights_only=False)
     model = build_draft(args.seed)
     model.load_state_dict(st["model"])
-    model.config.use_cache = True
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    model.save_pretrained(out, safe_serialization=True)
-    cfg = json.loads((out / "config.json").read_text())
-    cfg.pop("_attn_implementation_autoset", None)
-    cfg["dtype"] = "float32"
-    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    BASE.save_model_dir(model, out)
     for name in TOKENIZER_FILES:  # the very same tokenizer files as the target: one vocabulary
         shutil.copyfile(TARGET_DIR / name, out / name)
     held = np.load(work / "heldout_ids.npy")
