@@ -47,6 +47,7 @@ watch = watch_engine(llm.engine)
 params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
 rates = {"default": [], "one": []}
 ratios = {"default": [], "one": []}
+judgements = []
 for r in range(rounds):
     order = [("default", default), ("one", 1)][:: 1 if r % 2 == 0 else -1]
     for name, n in [(m, k) for m, k in order if m in modes]:
@@ -57,7 +58,9 @@ for r in range(rounds):
         rates[name].append(len(steps) / sum(steps))
         judged = watch.judge(llm.engine.stats)
         ratios[name].append(None if judged is None else judged["ratio"])
-print(json.dumps({"default_threads": default, "rates": rates, "ratios": ratios, "warnings": records}))
+        judgements.append(judged)
+print(json.dumps({"default_threads": default, "rates": rates, "ratios": ratios, "judgements": judgements,
+                  "warnings": records}))
 """
 
 
@@ -88,9 +91,11 @@ def busy_machine(per_core: int = 1, wait_s: float = 120.0) -> Iterator[int]:
             p.wait()
 
 
-def run_child(policy: str, rounds: int, tokens: int, modes: str = "default,one") -> dict:
-    """One child process with ``OMP_WAIT_POLICY=policy`` (the thread count chosen by forwardpass)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": policy}
+def run_child(policy: str, rounds: int, tokens: int, modes: str = "default,one",
+              env_extra: dict[str, str] | None = None) -> dict:
+    """One child process with ``OMP_WAIT_POLICY=policy`` (the thread count chosen by forwardpass);
+    ``env_extra`` adds to its environment (a test's hardware cache)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": policy, **(env_extra or {})}
     env.pop("OMP_NUM_THREADS", None)
     out = subprocess.run([sys.executable, "-c", CHILD, str(rounds), str(tokens), modes], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=900)

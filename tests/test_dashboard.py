@@ -12,34 +12,25 @@ import httpx
 import pytest
 
 from forwardpass.assets import default_llm_path
+from tests.helpers.fast_machine import fast_machine_env
 from tests.helpers.server import ServerProcess
 
 NUM_BLOCKS = 96  # of 16 tokens: room for the browser test's four 320-token requests
 LIVE_IDS = ("requests-running", "requests-waiting", "kv-blocks-used", "tokens-per-s")
 
 
-# The server's machine, as its hardware cache says: so fast (1 PFLOP/s, 10 TB/s, 1 us per step) that every
-# real step takes far more than 3x its prediction, so each is overhead-bound, and the load average it reads
-# is 99 (sitecustomize below): the oversubscription warning fires once 8 decode steps were seen. The real load
-# path is tests/test_threads_load.py's; here the page must show what the judge says.
-FAST_MACHINE = {"this-machine": {"fp32_matmul_flops": 1e15, "read_bandwidth": 1e13, "cores": 2, "cpu": "t"},
-                "overhead-cpu": {"per_step_s": 1e-6, "per_layer_s": 0.0}}
+# The server's machine, as its hardware cache says, is FAST_MACHINE (every real step takes far more than 3x
+# its prediction, so each is overhead-bound), and the load average it reads is 99 (sitecustomize below): the
+# oversubscription warning fires once 8 decode steps were seen. The real load path is
+# tests/test_threads_load.py's; here the page must show what the judge says.
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    import json
-
-    from torch.utils.cpp_extension import _get_build_directory
-
-    cache = tmp_path_factory.mktemp("xdg-cache")
-    (cache / "forwardpass").mkdir()
-    (cache / "forwardpass" / "hardware.json").write_text(json.dumps(FAST_MACHINE))
+    cache_env = fast_machine_env(tmp_path_factory.mktemp("xdg-cache"))
     site = tmp_path_factory.mktemp("site")
     (site / "sitecustomize.py").write_text("import os\nos.getloadavg = lambda: (99.0, 99.0, 99.0)\n")
-    kernels = str(Path(_get_build_directory("x", verbose=False)).parent)  # built kernels stay where they are
-    env = {"XDG_CACHE_HOME": str(cache), "TORCH_EXTENSIONS_DIR": kernels,
-           "PYTHONPATH": f"{site}{os.pathsep}{Path(__file__).resolve().parent.parent}"}
+    env = {**cache_env, "PYTHONPATH": f"{site}{os.pathsep}{Path(__file__).resolve().parent.parent}"}
     # --fair-share-tokens 0: first come, first served, so a request beyond the 4 seats waits until one frees;
     # with fair sharing a newcomer is swapped in within a few steps (~0.3 s here), shorter than the page's
     # refresh, and the browser test could miss every waiting request (a CI failure)

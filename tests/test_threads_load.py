@@ -14,7 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from benchmarks import threads_under_load
+from forwardpass.analysis.oversubscription import oversubscribed
 from forwardpass.threads import usable_cores
+from tests.helpers.fast_machine import fast_machine_env
 
 
 @contextlib.contextmanager
@@ -27,8 +29,9 @@ def busy_machine(per_core: int = 2, wait_s: float = 120.0) -> Iterator[int]:
         pytest.skip(str(exc))
 
 
-def _child(policy: str, rounds: int, tokens: int, modes: str = "default,one") -> dict:
-    return threads_under_load.run_child(policy, rounds, tokens, modes)
+def _child(policy: str, rounds: int, tokens: int, modes: str = "default,one",
+           env_extra: dict[str, str] | None = None) -> dict:
+    return threads_under_load.run_child(policy, rounds, tokens, modes, env_extra)
 
 
 def _median(xs: list[float]) -> float:
@@ -49,18 +52,34 @@ def prediction_cached():
     assert cached_prediction_inputs() is not None
 
 
-def test_a_loaded_machine_triggers_one_warning_and_the_default_stays_near_one_thread(prediction_cached):
-    """Spinning workers (OMP_WAIT_POLICY=active): one warning suggesting --threads 1. forwardpass's own
-    default (passive): the default thread count decodes within 2x of one thread under the same load
-    (spinning: 8-14x slower in our runs), so the default no longer collapses."""
+def test_a_loaded_machine_triggers_one_warning_and_the_default_stays_near_one_thread(prediction_cached,
+                                                                                      tmp_path):
+    """Under a real load (busy loops, load average above the cores), spinning workers
+    (OMP_WAIT_POLICY=active):
+
+    - with this machine's own prediction, the warning fires exactly when the judge finds a decode step more
+      than 3x its prediction (how much slower the load makes a step is up to the host's scheduler: 8-14x in
+      our runs, 1.9x in one CI run, where no warning is the right answer);
+    - with a prediction every real step exceeds (a fast machine's cache), two slow requests give exactly one
+      warning, suggesting --threads 1 (once per process).
+
+    forwardpass's own default (passive): the default thread count decodes within 2x of one thread under the
+    same load, so the default no longer collapses."""
     if usable_cores() < 2:
         pytest.skip("one usable core: the default is already one thread")
     with busy_machine():
-        active = _child("active", rounds=2, tokens=12, modes="default")  # two requests, 11 decode steps each
+        own = _child("active", rounds=2, tokens=12, modes="default")  # two requests, 11 decode steps each
+        fast = _child("active", rounds=2, tokens=12, modes="default", env_extra=fast_machine_env(tmp_path))
         passive = _child("passive", rounds=2, tokens=12)  # paired: default and one thread, alternating
-    assert active["default_threads"] >= 2
-    warnings = [w for w in active["warnings"] if "decode steps take" in w]
-    assert len(warnings) == 1, active  # once per process, though two requests ran slow
+    for result in (own, fast):
+        assert result["default_threads"] >= 2
+    judged_slow = any(oversubscribed(j) for j in own["judgements"])
+    print(f"this machine's prediction: judge ratios {own['ratios']['default']}, warnings {own['warnings']}")
+    own_warnings = [w for w in own["warnings"] if "decode steps take" in w]
+    assert len(own_warnings) == (1 if judged_slow else 0), own
+    assert all(oversubscribed(j) for j in fast["judgements"]), fast
+    warnings = [w for w in fast["warnings"] if "decode steps take" in w]
+    assert len(warnings) == 1, fast  # once per process, though two requests ran slow
     assert "exceeds the" in warnings[0] and "--threads 1" in warnings[0]
     one, default = _median(passive["rates"]["one"]), _median(passive["rates"]["default"])
     assert one <= 2.0 * default, passive
