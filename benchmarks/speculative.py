@@ -293,13 +293,18 @@ def main() -> None:
     ap.add_argument("--models", default="default,smollm2", help="comma-separated: default, smollm2")
     ap.add_argument("--method", choices=["ngram", "draft_model"], default="ngram",
                     help="draft_model: the embedded model and its shipped draft (speculative_draft.py)")
+    ap.add_argument("--always", action="store_true", help="draft_model: k drafts every step (adaptive off)")
+    ap.add_argument("--draft-quantization", default="auto",
+                    help="draft_model: comma-separated speculative_config.quantization values, one "
+                         "engine each (auto, int8, int4, none)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.method == "draft_model":
         from benchmarks.speculative_draft import bench_draft_model
 
-        data = bench_draft_model(args.max_tokens, args.rounds, args.k)
+        data = bench_draft_model(args.max_tokens, args.rounds, args.k, adaptive=not args.always,
+                                 quantizations=tuple(args.draft_quantization.split(",")))
         print(f"saved {save('speculative_draft', data)}")
         return
     from forwardpass.kernel_build import cpu_flags

@@ -32,7 +32,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
                           param="dtype") from None
 
 
-SPECULATIVE_METHODS = ("ngram", "draft_model")  # mtp: not yet (docs/speculative.md)
+SPECULATIVE_METHODS = ("ngram", "draft_model", "mtp")  # docs/speculative.md
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class SpeculativeConfig:
     ``num_speculative_tokens`` tokens that followed it; one forward pass verifies them all.
     ``draft_model``: ``model`` (a name, directory or ``.gguf`` file sharing the target's tokenizer) proposes
     the drafts, running in the engine with its own small KV cache (engine/speculative/draft.py).
+    ``mtp``: the checkpoint's own next-token-prediction layer (DeepSeek-V3's ``num_nextn_predict_layers``)
+    proposes them from the target's hidden states (engine/speculative/mtp.py).
     ``disable_by_batch_size``: no proposals while more sequences than this run (the step is no longer
     memory-bound, so verifying k extra tokens per sequence costs about k times more; None: never).
     ``adaptive``: per request, stop proposing while its measured acceptance makes a verify step a loss.
@@ -59,11 +61,14 @@ class SpeculativeConfig:
     # the extra tokens of a verify are no longer nearly free
     disable_by_batch_size: int | None = 16
     adaptive: bool = True
+    # draft_model: the draft's weight-only quantization at load ("int8", "int4", None: as stored); "auto":
+    # int8 on CPU where the draft loads fp32 weights (its precision moves only acceptance, never the output)
+    quantization: str | None = "auto"
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
             raise ConfigError(f"speculative_config.method must be one of {', '.join(SPECULATIVE_METHODS)}, "
-                              f"got {self.method!r} (mtp is not supported yet)",
+                              f"got {self.method!r}",
                               param="speculative_config.method")
         if isinstance(self.model, os.PathLike):  # a pathlib.Path from the Python API
             object.__setattr__(self, "model", os.fspath(self.model))
@@ -84,6 +89,9 @@ class SpeculativeConfig:
             raise ConfigError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
                               f"prompt_lookup_max ({self.prompt_lookup_max})",
                               param="speculative_config.prompt_lookup_min")
+        if self.quantization not in (None, "auto", "int8", "int4"):
+            raise ConfigError(f"speculative_config.quantization must be 'auto', 'int8', 'int4' or None, got "
+                              f"{self.quantization!r}", param="speculative_config.quantization")
         b = self.disable_by_batch_size
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise ConfigError(f"speculative_config.disable_by_batch_size must be a positive integer or None, "

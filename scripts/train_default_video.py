@@ -28,10 +28,22 @@ so clip latents and caption embeddings are computed once, before the first step:
     python scripts/train_default_video.py --steps 2300
     python scripts/train_default_video.py --steps 10500 --restart-at 2300 --lr 3e-4 --inherited-lr-scale 0.33
 
-Fine-tuning a shipped model (``--init-from``; issue 43's attempts to teach it the direction words, none kept —
-forwardpass/assets/video/README.md): ``--word-lr`` learns the new words' embedding rows, ``--text-lr-scale``
-the layers that read the caption, ``--mean-prob`` trains a share of clips at σ = 1 on the caption's mean clip
-(``CaptionMeans``), ``--direction-row-scale`` scales the direction rows first. E.g. the fourth run:
+Fine-tuning a shipped model (``--init-from``) to honour the direction word (issue 43): ``--directions`` adds
+the DiT's learned direction input (``VideoDiTModel`` ``num_directions``; zero at first, its own lr
+``--direction-lr``); the shipped model is that fine-tune of the 10,500-step model, stopped at step 800 (the
+schedule was cut from 4,000 to 2,800 steps at step 600 when the shared machine slowed to 3 s/step):
+
+    python scripts/train_default_video.py --init-from forwardpass/assets/video --out /tmp/fp_vdir_out \
+        --workdir /tmp/fp_vdir --directions --direction-lr 5e-3 --lr 2e-4 --inherited-lr-scale 0.5 \
+        --text-lr-scale 1.0 --warmup 30 --ema 0.99 --mean-prob 0.15 --sigma-mean 0.3 --keep-every 100 \
+        --steps 4000 --stop-at 600
+    python scripts/train_default_video.py ... (the same) --steps 2800 --stop-at 800 --export-at-stop
+    cp -r /tmp/fp_vdir_out/transformer forwardpass/assets/video/
+
+Earlier attempts, none kept (forwardpass/assets/video/README.md): ``--word-lr`` learns the new words'
+embedding rows, ``--text-lr-scale`` the layers that read the caption, ``--mean-prob`` trains a share of clips
+at σ = 1 on the caption's mean clip (``CaptionMeans``), ``--direction-row-scale`` scales the direction rows
+first. E.g. the fourth run:
 
     python scripts/train_default_video.py --init-from forwardpass/assets/video --out /tmp/fp_video_out \
         --workdir /tmp/fp_video_ft4 --steps 700 --lr 2e-4 --inherited-lr-scale 0.33 --text-lr-scale 1.0 \
@@ -74,6 +86,7 @@ from forwardpass.diffusion.video.moving_digits import (
     STILL_TEMPLATES,
     VERBS,
     all_captions,
+    direction_index,
     motion_caption,
     random_clip,
 )
@@ -81,6 +94,7 @@ from forwardpass.diffusion.video.moving_digits import (
 log = logging.getLogger("train_video")
 IMAGE = ROOT / "forwardpass" / "assets" / "image"
 NEW_LAYERS = ("attn_temporal", "norm_temporal", "frame_embed")  # not in the image DiT
+DIRECTION_LAYERS = ("direction_embed",)  # the learned direction embedding (--directions)
 TEXT_LAYERS = ("cross.", "norm_cross", "text_pool")  # read the caption
 
 
@@ -198,7 +212,11 @@ def load_start(args, out: Path):
             rows = [tok.tok.token_to_id(w) for w in DIRECTIONS]
             with torch.no_grad():
                 te.embed.weight[rows] *= args.direction_row_scale
-        return VideoDiTModel.from_pretrained(src / "transformer"), tok, te.eval()
+        te.save_pretrained(out / "text_encoder")
+        dit = VideoDiTModel.from_pretrained(src / "transformer")
+        if args.directions:  # issue 43: the direction as an input of its own, zero at first
+            dit = dit.with_directions(len(DIRECTIONS))
+        return dit, tok, te.eval()
     tokenizer, te = make_text(args, out)
     image_dit = DiTTransformer2DModel.from_pretrained(IMAGE / "transformer")
     dit = VideoDiTModel.from_image_dit(image_dit, num_frames=args.frames, attention_mode=args.attention_mode)
@@ -233,6 +251,8 @@ def train(args, work: Path, out: Path) -> None:
     # --text-lr-scale: the layers that read the caption (cross-attention, the pooled-text adaLN input) may
     # learn faster than the rest of the inherited weights, to pick up the direction words.
     def scale_of(name: str) -> float:
+        if any(k in name for k in DIRECTION_LAYERS):
+            return args.direction_lr / args.lr
         if any(k in name for k in NEW_LAYERS):
             return 1.0
         if args.text_lr_scale and any(k in name for k in TEXT_LAYERS):
@@ -272,7 +292,7 @@ def train(args, work: Path, out: Path) -> None:
             group["lr"] = lr * group["scale"]
         idx = torch.randint(0, len(lat), (bs,))
         x0 = lat[idx].float()
-        cap_ids, target = [], x0.clone()
+        cap_ids, directions, target = [], [], x0.clone()
         on_mean = torch.zeros(bs, dtype=torch.bool)
         for row, i in enumerate(idx.tolist()):
             direction = names[int(dirs[i])]
@@ -281,6 +301,7 @@ def train(args, work: Path, out: Path) -> None:
                 direction = OPPOSITE[direction]
             caption = caption_for(int(labels[i]), direction, rng, args.cond_drop, args.still_prob)
             cap_ids.append(index[caption])
+            directions.append(direction_index(caption))  # as the pipeline parses a prompt
             target[row] = x0[row]
             if means is not None and rng.random() < args.mean_prob:
                 on_mean[row] = True
@@ -302,7 +323,7 @@ def train(args, work: Path, out: Path) -> None:
                 weight[row, k] = nf  # same total weight per clip as a whole-clip sample
         s = sigma[:, :, None, None, None]
         xt = (1 - s) * x0 + s * noise
-        pred = dit(xt, sigma * 1000, context, ctx_mask)
+        pred = dit(xt, sigma * 1000, context, ctx_mask, torch.tensor(directions))
         per_frame = (pred - (noise - target)).pow(2).mean((2, 3, 4))
         loss = (per_frame * weight).sum() / weight.sum()
         opt.zero_grad()
@@ -324,7 +345,9 @@ def train(args, work: Path, out: Path) -> None:
                              "step": step, "elapsed": elapsed + time.time() - t0, "rng": rng.getstate(),
                              "torch_rng": torch.get_rng_state(), "text_encoder": te.state_dict(),
                              "ema_rows": ema_rows})  # fmt: skip
-    if step < total:
+            if args.keep_every and step % args.keep_every == 0:  # keep a history to ship the best
+                shutil.copy(ckpt, work / f"dit_{step}.pt")
+    if step < total and not args.export_at_stop:
         log.info("stopped at step %d (--stop-at); resume with the same workdir", step)
         sys.exit(0)
     ema.eval().save_pretrained(out / "transformer", half=True)
@@ -332,7 +355,7 @@ def train(args, work: Path, out: Path) -> None:
         with torch.no_grad():
             te.embed.weight.copy_(ema_rows)
         te.save_pretrained(out / "text_encoder")
-    times = {"dit_wall_s": round(elapsed + time.time() - t0, 1), "steps": total, "batch": bs,
+    times = {"dit_wall_s": round(elapsed + time.time() - t0, 1), "steps": step, "batch": bs,
              "clips": len(lat), "frames": nf}  # fmt: skip
     (work / "times.json").write_text(json.dumps(times, indent=2))
     log.info("dit done: %s", times)
@@ -370,6 +393,8 @@ def main() -> None:
     ap.add_argument("--attention-mode", default="factorized", choices=["full", "factorized"])
     ap.add_argument("--steps", type=int, default=2300, help="length of the cosine lr schedule")
     ap.add_argument("--stop-at", type=int, default=0, help="stop (checkpoint saved) after this step")
+    ap.add_argument("--export-at-stop", action="store_true",
+                    help="at --stop-at, write the model folder (that step's EMA weights) instead of exiting")
     ap.add_argument(
         "--restart-at", type=int, default=0, help="start a new warm-up + cosine schedule at this step"
     )
@@ -393,6 +418,10 @@ def main() -> None:
                     help="with --init-from: multiply the direction words' embedding rows by this first")
     ap.add_argument("--mean-prob", type=float, default=0.0,
                     help="share of clips trained at σ = 1 on the caption's mean clip (CaptionMeans)")
+    ap.add_argument("--directions", action="store_true",
+                    help="with --init-from: add the DiT's learned direction embedding (zero at first)")
+    ap.add_argument("--keep-every", type=int, default=0, help="also keep dit_STEP.pt every this many steps")
+    ap.add_argument("--direction-lr", type=float, default=2e-3, help="lr of the direction embedding")
     ap.add_argument("--guidance", type=float, default=5.0, help="the pipeline's default CFG scale")
     ap.add_argument("--ema", type=float, default=0.998)
     ap.add_argument("--cond-drop", type=float, default=0.1)

@@ -78,7 +78,10 @@ def load_pipe(model: Path, checkpoint: str | None) -> VideoPipeline:
     pipe = VideoPipeline.from_pretrained(model)
     if checkpoint:  # a training checkpoint of scripts/train_default_video.py: its EMA DiT and word rows
         st = torch.load(checkpoint, weights_only=False, map_location="cpu")
+        if "direction_embed.weight" in st["ema"]:  # fine-tuned with --directions
+            pipe.transformer = pipe.transformer.with_directions(len(st["ema"]["direction_embed.weight"]) - 1)
         pipe.transformer.load_state_dict(st["ema"])
+        pipe.transformer.eval()
         if "ema_rows" in st:
             with torch.no_grad():
                 pipe.text_encoder.embed.weight.copy_(st["ema_rows"])
@@ -97,10 +100,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=str(ROOT / "forwardpass" / "assets" / "video" / "claims_eval.json"))
     ap.add_argument("--build-judge-data", action="store_true", help="write the judge's MNIST features, exit")
+    ap.add_argument("--merge", nargs="+", default=None,
+                    help="combine the JSONs of one-sampler runs (same clips and seed) into --json, exit")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.build_judge_data:
         return build_judge_data()
+    if args.merge:  # the samplers run as separate processes: same protocol, merged figures
+        parts = [json.loads(Path(p).read_text()) for p in args.merge]
+        protocol = {(p["clips"], p["seed"], p["steps"], p["guidance_scale"]) for p in parts}
+        assert len(protocol) == 1, f"runs of different protocols: {protocol}"
+        return report({k: v for p in parts for k, v in p.items()}, args.json)
     judge = load_judge(JUDGE_DATA)
     pipe = load_pipe(Path(args.model), args.checkpoint)
     _, digits, dirs = eval_prompts(args.clips)
@@ -120,14 +130,22 @@ def main() -> None:
         clips = generate_clips(pipe, args.clips, framewise=name == "framewise", seed=args.seed, batch_size=50,
                                **kwargs)  # fmt: skip
         result[name] = {**measure(judge, clips, digits, dirs), "wall_s": round(time.time() - t0, 1)}
+    report(result, args.json)
+
+
+def kept_difference(result: dict) -> dict:
+    """Whole clip minus frame by frame on clips kept, in standard errors of the difference."""
+    a, b = np.array(result["whole"]["per_clip_kept"]), np.array(result["framewise"]["per_clip_kept"])
+    pa, pb = a.mean(), b.mean()
+    se = math.sqrt((pa * (1 - pa) + pb * (1 - pb)) / len(a))  # two independent proportions
+    se_paired = (a - b).std(ddof=1) / math.sqrt(len(a))  # same prompts and seeds: paired
+    return {"whole_minus_framewise": float(pa - pb), "se": se, "se_paired": se_paired,
+            "standard_errors": float((pa - pb) / se) if se else 0.0}  # fmt: skip
+
+
+def report(result: dict, path: str) -> None:
     if "whole" in result and "framewise" in result:
-        a, b = np.array(result["whole"]["per_clip_kept"]), np.array(result["framewise"]["per_clip_kept"])
-        pa, pb = a.mean(), b.mean()
-        se = math.sqrt((pa * (1 - pa) + pb * (1 - pb)) / len(a))  # two independent proportions
-        se_paired = (a - b).std(ddof=1) / math.sqrt(len(a))  # same prompts and seeds: paired
-        result["kept_difference"] = {"whole_minus_framewise": float(pa - pb), "se": se,
-                                     "se_paired": se_paired,
-                                     "standard_errors": float((pa - pb) / se) if se else 0.0}  # fmt: skip
+        result["kept_difference"] = kept_difference(result)
     for name in ("real", "whole", "framewise"):
         if name in result:
             r = result[name]
@@ -137,7 +155,7 @@ def main() -> None:
         d = result["kept_difference"]
         print(f"kept: whole - framewise = {d['whole_minus_framewise']:+.1%} = {d['standard_errors']:.2f} SE "
               f"(SE {d['se']:.3f}; paired SE {d['se_paired']:.3f})")  # fmt: skip
-    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    Path(path).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def device(request):
         ({"seed": 2**64}, "seed"),
         ({"min_tokens": -1}, "min_tokens"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
-        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": -2}, "logprobs"),  # -1 is the whole vocabulary (vLLM's meaning)
         ({"logprobs": 21}, "logprobs"),
         ({"ignore_eos": "yes"}, "ignore_eos"),
     ],

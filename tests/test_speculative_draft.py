@@ -20,10 +20,10 @@ from tests.helpers.checkpoints import random_prompts
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
-def draft_config(model, k: int = 3) -> dict:
+def draft_config(model, k: int = 3, **extra) -> dict:
     # always propose: the adaptive policy would (rightly) stop on a draft this poor
     return {"method": "draft_model", "model": str(model), "num_speculative_tokens": k, "adaptive": False,
-            "disable_by_batch_size": None}
+            "disable_by_batch_size": None, **extra}
 
 
 def noisy_copy(src, dst, scale: float, seed: int = 1):
@@ -82,6 +82,62 @@ def test_greedy_is_lossless(models):
     all_blocks_free(mixed)
 
 
+def test_lean_draft_step_is_the_models_forward(models):
+    """The draft's lean forward (``draft_step.py``: decode rows through the decode stack on preallocated
+    tables) gives the model's own logits: bitwise for a one-token step, to rounding for a 2-token catch-up
+    (decode rows there, a prefill span in the model's path); the engine really takes it, stays lossless."""
+    target, draft = models
+    llm = LLM(target, num_threads=1, num_kv_blocks=64, cpu_kernels=True,
+              speculative_config=draft_config(draft, quantization=None))
+    proposer = llm.engine.core.scheduler.speculator.proposer
+    assert proposer.stepper is not None
+    cache, prompt = proposer.cache, [int(t) for t in torch.randint(3, 500, (40,), generator=torch.Generator()
+                                                                    .manual_seed(0))]
+    lean, plain = cache.sequence(1001), cache.sequence(1002)
+    with torch.inference_mode():
+        for state in (lean, plain):
+            proposer._forward(state, prompt)
+        for feed in ([7], [11], [19], [13, 17]):  # (after a catch-up the caches differ by rounding)
+            stepper, proposer.stepper = proposer.stepper, None
+            reference = proposer._forward(plain, feed)
+            proposer.stepper = stepper
+            before = proposer.num_lean
+            got = proposer._forward(lean, feed)
+            assert proposer.num_lean == before + 1
+            if len(feed) == 1:
+                assert torch.equal(got, reference), feed
+            else:
+                torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-4)
+    for seq_id in (1001, 1002):
+        cache.release(seq_id)
+
+    prompts = random_prompts(2, [14], seed=7)
+    reference, _ = outputs(LLM(target, num_threads=1, num_kv_blocks=64), prompts)
+    tokens, (drafts, accepted) = outputs(llm, prompts)
+    assert tokens == reference and 0 < accepted < drafts
+    assert proposer.num_lean > proposer.num_forwards // 2  # every step but the prompts' catch-up
+    all_blocks_free(llm)
+
+
+def test_draft_quantization(models):
+    """``quantization: auto`` (the default) loads an fp32 draft as int8 on CPU; None keeps it as stored.
+    Either way the output is the target's."""
+    from forwardpass.quant.weight import QuantizedWeight
+
+    target, draft = models
+    prompts = random_prompts(2, [10], seed=9)
+    reference, _ = outputs(LLM(target, num_threads=1, num_kv_blocks=64), prompts)
+    for quant in ("auto", None):
+        llm = LLM(target, num_threads=1, num_kv_blocks=64, cpu_kernels=True,
+                  speculative_config=draft_config(draft, quantization=quant))
+        proposer = llm.engine.core.scheduler.speculator.proposer
+        weight = proposer.model.model.layers[0].mlp.down_proj.weight
+        assert isinstance(weight, QuantizedWeight) == (quant == "auto"), type(weight)
+        tokens, (drafts, _) = outputs(llm, prompts)
+        assert tokens == reference and drafts > 0 and proposer.num_lean > 0
+        all_blocks_free(llm)
+
+
 def test_preemption_mid_draft(models):
     """A pool too small for every sequence: sequences are preempted while they hold drafts (target blocks and
     draft-cache blocks both go back), are recomputed, and still give the reference tokens."""
@@ -122,8 +178,9 @@ def test_config_errors_name_the_model(models, checkpoint_factory):
     with pytest.raises(ConfigError) as err:
         EngineConfig(speculative_config={"method": "ngram", "model": "x"})
     assert err.value.param == "speculative_config.model"
-    with pytest.raises(ConfigError, match="mtp is not supported"):
-        EngineConfig(speculative_config={"method": "mtp"})
+    with pytest.raises(ConfigError) as err:
+        EngineConfig(speculative_config={"method": "draft_model", "model": "x", "quantization": "fp8"})
+    assert err.value.param == "speculative_config.quantization"
     other_vocab = checkpoint_factory("qwen3", vocab_size=600)
     with pytest.raises(ConfigError, match="vocabulary has 600 tokens, the target's 512") as err:
         LLM(target, num_threads=1, num_kv_blocks=32, speculative_config=draft_config(other_vocab))

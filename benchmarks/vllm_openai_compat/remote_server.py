@@ -47,12 +47,15 @@ class RemoteOpenAIServer:
                  seed: int | None = 0, auto_port: bool = True, max_wait_seconds: float | None = None,
                  override_hf_configs: dict[str, Any] | None = None) -> None:
         args, dropped = plan.translate_args(list(vllm_serve_args))
+        # vLLM reads its key from VLLM_API_KEY too
+        if "api-key" not in args and (env_dict or {}).get("VLLM_API_KEY"):
+            args["api-key"] = (env_dict or {})["VLLM_API_KEY"]
         self.port = args.pop("port", None) or _free_port()
         self.host = "127.0.0.1"
         self.api_key = args.get("api-key")
         if seed is not None and "seed" not in args:
             args["seed"] = str(seed)
-        ours = plan.model_for(model)
+        ours = plan.model_for(model, os.environ.get("PYTEST_CURRENT_TEST", ""))
         dropped += plan.fit_context(args, ours)
         cmd = [sys.executable, "-m", "forwardpass", "serve", "--model", ours,
                "--served-model-name", args.pop("served-model-name", model), "--port", str(self.port),

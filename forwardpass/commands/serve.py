@@ -88,6 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allowed-origins", nargs="*", default=[],
                    help="CORS: origins browsers may call the API from ('*' for any); preflights need no API "
                         "key")
+    from forwardpass.server.serve_flags import add_vllm_flags
+
+    add_vllm_flags(p)  # --root-path, --max-logprobs, --enable-force-include-usage, ...
     # MODULE:NAME of an LLMEngine subclass to build instead (tests inject faults with it).
     p.add_argument("--engine-factory", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -196,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     resolve_folder(args.image_model, "image"), resolve_folder(args.video_model, "video")  # before loading
     spec_info = check_model(model, engine_config)  # unsupported architectures and bad configs, before loading
     api_key = args.api_key or envs.get("FORWARDPASS_API_KEY")
+    from forwardpass.server.serve_flags import vllm_flag_settings
     server_config = ServerConfig(models=models, api_key=api_key, max_request_bytes=args.max_request_bytes,
                                  max_request_tokens=args.max_request_tokens,
                                  enable_debug_endpoints=args.enable_debug_endpoints,
@@ -206,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
                                  template_time_limit_s=args.chat_template_timeout,
                                  reasoning_parser=args.reasoning_parser,
                                  allowed_origins=list(args.allowed_origins), image_model=args.image_model,
-                                 video_model=args.video_model)
+                                 video_model=args.video_model, **vllm_flag_settings(args))
     level = logging.getLogger().getEffectiveLevel()
     factory = None
     if args.engine_factory:

@@ -163,7 +163,7 @@ class ImagePipeline:
 
     def _guided(
         self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, mask: torch.Tensor, guidance: float,
-        rescale: float, branches: int = 2,
+        rescale: float, branches: int = 2, extra_inputs: tuple[torch.Tensor, ...] = (),
     ) -> torch.Tensor:
         """One denoiser pass (batch 2B with CFG), guided, in the scheduler's coordinates.
 
@@ -189,7 +189,8 @@ class ImagePipeline:
             a, s = ab.sqrt(), (1 - ab).sqrt()
             sigma = s / (a + s)
             x_model, t_model = x / (a + s), sigma * 1000
-        out = self.transformer(x_model, t_model.reshape(1).expand(x.shape[0]).to(x.device), context, mask)
+        out = self.transformer(x_model, t_model.reshape(1).expand(x.shape[0]).to(x.device), context, mask,
+                               *extra_inputs)  # e.g. the video DiT's direction
         if branches == 3:
             uncond, neg, cond = out.chunk(3)
             d_cond, d_neg = (cond - uncond).flatten(1), (neg - uncond).flatten(1)

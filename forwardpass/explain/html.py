@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from forwardpass.analysis.report import fmt_bytes, fmt_flops, fmt_rate, fmt_time
+from forwardpass.explain.speculation import speculation_html
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;background:#fff}
@@ -19,6 +20,7 @@ font-family:monospace}
 .tok.split{background:#fde2e4;border-bottom:3px solid #c2185b}.id{color:#777;font-size:.8em}
 .drawn{font-weight:bold;color:#c2185b}.no{color:#bbb}.mono{font-family:monospace}
 .note{color:#666;font-size:.9em}
+.tok.acc{background:#e3f4e4}.tok.rej{background:#fde2e2;text-decoration:line-through;color:#c62828}
 """
 
 
@@ -174,7 +176,9 @@ def render_html(ex: dict[str, Any]) -> str:
         parts.append(f"<tr><td>{d['step']}</td><td class=drawn>{_show(d['text'])}</td>"
                      f"<td>{d['kv_entries']}</td><td>{fmt_time(d['time_s'])}</td><td>{fmt_flops(d['flops'])}</td><td>{fmt_bytes(d['bytes'])}</td>"
                      f"<td>{_e(d['bound'])}</td><td>{d['pool_size']}</td><td>{top}</td></tr>")
-    parts.append("</table><h2>4. The sampling funnel</h2>")
+    parts.append("</table>")
+    parts.append(speculation_html(ex.get("speculation"), _show))  # drafts per verify step, if speculating
+    parts.append("<h2>4. The sampling funnel</h2>")
     for d in ([{"step": "prefill", **pf}] if pf else []) + ex["decode"][:5]:
         verdict = ("reproduced" if d["verified"] else "not reproduced" if d["verified"] is False
                    else "unseeded")

@@ -71,3 +71,37 @@ def render_speculation(con: Any, spec: dict[str, Any] | None, show: Callable[[st
         tab.add_row(str(e["engine_step"]), proposed, str(e["accepted"]), str(len(e["rejected"])),
                     "".join(f"[{show(t['text'])}]" for t in e["emitted"]))
     con.print(tab)
+
+
+def speculation_html(spec: dict[str, Any] | None, show: Callable[[str], str]) -> str:
+    """The drafts section of the HTML report (``explain/html.py``): the same figures as the JSON, one table
+    row per verifying step, and a bar per step (green: accepted drafts, red: rejected ones). ``show``
+    escapes a token's text for HTML. Empty when no step verified drafts."""
+    if not spec:
+        return ""
+    s = spec
+    out = ["<h2>Speculative decoding</h2>",
+           f"<p id=speculation>{s['num_accepted_tokens']} of {s['num_draft_tokens']} drafts accepted "
+           f"({s['acceptance_rate']:.0%}); {s['mean_acceptance_length']:.2f} tokens per verify step; "
+           f"{s['tokens_per_forward_pass']:.2f} tokens per decode forward pass</p>",
+           "<table id=drafts><tr><th>engine step</th><th>drafts</th><th>proposed</th><th>accepted</th>"
+           "<th>rejected</th><th>emitted</th></tr>"]
+    widest = max(len(e["proposed"]) for e in s["steps"]) or 1
+    for e in s["steps"]:
+        n, ok = len(e["proposed"]), e["accepted"]
+        cell = max(6, 120 // widest)
+        bar = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{widest * cell}" height="12" role="img" '
+               f'aria-label="{ok} of {n} accepted">'
+               + "".join(f'<rect x="{i * cell}" y="1" width="{cell - 1}" height="10" '
+                         f'fill="{"#2e7d32" if i < ok else "#c62828"}"/>' for i in range(n)) + "</svg>")
+        proposed = "".join(f'<span class="tok {"acc" if i < ok else "rej"}">{show(t["text"])} '
+                           f'<span class=id>{t["id"]}</span></span>' for i, t in enumerate(e["proposed"]))
+        emitted = "".join(f'<span class=tok>{show(t["text"])} <span class=id>{t["id"]}</span></span>'
+                          for t in e["emitted"])
+        out.append(f"<tr class=verify><td>{e['engine_step']}</td><td>{bar}</td><td>{proposed}</td>"
+                   f"<td class=accepted>{ok}</td><td class=rejected>{len(e['rejected'])}</td>"
+                   f"<td>{emitted}</td></tr>")
+    out.append("</table><p class=note>green: drafts the target accepted; red, struck through: drafts it "
+               "rejected (the first disagreed with the target's own token, the rest went with it); emitted: "
+               "the accepted drafts and the target's next token</p>")
+    return "".join(out)

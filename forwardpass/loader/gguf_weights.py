@@ -4,8 +4,9 @@ Each tensor goes where it computes, from its bytes as stored (no requantization)
 
 * F32 / F16 / BF16 → fp32 values;
 * Q8_0 / Q4_0 → a ``QuantizedWeight`` (the Q8_0/Q4_0 kernels read GGUF's values and fp16 scales as they are);
-* Q4_1, Q5_0, Q5_1, Q2_K..Q6_K → a ``KBlockWeight`` (codes and scales unpacked by ``quant/gguf_blocks.py``,
-  repacked by ``quant/kblocks.py``: the same numbers, laid out for the K-block kernel).
+* Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, and a Q8_0 LM head → a ``KBlockWeight`` (codes and scales unpacked by
+  ``quant/gguf_blocks.py``, repacked by ``quant/kblocks.py``: the same numbers, laid out for the K-block
+  kernel).
 
 A merged projection (q/k/v, gate/up) whose parts share one quantized type is one weight; parts of different
 K-block types (Q4_K_M files keep some ``attn_v`` in Q8_0 or Q6_K) a ``KBlockStack`` (one kernel call, each
@@ -77,6 +78,19 @@ def _weight(parts: list[_Tensor]):
     return KBlockWeight(spec, *kblocks.pack(spec, gguf_blocks.unpack(kind, raw, k)))
 
 
+def _head_weight(t: _Tensor):
+    """The LM head's weight (a tied embedding's too): a Q8_0 head as a K-block Q8_0 matrix (the same bytes,
+    tiled by 16 rows), whose kernel takes a speculative verify step's extra activation rows for less than
+    the Q8_0 row kernel does (benchmarks/speculative.py prints the verify step's cost); the head is a fifth
+    of a small model's step. Other types as :func:`_weight` holds them."""
+    from forwardpass.quant.kblock_weight import KBlockWeight
+
+    if t.kind != "Q8_0":
+        return _weight([t])
+    spec = kblocks.KINDS["q8_0"]
+    return KBlockWeight(spec, *kblocks.pack(spec, gguf_blocks.unpack(t.kind, t.raw, t.k)))
+
+
 def _set_weight(module: nn.Module, parts: list[_Tensor]) -> None:
     """Give linear layer ``module`` the rows of ``parts`` stacked: fp32 values where all are float, one
     quantized weight where all share a quantized type, else a RowStack of each part's own weight."""
@@ -134,11 +148,15 @@ def load_weights(model_dir: str | os.PathLike[str], dtype: torch.dtype = torch.f
         emb = get("token_embd.weight")
         if spec.tied and not emb.is_float:  # the LM head's blocks as stored; lookups dequantize their rows
             embed = inner.embed_tokens
-            embed.head_method.load_blocks(embed, _weight([emb]))
+            embed.head_method.load_blocks(embed, _head_weight(emb))
         else:
             inner.embed_tokens.weight.data.copy_(emb.float())
         if not spec.tied:
-            _set_weight(model.lm_head, [get("output.weight")])
+            head = get("output.weight")
+            if head.is_float:
+                _set_weight(model.lm_head, [head])
+            else:
+                model.lm_head.method.load_blocks(model.lm_head, _head_weight(head))
         inner.norm.weight.copy_(get("output_norm.weight").float())
         for i, layer in enumerate(inner.layers):
             b = f"blk.{i}"

@@ -54,8 +54,9 @@ class SamplingParams:
     max_tokens: int | None = 16  # None = until the context window is full
     min_tokens: int = 0  # EOS / stop tokens are masked until this many were generated
     ignore_eos: bool = False
-    logprobs: int | None = None  # k >= 0: chosen token's logprob + the k most likely
+    logprobs: int | None = None  # k >= 0: chosen token's logprob + the k most likely (-1: all)
     prompt_logprobs: int | None = None  # k >= 0: each prompt token's logprob + the k most likely there
+    logprob_token_ids: list[int] | None = None  # with logprobs: these tokens' logprobs too (vLLM's)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # constrain the output to a JSON schema / regex / choice / grammar (xgrammar); a dict is converted
@@ -98,13 +99,16 @@ class SamplingParams:
             )
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             _bool(name, getattr(self, name))
+        # -1: every token of the vocabulary (vLLM's meaning)
         if self.logprobs is not None:
             self.logprobs = _int(
-                "logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS, hint=f"None, or 0..{MAX_LOGPROBS}"
+                "logprobs", self.logprobs, lo=-1, hi=MAX_LOGPROBS, hint=f"None, -1 or 0..{MAX_LOGPROBS}"
             )
         if self.prompt_logprobs is not None:
-            self.prompt_logprobs = _int("prompt_logprobs", self.prompt_logprobs, lo=0, hi=MAX_LOGPROBS,
-                                        hint=f"None, or 0..{MAX_LOGPROBS}")
+            self.prompt_logprobs = _int("prompt_logprobs", self.prompt_logprobs, lo=-1, hi=MAX_LOGPROBS,
+                                        hint=f"None, -1 or 0..{MAX_LOGPROBS}")
+        if self.logprob_token_ids is not None:  # these tokens' logprobs at each position, whatever their rank
+            self.logprob_token_ids = _token_ids("logprob_token_ids", self.logprob_token_ids)
 
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)

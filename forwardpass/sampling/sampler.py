@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -60,6 +60,8 @@ class TokenLogprobs:
     logprob: float
     rank: int  # 1 = most likely under the raw distribution
     top: list[tuple[int, float]]  # the params.logprobs most likely (token_id, logprob), descending
+    # params.logprob_token_ids: (token_id, logprob, rank) of each, whatever its rank
+    pinned: list[tuple[int, float, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -311,6 +313,10 @@ class Sampler:
         found = token_logprobs(logits.index_select(0, w), tokens[w],
                                [rows[i].params.logprobs or 0 for i in want])
         for i, lp in zip(want, found):
+            if pinned := rows[i].params.logprob_token_ids:
+                from forwardpass.sampling.pinned_logprobs import pinned_logprobs
+
+                lp.pinned = pinned_logprobs(logits[i], pinned)
             result[i] = lp
         return result
 
@@ -319,6 +325,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, ks: list[int]) ->
     """Under the raw distribution of each row of ``logits``: the logprob and rank of ``tokens[i]`` and
     the ``ks[i]`` most likely tokens. Used for sampled tokens and for prompt tokens (prompt_logprobs)."""
     raw = logits.float()
+    ks = [k if k >= 0 else raw.shape[-1] for k in ks]  # -1: the whole vocabulary
     lse = torch.logsumexp(raw, dim=-1)  # log_softmax(raw)[t] = raw[t] - lse, without a [n, V] output
     chosen = raw.gather(1, tokens[:, None]).squeeze(1)
     rank = (raw > chosen[:, None]).sum(-1) + 1

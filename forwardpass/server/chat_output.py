@@ -24,6 +24,8 @@ class ChatOutputParser:
     tool_choice: Any = None
     parallel_tool_calls: bool = True  # False: only the first call is returned
     include_reasoning: bool = True  # False: reasoning is parsed out and not returned (vLLM)
+    # the Responses API: a forced call cut short is an incomplete response (its text as content), not a 400
+    incomplete_ok: bool = False
     _reasoning: ReasoningSplitter | None = field(default=None, init=False)
     _tools: ToolCallStreamer | None = field(default=None, init=False)
     _forced_text: str = field(default="", init=False)
@@ -51,6 +53,8 @@ class ChatOutputParser:
         elif self.tool_mode == "forced":
             self._forced_text = content or ""
             calls, content = forced_calls(self.tool_choice, self._forced_text), None
+            if self.incomplete_ok and not is_complete_json(self._forced_text):
+                calls, content = [], self._forced_text or None
         msg["content"] = content
         if not self.include_reasoning:
             msg.pop("reasoning_content", None)
@@ -80,6 +84,16 @@ class ChatOutputParser:
             self.num_calls = (len(self._tools.calls) if self.parallel_tool_calls
                               else min(len(self._tools.calls), 1))
         # named: the text is the arguments
+        elif self.tool_mode == "forced" and self.incomplete_ok:  # calls only once complete (finish_reason)
+            self._forced_text += content
+            content = ""
+            if final and is_complete_json(self._forced_text):
+                calls = forced_calls(self.tool_choice, self._forced_text)
+                d["tool_calls"] = [{"index": i, **c, "id": c.get("id") or new_call_id(), "type": "function"}
+                                   for i, c in enumerate(calls)]
+                self.num_calls = len(calls)
+            elif final:
+                content = self._forced_text
         elif self.tool_mode == "forced" and isinstance(self.tool_choice, dict):
             self._forced_text += content
             if content or (final and not self.num_calls):
@@ -106,7 +120,8 @@ class ChatOutputParser:
     def finish_reason(self, reason: str | None) -> str | None:
         """Raises (a 400, or an error event in a stream) when a forced call did not complete: the grammar
         makes the call, so only ``max_tokens`` can cut it short (``tool_choice.py``)."""
-        if self.tool_mode == "forced" and reason in ("length", "stop") and not (
+        cut_short_ok = self.incomplete_ok and reason == "length"  # Responses: status incomplete
+        if self.tool_mode == "forced" and reason in ("length", "stop") and not cut_short_ok and not (
                 self.num_calls and is_complete_json(self._forced_text)):
             raise incomplete_call_error(reason == "length")
         return "tool_calls" if reason == "stop" and self.num_calls else reason

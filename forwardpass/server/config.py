@@ -47,6 +47,11 @@ class ServerConfig:
     # (server/images.py, server/videos.py).
     image_model: str | None = None
     video_model: str | None = None
+    # vLLM's serve flags of the same names
+    root_path: str = ""  # --root-path: routes answer under this prefix too (behind a proxy that keeps it)
+    force_include_usage: bool = False  # --enable-force-include-usage: usage on every streamed chunk
+    max_logprobs: int = MAX_LOGPROBS  # --max-logprobs: top logprobs a request may ask for; -1: vocabulary
+    return_tokens_as_token_ids: bool = False  # --return-tokens-as-token-ids: the default of the field
 
     @property
     def default_model(self) -> str:

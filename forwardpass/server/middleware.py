@@ -99,6 +99,21 @@ class BodyLimitMiddleware:
         return await self.app(scope, _replay(body, receive), send)
 
 
+class RootPathMiddleware:
+    """``--root-path /llm``: a request for ``/llm/v1/...`` is routed as ``/v1/...`` (a proxy that forwards
+    the prefix unchanged); requests without the prefix are routed as they are, as vLLM's server does."""
+
+    def __init__(self, app: ASGIApp, root_path: str) -> None:
+        self.app, self.root = app, root_path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] in ("http", "websocket") and (path == self.root or path.startswith(self.root + "/")):
+            scope = {**scope, "path": path[len(self.root):] or "/", "root_path": self.root}
+            scope["raw_path"] = scope["path"].encode()
+        await self.app(scope, receive, send)
+
+
 def install_middleware(app: Starlette, config: ServerConfig) -> None:
     """The middleware both servers (generation and embeddings) run, from the outermost: CORS (a preflight
     is answered before the key check; only with ``allowed_origins``), the API key, then the body limit,
@@ -116,6 +131,8 @@ def install_middleware(app: Starlette, config: ServerConfig) -> None:
             allow_headers=["*"],
             allow_credentials=False,
         )
+    if config.root_path:  # outermost: every check below sees the route's own path
+        app.add_middleware(RootPathMiddleware, root_path=config.root_path)
 
 
 def _is_binary_upload(scope: Scope) -> bool:

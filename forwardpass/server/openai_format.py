@@ -29,12 +29,14 @@ class ResponseContext:
         self.tokenizer, self.top_k = tokenizer, top_k
         self.as_ids, self.echo = as_ids, echo
         self.continuous_usage = False
+        self.pinned: frozenset[int] | None = None  # vLLM's logprob_token_ids: the top entries shown
         self.prompt_tokens = 0  # streams: the prompts' tokens, for usage before the first output
         self.return_token_ids = False  # vLLM's return_token_ids: prompt_token_ids and token_ids too
         self.prompt_ids_sent = False  # chat streams: prompt_token_ids go on the first chunk only
         self.count_reasoning: Callable[[list[int]], int] | None = None  # chat with a reasoning parser
         self.echo_logprobs = False  # completions with echo and logprobs: the prompt's entries come first
         self.show_prompt_logprobs = False  # the request asked for prompt_logprobs (vLLM's field)
+        self.prompt_top_k = 0  # prompt_logprobs: the most likely tokens shown per position
         self.echo_prompts: list[str] = []  # completions with echo: each prompt's text
         self.skipped = tokenizer.skipped_special_ids if tokenizer is not None else frozenset()
         self.sent_text: dict[int, int] = {}
@@ -62,10 +64,11 @@ class ResponseContext:
         decoded_token}}`` per prompt token — on the output that carries them."""
         if not self.show_prompt_logprobs or out.prompt_logprobs is None:
             return {}
+        k = self.prompt_top_k  # the prompt's token and its k most likely (the engine may give more)
         return {"prompt_logprobs": [
             None if d is None else {
                 str(t): {"logprob": v.logprob, "rank": v.rank, "decoded_token": v.decoded_token}
-                for t, v in d.items()}
+                for i, (t, v) in enumerate(d.items()) if i == 0 or (v.rank or 0) <= k}
             for d in out.prompt_logprobs]}
 
     def prompt_fields(self, out: RequestOutput) -> dict[str, Any]:
@@ -87,7 +90,8 @@ class ResponseContext:
                 "top_logprobs": [None], "text_offset": [0]}
         offset = 0 if first in self.skipped else len(text)
         entries = [d for d in rest[1:] if d is not None]
-        return joined(head, completion_logprobs(entries, offset, self.top_k, self.as_ids, self.skipped))
+        return joined(head, completion_logprobs(entries, offset, self.top_k, self.as_ids, self.skipped,
+                                                self.pinned))
 
     def deltas(self, idx: int, c: CompletionOutput) -> tuple[str, list[dict[int, Logprob]] | None, int, int]:
         """(new text, new logprob entries, text offset, new token count) of choice
@@ -104,8 +108,8 @@ def completion_chunks(ctx: ResponseContext, i: int, out: RequestOutput) -> Itera
         text, lps, offset, new = ctx.deltas(idx, c)
         echo = ctx.echo_prompts[i] if first and ctx.echo_prompts else ""
         if new or text or c.finish_reason:  # one chunk per step that made tokens, even with no text yet
-            logprobs = completion_logprobs(lps, offset + len(echo), ctx.top_k, ctx.as_ids, ctx.skipped) \
-                if lps is not None else None
+            logprobs = completion_logprobs(lps, offset + len(echo), ctx.top_k, ctx.as_ids, ctx.skipped,
+                                           ctx.pinned) if lps is not None else None
             if first and logprobs is not None and ctx.echo_logprobs:
                 logprobs = joined(ctx.prompt_part(out), logprobs)
             yield {"index": idx, "text": echo + text, "logprobs": logprobs, "finish_reason": c.finish_reason,
@@ -116,7 +120,7 @@ def completion_chunks(ctx: ResponseContext, i: int, out: RequestOutput) -> Itera
 def chat_chunks(ctx: ResponseContext, i: int, out: RequestOutput) -> Iterator[dict[str, Any]]:
     for c in out.outputs:
         text, lps, _, new = ctx.deltas(c.index, c)
-        lp = chat_logprobs(lps, ctx.top_k, ctx.as_ids) if lps else None
+        lp = chat_logprobs(lps, ctx.top_k, ctx.as_ids, ctx.pinned) if lps else None
         parser = ctx.parser(c.index)
         delta = None
         if text or new or (c.finish_reason and not parser.plain):
@@ -156,9 +160,14 @@ def usage_of(outs: list[RequestOutput],
     return usage
 
 
-def _chosen_and_top(d: dict[int, Logprob], k: int) -> tuple[tuple[int, Logprob], list[tuple[int, Logprob]]]:
-    """The sampled token's (id, Logprob) (the dict's first entry) and the k best by rank."""
+def _chosen_and_top(d: dict[int, Logprob], k: int, pinned: frozenset[int] | None = None,
+                    ) -> tuple[tuple[int, Logprob], list[tuple[int, Logprob]]]:
+    """The sampled token's (id, Logprob) (the dict's first entry) and the k best by rank — or, with
+    ``pinned`` (vLLM's ``logprob_token_ids``), those tokens and the sampled one, most likely first."""
     chosen = next(iter(d.items()))
+    if pinned is not None:
+        return chosen, sorted(((t, v) for t, v in d.items() if t in pinned or t == chosen[0]),
+                              key=lambda tv: -tv[1].logprob)
     ranked = [(v.rank, (t, v)) for t, v in d.items() if v.rank is not None and 1 <= v.rank <= k]
     ranked.sort(key=lambda rv: rv[0])
     return chosen, [tv for _, tv in ranked[:k]]
@@ -171,7 +180,8 @@ def _token_text(tid: int, v: Logprob, as_ids: bool) -> str:
 
 
 def completion_logprobs(entries: LogprobEntries, offset: int, k: int, as_ids: bool = False,
-                         skipped: frozenset[int] = frozenset()) -> dict[str, Any]:
+                         skipped: frozenset[int] = frozenset(), pinned: frozenset[int] | None = None,
+                         ) -> dict[str, Any]:
     """``skipped``: special tokens the text leaves out, so they do not move ``text_offset``. Each
     ``top_logprobs`` entry holds the ``k`` most likely tokens and the chosen one (so ``logprobs: 0`` still
     gives the chosen token's)."""
@@ -180,14 +190,16 @@ def completion_logprobs(entries: LogprobEntries, offset: int, k: int, as_ids: bo
     tops: list[dict[str, float] | None] = []
     offsets: list[int] = []
     for d in entries:
-        (tid, chosen), top = _chosen_and_top(d, k)
+        (tid, chosen), top = _chosen_and_top(d, k, pinned)
         tok = _token_text(tid, chosen, as_ids)
         tokens.append(tok)
         lps.append(chosen.logprob)
         # as OpenAI and vLLM: the k most likely and the chosen token (k + 1 entries when it is not among
         # them); where two tokens read the same (partial UTF-8 bytes as "\ufffd"), the chosen one's shows
-        alternatives = {_token_text(t, v, as_ids): v.logprob for t, v in top}
-        alternatives[tok] = chosen.logprob
+        # the chosen token first (vLLM's order: clients read it as the dict's first key)
+        alternatives = {tok: chosen.logprob}
+        for t, v in top:
+            alternatives.setdefault(_token_text(t, v, as_ids), v.logprob)
         tops.append(alternatives)
         offsets.append(offset)
         offset += 0 if tid in skipped else len(chosen.decoded_token or "")
@@ -198,13 +210,14 @@ def joined(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {key: a[key] + b[key] for key in a}
 
 
-def chat_logprobs(entries: LogprobEntries | None, k: int, as_ids: bool = False) -> dict[str, Any]:
+def chat_logprobs(entries: LogprobEntries | None, k: int, as_ids: bool = False,
+                  pinned: frozenset[int] | None = None) -> dict[str, Any]:
     def item(tid: int, v: Logprob) -> dict[str, Any]:
         tok = _token_text(tid, v, as_ids)
         return {"token": tok, "logprob": v.logprob, "bytes": list((v.decoded_token or "").encode("utf-8"))}
 
     content: list[dict[str, Any]] = []
     for d in entries or []:
-        (tid, chosen), top = _chosen_and_top(d, k)
+        (tid, chosen), top = _chosen_and_top(d, k, pinned)
         content.append({**item(tid, chosen), "top_logprobs": [item(t, v) for t, v in top]})
     return {"content": content}

@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Self, TypeGuard, cast
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from forwardpass.errors import ValidationError
 from forwardpass.sampling.params import MAX_LOGIT_BIAS, MAX_TOKENS, MAX_TOP_K
 from forwardpass.server.config import (
-    MAX_LOGPROBS,
     MAX_MESSAGES,
     MAX_N,
     MAX_PROMPTS,
@@ -23,6 +22,7 @@ from forwardpass.server.config import (
     MAX_STOP_STRINGS,
 )
 from forwardpass.server.protocol_base import (
+    MAX_LOGPROBS_FIELD,
     SEED_MAX,
     SEED_MIN,
     ModelName,
@@ -114,8 +114,9 @@ class _SamplingRequest(VllmExtras):
     guided_decoding_backend: str | None = Field(None, description="ignored: xgrammar is the only backend")
 
     return_tokens_as_token_ids: bool = False  # vLLM: logprob tokens as "token_id:N" (no decoding)
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="vLLM: each prompt token's "
-                                        "logprob and the k most likely tokens at its position")
+    prompt_logprobs: int | None = Field(None, ge=-1, le=MAX_LOGPROBS_FIELD, description="vLLM: each prompt "
+                                        "token's logprob and the k most likely tokens at its position (-1: "
+                                        "all; at most the server's --max-logprobs)")
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> Self:
@@ -186,7 +187,8 @@ class CompletionRequest(_SamplingRequest):
                     Field(min_length=1, max_length=MAX_PROMPTS)]
     )
     max_tokens: int | None = Field(16, ge=1, le=MAX_TOKENS, description="null: up to the context window")
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = Field(None, ge=-1, le=MAX_LOGPROBS_FIELD,
+                                 description="at most the server's --max-logprobs (-1: all, when it is -1)")
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_N)
@@ -315,12 +317,15 @@ class NamedToolChoice(_Strict):
 
 
 class ChatCompletionRequest(_SamplingRequest, OpenAIChatExtras):
+    # set by the Responses route: a forced tool call cut short answers "incomplete" there, not a 400
+    _incomplete_call_ok: bool = PrivateAttr(False)
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
                                    description="deprecated alias of max_completion_tokens")
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: Annotated[bool, Field(strict=False)] = False  # vLLM's clients send "true" too
+    top_logprobs: int | None = Field(None, ge=-1, le=MAX_LOGPROBS_FIELD,
+                                     description="at most the server's --max-logprobs (-1: all)")
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -336,6 +341,8 @@ class ChatCompletionRequest(_SamplingRequest, OpenAIChatExtras):
         None, ge=0, le=MAX_TOKENS, description="thinking budget: the "
         "reasoning's closing tag is forced after this many reasoning tokens (needs --reasoning-parser); "
         "max_completion_tokens still covers reasoning + answer")
+    thinking_token_budget: int | None = Field(None, ge=0, le=MAX_TOKENS,
+                                              description="vLLM's name of max_reasoning_tokens")
 
     @model_validator(mode="after")
     def _unsupported(self) -> Self:
@@ -351,6 +358,8 @@ class ChatCompletionRequest(_SamplingRequest, OpenAIChatExtras):
             raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=true")
+        if self.thinking_token_budget is not None and self.max_reasoning_tokens is not None:
+            raise ValueError("give max_reasoning_tokens or thinking_token_budget (its vLLM name), not both")
         names = [t.function.name for t in self.tools or []]
         if self.tool_choice is not None and self.tool_choice != "none" and not names:
             raise ValueError("tool_choice needs tools")

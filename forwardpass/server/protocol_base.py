@@ -16,6 +16,12 @@ TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 ModelName = Annotated[str, Field(max_length=256)]
 #: any signed or unsigned 64-bit seed (vLLM's and OpenAI's clients send either); see ``engine_seed``
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+#: vLLM's reasoning_effort values (OpenAI's, and DeepSeek's "max")
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+#: tokens one request may pin with logprob_token_ids
+MAX_PINNED = 256
+#: the bound of the logprobs fields before the server's --max-logprobs and the vocabulary apply
+MAX_LOGPROBS_FIELD = 1 << 24
 
 
 def engine_seed(seed: int) -> int:
@@ -89,6 +95,12 @@ class VllmExtras(_Strict):
     vllm_xargs: dict[str, Any] | None = Field(None, max_length=64, description="accepted, not used")
     kv_transfer_params: dict[str, Any] | None = Field(None, description="accepted, not used")
     return_token_ids: bool | None = Field(None, description="prompt_token_ids and each choice's token_ids")
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="with truncate_prompt_tokens: keep the prompt's last tokens (left, the default) or "
+                          "its first (right)")
+    logprob_token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PINNED)] | None = Field(
+        None, description="with logprobs: each position's top logprobs are these tokens' (and the chosen "
+                          "one's) instead of the most likely")
 
     @field_validator("use_beam_search")
     @classmethod
@@ -123,8 +135,9 @@ class OpenAIChatExtras(_Strict):
     """Chat fields OpenAI's client may send and vLLM accepts; ``documents`` reach the chat template."""
 
     include_reasoning: bool = Field(True, description="false: no reasoning_content in the response")
-    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
-        None, description="passed to the chat template as reasoning_effort")
+    reasoning_effort: ReasoningEffort | None = Field(
+        None, description="passed to the chat template as reasoning_effort; \"none\" also sets "
+                          "enable_thinking false (unless chat_template_kwargs sets it), as vLLM")
     documents: Annotated[list[dict[str, Any]], Field(max_length=64)] | None = Field(
         None, description="RAG documents, passed to the chat template as documents")
     store: bool | None = Field(None, description="accepted, not used")
@@ -149,4 +162,6 @@ class OpenAIChatExtras(_Strict):
             out["documents"] = self.documents
         if self.reasoning_effort is not None:
             out["reasoning_effort"] = self.reasoning_effort
+            if "enable_thinking" not in (getattr(self, "chat_template_kwargs", None) or {}):
+                out["enable_thinking"] = self.reasoning_effort != "none"
         return out

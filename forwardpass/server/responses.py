@@ -28,6 +28,7 @@ from fastapi.responses import Response
 from pydantic import ValidationError as PydanticValidationError
 
 from forwardpass.errors import ForwardpassError
+from forwardpass.server.responses_background import NEVER_GONE, BackgroundResponses, raw_messages
 from forwardpass.server.responses_protocol import ResponsesRequest
 from forwardpass.server.serving import ClientDisconnected, Serving
 from forwardpass.server.sse import SSEResponse
@@ -56,10 +57,15 @@ class ResponseStore:
     def get(self, rid: str, param: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         if rid not in self._items:
             raise ResponseNotFoundError(
-                f"no stored response with id {rid!r} (this server keeps the {self.capacity} most recent "
-                "responses made with store: true, in memory)", param=param, code="response_not_found")
+                f"Response with id {rid!r} not found. This server keeps the {self.capacity} most recent "
+                "responses made with store: true, in memory.", param=param, code="response_not_found")
         self._items.move_to_end(rid)
         return self._items[rid]
+
+    def status(self, rid: str) -> str | None:
+        """The stored response's status (None when not stored)."""
+        item = self._items.get(rid)
+        return None if item is None else item[1].get("status")
 
     def delete(self, rid: str) -> None:
         self.get(rid)
@@ -82,13 +88,19 @@ def _usage(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
             "output_tokens_details": {"reasoning_tokens": details.get("reasoning_tokens", 0)}}
 
 
-def _message_item(text: str, status: str = "completed", item_id: str | None = None) -> dict[str, Any]:
+def _message_item(text: str, status: str = "completed", item_id: str | None = None,
+                  logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"id": item_id or _new_id("msg"), "type": "message", "role": "assistant", "status": status,
-            "content": [_text_part(text)]}
+            "content": [_text_part(text, logprobs)]}
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+def _logprobs(choice: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat choice's logprobs as output_text logprobs (the same token / logprob / bytes / top_logprobs)."""
+    return list((choice.get("logprobs") or {}).get("content") or [])
 
 
 def _reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
@@ -97,15 +109,20 @@ def _reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
 
 
 def _call_item(call_id: str, name: str, arguments: str, status: str = "completed",
-               item_id: str | None = None) -> dict[str, Any]:
-    return {"id": item_id or _new_id("fc"), "type": "function_call", "call_id": call_id, "name": name,
+               item_id: str | None = None, namespaces: dict[str, tuple[str, str]] | None = None,
+               ) -> dict[str, Any]:
+    item = {"id": item_id or _new_id("fc"), "type": "function_call", "call_id": call_id, "name": name,
             "arguments": arguments, "status": status}
+    if name in (namespaces or {}):  # a namespaced tool: its own name, and the namespace beside it
+        item["namespace"], item["name"] = (namespaces or {})[name]
+    return item
 
 
 class ResponsesService:
     def __init__(self, serving: Serving, capacity: int) -> None:
         self.serving = serving
         self.store = ResponseStore(capacity)
+        self.background = BackgroundResponses(self.store)
 
     def envelope(self, req: ResponsesRequest, rid: str, created: int, model: str, status: str,
                  output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -124,10 +141,19 @@ class ResponsesService:
         messages = [m.model_dump(exclude_none=True) for m in chat_req.messages]
         model = self.serving.resolve_model(chat_req.model)[0]
         rid, created = _new_id("resp"), int(time.time())
+        if req.background:  # answered at once; the work goes on in a task (cancel: POST .../cancel)
+            queued = self.envelope(req, rid, created, model, "queued", [], None)
+            self.store.put(rid, messages, queued)
+            self.background.start(rid, self._run(req, chat_req, rid, created, model, messages, NEVER_GONE))
+            return queued
         try:
-            result = await self.serving.chat(chat_req, request)
+            return await self._run(req, chat_req, rid, created, model, messages, request)
         except ClientDisconnected:
             return Response(status_code=499)
+
+    async def _run(self, req: ResponsesRequest, chat_req: Any, rid: str, created: int, model: str,
+                   messages: list[dict[str, Any]], request: Any) -> Response | dict[str, Any]:
+        result = await self.serving.chat(chat_req, request)
         if isinstance(result, SSEResponse):
             return SSEResponse(self._events(req, rid, created, model, messages, result.body_iterator))
         choice = result["choices"][0]
@@ -135,13 +161,16 @@ class ResponsesService:
         output: list[dict[str, Any]] = []
         if msg.get("reasoning_content"):
             output.append(_reasoning_item(msg["reasoning_content"]))
-        if msg.get("content"):
-            output.append(_message_item(msg["content"]))
-        output += [_call_item(c["id"], c["function"]["name"], c["function"]["arguments"])
-                   for c in msg.get("tool_calls") or []]
         status = "incomplete" if choice["finish_reason"] == "length" else "completed"
+        if msg.get("content"):
+            output.append(_message_item(msg["content"], status, logprobs=_logprobs(choice)))
+        output += [_call_item(c["id"], c["function"]["name"], c["function"]["arguments"],
+                              namespaces=req.namespaces()) for c in msg.get("tool_calls") or []]
         body = self.envelope(req, rid, created, model, status, output, _usage(result["usage"]))
-        if req.store:
+        if req.enable_response_messages:
+            body.update(raw_messages(self.serving.engine.tokenizer, result.get("prompt_token_ids") or [],
+                                     choice.get("token_ids") or []))
+        if req.store and self.store.status(rid) != "cancelled":
             answer = _assistant_message(msg.get("content"), msg.get("tool_calls"))
             self.store.put(rid, [*messages, answer], body)
         return body
@@ -155,6 +184,8 @@ class ResponsesService:
         calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> function_call item
         usage: dict[str, Any] | None = None
         finish: str | None = None
+
+        namespaces = req.namespaces()
 
         def event(kind: str, **fields: Any) -> str:
             nonlocal seq
@@ -176,13 +207,14 @@ class ResponsesService:
                               item={**item, "status": "completed"})]
             text = item["content"][0]["text"]
             item["status"] = "completed"
+            lps = item["content"][0]["logprobs"]
             return [event("response.output_text.done", item_id=item["id"], output_index=i, content_index=0,
-                          text=text, logprobs=[]),
+                          text=text, logprobs=lps),
                     event("response.content_part.done", item_id=item["id"], output_index=i, content_index=0,
-                          part=_text_part(text)),
+                          part=_text_part(text, lps)),
                     event("response.output_item.done", output_index=i, item=item)]
 
-        def text_delta(kind: str, delta: str) -> list[str]:
+        def text_delta(kind: str, delta: str, logprobs: list[dict[str, Any]] | None = None) -> list[str]:
             nonlocal open_text
             out: list[str] = []
             if open_text is None or open_text["type"] != kind:
@@ -198,7 +230,9 @@ class ResponsesService:
                                      content_index=0, part=_text_part("")))
             open_text["content"][0]["text"] += delta
             i = output.index(open_text)
-            extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
+            extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": logprobs or []}
+            if kind == "message" and logprobs:
+                open_text["content"][0]["logprobs"].extend(logprobs)
             out.append(event("response.reasoning_text.delta" if kind == "reasoning"
                              else "response.output_text.delta", item_id=open_text["id"], output_index=i,
                              content_index=0, delta=delta, **extra))
@@ -209,7 +243,8 @@ class ResponsesService:
             fn = tc.get("function") or {}
             if tc["index"] not in calls:
                 out += close_text()
-                item = _call_item(tc.get("id") or _new_id("call"), fn.get("name") or "", "", "in_progress")
+                item = _call_item(tc.get("id") or _new_id("call"), fn.get("name") or "", "", "in_progress",
+                                  namespaces=namespaces)
                 calls[tc["index"]] = item
                 output.append(item)
                 out.append(event("response.output_item.added", output_index=len(output) - 1, item=dict(item)))
@@ -244,7 +279,7 @@ class ResponsesService:
                         for e in text_delta("reasoning", text):
                             yield e
                     if delta.get("content"):
-                        for e in text_delta("message", delta["content"]):
+                        for e in text_delta("message", delta["content"], _logprobs(choice)):
                             yield e
                     for tc in delta.get("tool_calls") or []:
                         for e in call_delta(tc):
@@ -291,6 +326,10 @@ def responses_router(service: ResponsesService) -> APIRouter:
     @router.get("/v1/responses/{response_id}", response_model=None)
     async def get_response(response_id: str) -> dict[str, Any]:
         return service.store.get(response_id, "response_id")[1]
+
+    @router.post("/v1/responses/{response_id}/cancel", response_model=None)
+    async def cancel_response(response_id: str) -> dict[str, Any]:
+        return await service.background.cancel(response_id)
 
     @router.delete("/v1/responses/{response_id}", response_model=None)
     async def delete_response(response_id: str) -> dict[str, Any]:

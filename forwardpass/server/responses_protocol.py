@@ -13,10 +13,10 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import Field, model_validator
 
 from forwardpass.errors import ValidationError
-from forwardpass.sampling.params import MAX_TOKENS
+from forwardpass.sampling.params import MAX_TOKENS, MAX_TOP_K
 from forwardpass.server.config import MAX_MESSAGES
 from forwardpass.server.protocol import ChatCompletionRequest
-from forwardpass.server.protocol_base import ModelName, _Strict
+from forwardpass.server.protocol_base import MAX_LOGPROBS_FIELD, ModelName, ReasoningEffort, _Strict
 
 ShortText = Annotated[str, Field(max_length=256)]
 
@@ -79,6 +79,32 @@ class FunctionTool(_Strict):
     strict: bool | None = None
 
 
+class NamespaceTool(_Strict):
+    """A group of function tools under a name (vLLM's and Codex's ``namespace`` tool): the model sees each as
+    ``NAMESPACE__NAME``; the call comes back as ``name`` with ``namespace``."""
+
+    type: Literal["namespace"]
+    name: Annotated[str, Field(min_length=1, max_length=30, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    description: str | None = None
+    tools: Annotated[list[FunctionTool], Field(min_length=1, max_length=128)]
+
+    @model_validator(mode="after")
+    def _fits(self) -> Self:
+        for t in self.tools:
+            if len(flat_name(self.name, t.name)) > 64:
+                raise ValueError(f"namespace {self.name!r} + tool {t.name!r}: the flat name "
+                                 f"{flat_name(self.name, t.name)!r} is longer than 64 characters")
+        return self
+
+
+#: how a namespaced tool is named to the model (vLLM's separator)
+NAMESPACE_SEPARATOR = "__"
+
+
+def flat_name(namespace: str, name: str) -> str:
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+
+
 class FunctionToolChoice(_Strict):
     type: Literal["function"]
     name: Annotated[str, Field(min_length=1, max_length=64)]
@@ -100,7 +126,7 @@ class TextConfig(_Strict):
 
 
 class ReasoningConfig(_Strict):
-    effort: Literal["minimal", "low", "medium", "high"] | None = None  # passed to the chat template
+    effort: ReasoningEffort | None = None  # passed to the chat template ("none": no thinking)
     summary: Literal["auto", "concise", "detailed"] | None = None  # accepted, not used
 
 
@@ -113,7 +139,7 @@ class ResponsesRequest(_Strict):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stream: bool = False
-    tools: Annotated[list[FunctionTool], Field(max_length=128)] | None = None
+    tools: Annotated[list[FunctionTool | NamespaceTool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = None
     parallel_tool_calls: bool | None = None
     previous_response_id: ShortText | None = None
@@ -123,16 +149,55 @@ class ResponsesRequest(_Strict):
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     truncation: Literal["disabled"] | None = Field(None, description="\"auto\" is refused: no truncation")
-    include: list[str] | None = None  # accepted, not used
+    include: Annotated[list[ShortText], Field(max_length=16)] | None = Field(
+        None, description="\"message.output_text.logprobs\": each output_text part's logprobs")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS_FIELD,
+                                     description="the k most likely tokens at each output position")
     service_tier: ShortText | None = None  # accepted, not used
-    background: Literal[False] | None = Field(None, description="true is refused: no background responses")
+    background: bool | None = Field(None, description="answer at once (status queued); GET the response "
+                                                      "later; needs store")
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # vLLM's extension
+    # vLLM's extensions: sampling, template variables, the raw prompt and output
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    chat_template_kwargs: dict[str, Any] | None = Field(None, max_length=64)
+    enable_response_messages: bool = Field(False, description="input_messages / output_messages: the "
+                                                              "prompt and the output as text and token ids")
+    request_id: ShortText | None = None  # accepted, not used
 
     @model_validator(mode="after")
     def _check(self) -> Self:
         if isinstance(self.input, str) and not self.input:
             raise ValueError("input must not be empty")
+        if self.background and not self.store:
+            raise ValueError("background can only be used when `store` is true")
+        if self.background and self.stream:
+            raise ValueError("background responses are not streamed here: send stream false and GET the "
+                             "response")
         return self
+
+    def wants_logprobs(self) -> bool:
+        return self.top_logprobs is not None or "message.output_text.logprobs" in (self.include or ())
+
+    def namespaces(self) -> dict[str, tuple[str, str]]:
+        """flat tool name -> (namespace, name), for the namespaced tools."""
+        return {flat_name(t.name, f.name): (t.name, f.name)
+                for t in self.tools or [] if isinstance(t, NamespaceTool) for f in t.tools}
+
+    def function_tools(self) -> list[dict[str, Any]]:
+        """The tools as chat tools (namespaced ones under their flat names)."""
+        out = []
+        for t in self.tools or []:
+            group = t.tools if isinstance(t, NamespaceTool) else [t]
+            for f in group:
+                fn = f.model_dump(exclude_none=True, exclude={"type"})
+                if isinstance(t, NamespaceTool):
+                    fn["name"] = flat_name(t.name, f.name)
+                out.append({"type": "function", "function": fn})
+        return out
 
     def chat_request(self, history: list[dict[str, Any]]) -> ChatCompletionRequest:
         """The chat request that runs this response: ``history`` (the previous responses' messages), then
@@ -144,15 +209,19 @@ class ResponsesRequest(_Strict):
         body: dict[str, Any] = {
             "messages": messages, "stream": self.stream, "max_completion_tokens": self.max_output_tokens,
             "temperature": self.temperature, "top_p": self.top_p,
-            "parallel_tool_calls": self.parallel_tool_calls, "user": self.user, "seed": self.seed}
+            "parallel_tool_calls": self.parallel_tool_calls, "user": self.user, "seed": self.seed,
+            "top_k": self.top_k, "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
+            "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+            "chat_template_kwargs": self.chat_template_kwargs,
+            "return_token_ids": True if self.enable_response_messages else None}
+        if self.wants_logprobs():
+            body.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         if self.model is not None:
             body["model"] = self.model
         if self.stream:
             body["stream_options"] = {"include_usage": True}
         if self.tools:
-            body["tools"] = [
-                {"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type"})}
-                for t in self.tools]
+            body["tools"] = self.function_tools()
         if isinstance(self.tool_choice, FunctionToolChoice):
             body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
         elif self.tool_choice is not None:
@@ -165,7 +234,9 @@ class ResponsesRequest(_Strict):
             body["response_format"] = {"type": "json_object"}
         if self.reasoning is not None and self.reasoning.effort is not None:
             body["reasoning_effort"] = self.reasoning.effort
-        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+        chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+        chat._incomplete_call_ok = True  # a forced call cut short: status incomplete, as OpenAI answers
+        return chat
 
     def input_messages(self) -> list[dict[str, Any]]:
         """This turn's input as chat messages (consecutive function calls become one assistant message)."""

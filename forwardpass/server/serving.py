@@ -9,7 +9,6 @@ engine request it made is closed, which aborts those still running.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +45,7 @@ from forwardpass.server.openai_format import (
 from forwardpass.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from forwardpass.server.protocol_base import engine_seed
 from forwardpass.server.reasoning import END, START, reasoning_token_count
+from forwardpass.server.request_fields import asks, response_context, truncated, usage_flags, widest
 from forwardpass.server.sse import SSEResponse
 from forwardpass.structured.params import StructuredOutputsParams
 
@@ -130,10 +130,13 @@ class Serving:
         vocab = self.engine.vocab_size
         for name, ids in (("logit_bias", list(req.logit_bias_ids() or ())),
                           ("allowed_token_ids", req.allowed_token_ids or []),
+                          ("logprob_token_ids", req.logprob_token_ids or []),
                           ("stop_token_ids", req.stop_token_ids or [])):
             if bad := [t for t in ids if t >= vocab]:
                 raise SamplingParamsError(f"{name}: token id {bad[0]} is not in the vocabulary [0, {vocab})",
                                           param=name)
+        if req.logprob_token_ids and logprobs is None:
+            raise SamplingParamsError("logprob_token_ids needs logprobs", param="logprob_token_ids")
         if req.top_k is not None and req.top_k > vocab:
             raise SamplingParamsError(f"top_k must be -1 or 0 (disabled), or in [1, {vocab}] (the vocabulary "
                                       f"size), got {req.top_k}", param="top_k")
@@ -152,8 +155,8 @@ class Serving:
             stop_token_ids=req.stop_token_ids, skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
             allowed_token_ids=req.allowed_token_ids, structured_outputs=structured,
-            reasoning_budget=reasoning_budget,
-            prompt_logprobs=req.prompt_logprobs if prompt_logprobs is None else prompt_logprobs)
+            reasoning_budget=reasoning_budget, prompt_logprobs=prompt_logprobs,
+            logprob_token_ids=req.logprob_token_ids if logprobs is not None else None)
 
     def _tags(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         tok = self.engine.tokenizer
@@ -232,14 +235,8 @@ class Serving:
             raise ValidationError("the chat template rendered an empty prompt", param="messages")
         return ids
 
-    def truncated(self, ids: list[int], keep: int | None) -> list[int]:
-        """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: the context window's)."""
-        if keep is None:
-            return ids
-        if keep == 0:
-            raise ValidationError("truncate_prompt_tokens must be -1 (the context window) or at least 1",
-                                  param="truncate_prompt_tokens")
-        return ids[-(self.engine.max_model_len if keep < 0 else keep):]
+    def truncated(self, ids: list[int], req: CompletionRequest | ChatCompletionRequest) -> list[int]:
+        return truncated(ids, req.truncate_prompt_tokens, req.truncation_side, self.engine.max_model_len)
 
     async def encode_async(self, prompt: str | list[int], add_special_tokens: bool = True,
                            for_generation: bool = True) -> list[int]:
@@ -277,27 +274,28 @@ class Serving:
         model, lora = self.resolve_model(req.model)
         self.check_capacity(len(req.prompts()) * req.n)
         structured = await self.off_loop(req.structured)  # a large schema is parsed off the event loop
-        prompts = [self.truncated(await self.encode_async(p, req.add_special_tokens),
-                                  req.truncate_prompt_tokens) for p in req.prompts()]
+        prompts = [self.truncated(await self.encode_async(p, req.add_special_tokens), req)
+                   for p in req.prompts()]
+        ask, prompt_ask = asks(req, req.logprobs, "logprobs", self.config.max_logprobs,
+                               self.engine.vocab_size)
         # echo with logprobs: the prompt's tokens are listed first, with their own logprobs
-        echo_lps = (max(req.logprobs, req.prompt_logprobs or 0) if req.echo and req.logprobs is not None
-                    else None)
-        params = [self.sampling_params(req, len(p), req.max_tokens, req.logprobs, "prompt", structured,
+        echo_lps = prompt_ask.engine
+        if req.echo and ask.engine is not None:
+            echo_lps = widest(ask.engine, prompt_ask.engine or 0)
+        params = [self.sampling_params(req, len(p), req.max_tokens, ask.engine, "prompt", structured,
                                        prompt_logprobs=echo_lps) for p in prompts]
         self.check_token_budget(sum(len(p) + (s.max_tokens or 0) for p, s in zip(prompts, params)) * req.n)
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = await self.admit(prompts, params, rid, lora)
-        ctx = ResponseContext(rid, model, int(time.time()), req.n, self.engine.tokenizer,
-                              top_k=req.logprobs or 0, as_ids=req.return_tokens_as_token_ids)
-        ctx.echo_logprobs, ctx.show_prompt_logprobs = echo_lps is not None, req.prompt_logprobs is not None
-        ctx.return_token_ids = bool(req.return_token_ids)
-        if req.echo:  # each choice's text starts with its prompt's text (as truncated)
+        ctx = response_context(req, rid, model, self.engine.tokenizer, ask, prompt_ask,
+                               self.config.return_tokens_as_token_ids)
+        ctx.echo_logprobs = req.echo and ask.engine is not None
+        if req.echo:  # each choice's text starts with its prompt's text (as truncated; special tokens kept)
             ctx.echo_prompts = [p if isinstance(p, str) and req.truncate_prompt_tokens is None
                                 else await self.off_loop(self._decode, ids)
                                 for p, ids in zip(req.prompts(), prompts)]
         if req.stream:
-            usage = bool(req.stream_options and req.stream_options.include_usage)
-            ctx.continuous_usage = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+            usage, ctx.continuous_usage = usage_flags(req, self.config.force_include_usage)
             ctx.prompt_tokens = sum(len(p) for p in prompts)
             return SSEResponse(self._stream(streams, ctx, usage, completion_chunks))
         finals = await self._collect(streams, request)
@@ -305,8 +303,9 @@ class Serving:
         for i, out in enumerate(finals):
             for c in out.outputs:
                 echo = ctx.echo_prompts[i] if ctx.echo_prompts else ""
-                lps = (completion_logprobs(c.logprobs, len(echo), req.logprobs, ctx.as_ids, ctx.skipped)
-                       if req.logprobs is not None and c.logprobs is not None else None)
+                lps = (completion_logprobs(c.logprobs, len(echo), ctx.top_k, ctx.as_ids, ctx.skipped,
+                                           ctx.pinned) if req.logprobs is not None and c.logprobs is not None
+                       else None)
                 if lps is not None and ctx.echo_logprobs:
                     lps = joined(ctx.prompt_part(out), lps)
                 choices.append({"index": i * req.n + c.index, "text": echo + c.text, "logprobs": lps,
@@ -317,18 +316,17 @@ class Serving:
 
     def _decode(self, ids: list[int]) -> str:
         tok = self.engine.tokenizer
-        return tok.decode(ids) if tok is not None else ""
+        return tok.decode(ids, skip_special_tokens=False) if tok is not None else ""
 
     # ----- /v1/chat/completions ------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest, request: Request) -> SSEResponse | dict[str, Any]:
         model, lora = self.resolve_model(req.model)
         self.check_capacity(req.n)
-        thinking = (req.chat_template_kwargs or {}).get("enable_thinking") is not False
         kwargs = {**(req.chat_template_kwargs or {}), **req.template_extras(),
                   **({"tools": req.tool_dicts()} if req.tools else {})}
+        thinking = kwargs.get("enable_thinking") is not False
         ids = self.truncated(await self.chat_prompt(req.messages, req.add_generation_prompt, kwargs,
-                                                    req.continue_final_message, req.add_special_tokens),
-                             req.truncate_prompt_tokens)
+                                                    req.continue_final_message, req.add_special_tokens), req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         # a forced tool call is bounded to fit what the output may use (tool_choice.py)
         budget = max_tokens if max_tokens is not None else self.engine.max_model_len - len(ids)
@@ -338,9 +336,13 @@ class Serving:
                 and tok is not None):
             # the constraint applies to the answer: after the reasoning's closing tag
             structured.reasoning_end = tuple(tok.encode("</think>", add_special_tokens=False))
-        k = (req.top_logprobs or 0) if req.logprobs else None
-        reasoning = self._reasoning_budget(req.max_reasoning_tokens) if thinking else None
-        params = self.sampling_params(req, len(ids), max_tokens, k, "messages", structured, reasoning)
+        ask, prompt_ask = asks(req, (req.top_logprobs or 0) if req.logprobs else None, "top_logprobs",
+                               self.config.max_logprobs, self.engine.vocab_size)
+        budget_tokens = (req.max_reasoning_tokens if req.max_reasoning_tokens is not None
+                         else req.thinking_token_budget)
+        reasoning = self._reasoning_budget(budget_tokens) if thinking else None
+        params = self.sampling_params(req, len(ids), max_tokens, ask.engine, "messages", structured,
+                                      reasoning, prompt_logprobs=prompt_ask.engine)
         self.check_token_budget((len(ids) + (params.max_tokens or 0)) * req.n)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self.admit([ids], [params], rid, lora)
@@ -349,18 +351,15 @@ class Serving:
             choice = (req.tool_choice.model_dump() if isinstance(req.tool_choice, BaseModel)
                       else req.tool_choice)
             return ChatOutputParser(self.config.reasoning_parser, req.tool_mode(), choice,
-                                    req.parallel_tool_calls is not False, req.include_reasoning)
+                                    req.parallel_tool_calls is not False, req.include_reasoning,
+                                    req._incomplete_call_ok)
 
         echo = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
-        ctx = ResponseContext(rid, model, int(time.time()), req.n, self.engine.tokenizer,
-                              top_k=req.top_logprobs or 0, parser=parser,
-                              as_ids=req.return_tokens_as_token_ids, echo=echo)
+        ctx = response_context(req, rid, model, self.engine.tokenizer, ask, prompt_ask,
+                               self.config.return_tokens_as_token_ids, parser=parser, echo=echo)
         ctx.count_reasoning = self._reasoning_counter()
-        ctx.show_prompt_logprobs = req.prompt_logprobs is not None
-        ctx.return_token_ids = bool(req.return_token_ids)
         if req.stream:
-            usage = bool(req.stream_options and req.stream_options.include_usage)
-            ctx.continuous_usage = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+            usage, ctx.continuous_usage = usage_flags(req, self.config.force_include_usage)
             ctx.prompt_tokens = len(ids)
             return SSEResponse(self._stream(streams, ctx, usage, chat_chunks))
         out = (await self._collect(streams, request))[0]
@@ -368,8 +367,8 @@ class Serving:
         for c in out.outputs:
             p = parser()
             choices.append({"index": c.index, "message": p.message(echo + c.text),
-                            "logprobs": (chat_logprobs(c.logprobs, ctx.top_k, ctx.as_ids) if req.logprobs
-                                         else None),
+                            "logprobs": (chat_logprobs(c.logprobs, ctx.top_k, ctx.as_ids, ctx.pinned)
+                                         if req.logprobs else None),
                             "finish_reason": p.finish_reason(c.finish_reason), "stop_reason": c.stop_reason,
                             **ctx.token_ids(c)})
         return {"id": rid, "object": "chat.completion", "created": ctx.created, "model": model,

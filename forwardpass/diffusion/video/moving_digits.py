@@ -34,6 +34,16 @@ STILL_TEMPLATES = ["a handwritten {w}", "a handwritten {n}", "the digit {n}", "n
 NEW_WORDS = [*VERBS, *DIRECTIONS]
 
 
+def direction_index(prompt: str) -> int:
+    """The motion direction a prompt names: 0 for none, else 1 + its position in ``DIRECTIONS``. Training
+    and the pipeline both read prompts with this, so the DiT's direction embedding means the same in both;
+    the last direction word wins ("moving left then right" → right)."""
+    names = list(DIRECTIONS)
+    words = prompt.lower().replace(",", " ").replace(".", " ").split()
+    found = [names.index(w) + 1 for w in words if w in names]
+    return found[-1] if found else 0
+
+
 def motion_caption(digit: int, direction: str, template: int, verb: int) -> str:
     return MOTION_TEMPLATES[template].format(w=DIGIT_WORDS[digit], n=digit, v=VERBS[verb], d=direction)
 

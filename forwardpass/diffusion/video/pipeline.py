@@ -10,7 +10,9 @@
   frames ``> k`` pure noise (σ = 1), the form it was also trained in. Errors in a generated frame become the
   next frame's context, which is how frame-by-frame generation drifts. It costs ``F×`` the denoiser passes.
 
-Each step with CFG is one denoiser call on a batch of ``2B`` (``3B`` with a ``perp`` negative prompt).
+Each step with CFG is one denoiser call on a batch of ``2B`` (``3B`` with a ``perp`` negative prompt). A DiT
+with ``num_directions`` also gets each text row's direction (``moving_digits.direction_index`` of that row's
+prompt, negative or empty prompt), so CFG guides towards the prompted direction as it does towards the digit.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from forwardpass.diffusion.images import to_numpy, to_pil
 from forwardpass.diffusion.loading import MODEL_CLASSES
 from forwardpass.diffusion.pipeline import ImagePipeline, _check_rescale
 from forwardpass.diffusion.video.dit import VideoDiTModel
+from forwardpass.diffusion.video.moving_digits import direction_index
 from forwardpass.errors import ConfigError, ValidationError
 from forwardpass.threads import with_own_threads
 
@@ -131,6 +134,7 @@ class VideoPipeline(ImagePipeline):
         context, mask, branches = self._text_batch(prompts, negative, num_videos_per_prompt, guidance,
                                                    negative_mode)
         batch = len(prompts) * num_videos_per_prompt
+        direction = self._direction_batch(prompts, negative, num_videos_per_prompt, branches)
 
         # 2. noise for the whole clip, drawn on the generator's device so a seed means the same clip anywhere
         f_ = self.vae_scale_factor
@@ -141,7 +145,7 @@ class VideoPipeline(ImagePipeline):
         total = steps * (frames if framewise else 1)
         desc = "denoising" + (" (frame by frame)" if framewise else "")
         bar = tqdm(total=total, **{"desc": desc, "disable": not show_progress, **self._progress_kwargs})
-        args = (context, mask, guidance, rescale, branches, generator, callback_on_step_end, bar)
+        args = (context, mask, direction, guidance, rescale, branches, generator, callback_on_step_end, bar)
         latents = (
             self._framewise(latents, steps, *args) if framewise else self._whole_clip(latents, steps, *args)
         )
@@ -160,22 +164,36 @@ class VideoPipeline(ImagePipeline):
             out = arr if output_type == "np" else [to_pil(clip) for clip in arr]
         return VideoPipelineOutput(frames=out) if return_dict else (out,)
 
+    def _direction_batch(self, prompts: list[str], negative: list[str] | None, per_prompt: int,
+                         branches: int) -> torch.Tensor | None:  # fmt: skip
+        """Each text row's direction index (``moving_digits.direction_index``), in ``_text_batch``'s order:
+        ``[prompts]``, ``[negative | prompts]`` or ``[empty | negative | prompts]``; None for a model without
+        a direction embedding."""
+        if not self.transformer.config.get("num_directions"):
+            return None
+        rows = [p for p in prompts for _ in range(per_prompt)]
+        if branches > 1:
+            negs = [n for n in (negative or [""] * len(prompts)) for _ in range(per_prompt)]
+            rows = [""] * len(rows) * (branches - 2) + negs + rows
+        return torch.tensor([direction_index(r) for r in rows], device=self.device)
+
     # ------------------------------------------------------------------ samplers
     def _whole_clip(
-        self, latents, steps, context, mask, guidance, rescale, branches, generator, callback, bar
+        self, latents, steps, context, mask, direction, guidance, rescale, branches, generator, callback, bar
     ):
         self.scheduler.set_timesteps(steps)
         for i, t in enumerate(self.scheduler.timesteps):
             x_in = torch.cat([latents] * branches) if branches > 1 else latents
             x_in = self.scheduler.scale_model_input(x_in, t)
-            out = self._guided(x_in, t, context, mask, guidance, rescale, branches)
+            extra = () if direction is None else (direction,)
+            out = self._guided(x_in, t, context, mask, guidance, rescale, branches, extra)
             latents = self.scheduler.step(out, t, latents, generator=generator).prev_sample
             latents = self._after_step(callback, i, t, latents)
             bar.update(1)
         return latents
 
     def _framewise(
-        self, latents, steps, context, mask, guidance, rescale, branches, generator, callback, bar
+        self, latents, steps, context, mask, direction, guidance, rescale, branches, generator, callback, bar
     ):
         """Frame k from noise with frames < k fixed (σ = 0) and frames > k at their initial noise (σ = 1)."""
         batch, frames = latents.shape[:2]
@@ -188,7 +206,8 @@ class VideoPipeline(ImagePipeline):
                 ts = torch.full((batch, frames), float(n_train), device=clip.device)
                 ts[:, :k], ts[:, k] = 0.0, t
                 x_in = torch.cat([clip] * branches) if branches > 1 else clip
-                out = self.transformer(x_in, ts.repeat(branches, 1), context, mask)[:, k]
+                extra = () if direction is None else (direction,)
+                out = self.transformer(x_in, ts.repeat(branches, 1), context, mask, *extra)[:, k]
                 out = guide(out, branches, guidance, rescale)
                 clip[:, k] = self.scheduler.step(out, t, clip[:, k], generator=generator).prev_sample
                 clip = self._after_step(callback, i, t, clip)

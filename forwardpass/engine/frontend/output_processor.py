@@ -232,4 +232,6 @@ class OutputProcessor:
         d = {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id))}
         for rank, (tid, val) in enumerate(lp.top, start=1):
             d.setdefault(tid, Logprob(val, rank, decode(tid)))
+        for tid, val, rank in lp.pinned:  # logprob_token_ids
+            d.setdefault(tid, Logprob(val, rank, decode(tid)))
         return d

@@ -33,6 +33,7 @@ from forwardpass.engine.scheduling.kv_cache_spec import (
     sequence_capacity,
 )
 from forwardpass.engine.scheduling.scheduler import Scheduler
+from forwardpass.engine.speculative.mtp_stash import hidden_sink
 from forwardpass.engine.speculative.policy import build_speculator
 from forwardpass.engine.speculative.rows import decode_row_limit
 from forwardpass.engine.worker.model_runner import CausalLM
@@ -167,7 +168,8 @@ def build_engine_core(
         fair_share_tokens=config.fair_share_tokens,
         # refuses caches that can't roll back
         speculator=build_speculator(SpeculativeConfig.from_value(config.speculative_config), groups,
-                                    {"target_dir": model_dir, "engine": config, "target_vocab": spec.vocab}),
+                                    {"target_dir": model_dir, "engine": config, "target_vocab": spec.vocab,
+                                     "target": net, "plan": plan}),
     )
     if scheduler.speculator is not None:  # verify rows stay within the rows the decode kernels take
         scheduler.speculator.limit_step_rows(decode_row_limit(net), config.max_num_batched_tokens)
@@ -182,6 +184,7 @@ def build_engine_core(
         decode_kernel=kernel,
         adapters=lora,
         routing=ModelRoutingCounter(net) if has_moe else None,
+        hidden_sink=hidden_sink(scheduler.speculator.proposer) if scheduler.speculator else None,  # mtp
         # structured output needs the vocabulary; the tokenizer is read on the first such request
         grammars=(GrammarBackend(model_dir, spec.vocab, eos) if (model_dir / "tokenizer.json").exists()
                   else None),

@@ -113,7 +113,8 @@ class EngineCore:
                 param="top_k",
             )
         for name, ids in (("logit_bias", params.logit_bias or ()),
-                          ("allowed_token_ids", params.allowed_token_ids or ())):
+                          ("allowed_token_ids", params.allowed_token_ids or ()),
+                          ("logprob_token_ids", params.logprob_token_ids or ())):
             if bad := [t for t in ids if t >= vocab]:
                 raise SamplingParamsError(f"{name}: token id {bad[0]} is not in [0, {vocab})", param=name)
         if params.structured_outputs is not None and self.runner.grammars is None:

@@ -31,6 +31,7 @@ from forwardpass.attention.context import AttentionContext
 from forwardpass.config import EngineConfig, SpeculativeConfig
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup, layer_specs, plan_groups
 from forwardpass.engine.speculative.draft_cache import DraftKVCache, DraftSequence
+from forwardpass.engine.speculative.draft_step import DraftStepper
 from forwardpass.engine.speculative.rollback import check_can_roll_back
 from forwardpass.errors import ConfigError
 from forwardpass.sampling.params import SamplingParams
@@ -75,8 +76,12 @@ class DraftModelProposer:
         self.max_len = max_len  # the draft's context (positions): longer sequences get no drafts
         self.attention_backend, self.decode_kernel = attention_backend, decode_kernel
         self.generators: dict[int, torch.Generator | None] = {}
+        # the lean forward (draft_step.py) where the draft's decode step is its decode stack; else None
+        self.stepper = DraftStepper.build(model, cache, max_len, decode_kernel)
         self.num_forwards = 0  # draft forward passes run (tests: the draft really ran)
+        self.num_lean = 0  # of which through the stepper (tests: the fast path was taken)
         self.seconds_per_draft = 0.0  # running mean of one forward pass: the adaptive policy's cost model
+        self.seconds_drafting = 0.0  # every forward pass's time (benchmarks: the draft's share of a step)
 
     @torch.inference_mode()
     def propose_for(self, seq: Drafting, k: int) -> DraftTokens:
@@ -99,15 +104,21 @@ class DraftModelProposer:
             if logits is None:  # the pool is full: no (more) drafts for now, and its blocks go back
                 self.cache.release(seq.seq_id)
                 break
-            if sampled:
-                q = torch.softmax(logits / seq.params.temperature, dim=-1)
-                token = int(torch.multinomial(q, 1, generator=gen))
-                probs.append(q)
-            else:
-                token = int(logits.argmax())
+            token = self._draw(logits, seq, gen, probs if sampled else None)
             drafts.append(token)
             feed = [token]
         return DraftTokens(drafts, torch.stack(probs) if probs and len(probs) == len(drafts) else None)
+
+    @staticmethod
+    def _draw(logits: torch.Tensor, seq: Drafting, gen: torch.Generator | None,
+              probs: list[torch.Tensor] | None) -> int:
+        """One draft from ``logits``: the argmax (``probs`` None), else a draw from ``q`` at the request's
+        temperature, with ``q`` appended to ``probs``."""
+        if probs is None:
+            return int(logits.argmax())
+        q = torch.softmax(logits / seq.params.temperature, dim=-1)
+        probs.append(q)
+        return int(torch.multinomial(q, 1, generator=gen))
 
     def _forward(self, state: DraftSequence, feed: list[int]) -> torch.Tensor | None:
         """Run ``feed`` after the cached tokens; the float32 logits after its last token (None: no room)."""
@@ -116,6 +127,22 @@ class DraftModelProposer:
         end = start + len(feed)
         if not self.cache.reserve(state, end):
             return None
+        if self.stepper is not None and self.stepper.applies(state, feed):
+            logits = self.stepper.run(state, feed)
+            self.num_lean += 1
+        else:
+            logits = self._model_forward(state, feed, start, end)
+        self.num_forwards += 1
+        seconds = time.perf_counter() - t0
+        self.seconds_drafting += seconds
+        if len(feed) <= 2:  # a draft step (not a prompt's catch-up, paid once per sequence)
+            old = self.seconds_per_draft
+            self.seconds_per_draft = seconds if not old else 0.8 * old + 0.2 * seconds
+        return logits
+
+    def _model_forward(self, state: DraftSequence, feed: list[int], start: int, end: int) -> torch.Tensor:
+        """The generic path: the engine's metadata builders and the model's own forward (a prompt's catch-up,
+        drafts the stepper does not cover)."""
         builders = [g.spec.metadata_builder(self.device) for g in self.cache.groups]
         for builder, table in zip(builders, state.tables):
             builder.add(table, start, end, 0)
@@ -126,13 +153,7 @@ class DraftModelProposer:
         positions = torch.arange(start, end, dtype=torch.long, device=self.device)
         hidden = self.model(ids, positions, ctx)
         state.tokens.extend(feed)
-        logits = self.model.compute_logits(hidden[-1:])[0].float()
-        self.num_forwards += 1
-        if len(feed) <= 2:  # a draft step (not a prompt's catch-up, paid once per sequence)
-            seconds = time.perf_counter() - t0
-            old = self.seconds_per_draft
-            self.seconds_per_draft = seconds if not old else 0.8 * old + 0.2 * seconds
-        return logits
+        return self.model.compute_logits(hidden[-1:])[0].float()
 
     def _generator(self, seq: Drafting) -> torch.Generator | None:
         if seq.seq_id not in self.generators:
@@ -168,6 +189,21 @@ def check_same_tokenizer(target_dir: Path, draft_dir: Path, target_vocab: int, d
                           f"tokenizer, but {why}", param="speculative_config.model")
 
 
+def draft_engine(config: SpeculativeConfig, engine: EngineConfig, draft_dir: Path) -> EngineConfig:
+    """The draft's engine options: the target's numerics (dtype, device, kernels), none of its per-model
+    options, and the draft's own quantization. ``auto`` quantizes to int8 on CPU where the draft would compute
+    with fp32 weights from a plain checkpoint: 4x fewer weight bytes make a draft pass much cheaper beside the
+    target's, and the draft's precision can change which tokens it proposes, never the output."""
+    from forwardpass.loader.ctranslate2 import is_converted_dir
+    from forwardpass.loader.gguf import is_gguf_dir
+
+    quant = config.quantization
+    if quant == "auto":
+        plain = not (is_gguf_dir(draft_dir) or is_converted_dir(draft_dir))
+        quant = "int8" if plain and engine.device == "cpu" and engine.torch_dtype == torch.float32 else None
+    return dataclasses.replace(engine, quantization=quant, enable_lora=False, speculative_config=None)
+
+
 def build_draft_proposer(config: SpeculativeConfig, target_dir: Path, engine: EngineConfig, target_vocab: int,
                          target_groups: Sequence[KVCacheGroup]) -> DraftModelProposer:
     """Load ``config.model`` with the engine's loader and plan, check its tokenizer, size its KV pool."""
@@ -180,9 +216,13 @@ def build_draft_proposer(config: SpeculativeConfig, target_dir: Path, engine: En
     except (ModelNotFoundError, ConfigError) as exc:
         raise ConfigError(f"speculative_config.model {config.model!r}: {exc}",
                           param="speculative_config.model") from exc
-    # the target's numerics (dtype, device, kernels), none of its per-model options
-    draft_engine = dataclasses.replace(engine, quantization=None, enable_lora=False, speculative_config=None)
-    plan = resolve_plan(draft_engine, draft_dir)
+    try:
+        plan = resolve_plan(draft_engine(config, engine, draft_dir), draft_dir)
+    except ConfigError:  # e.g. an already-quantized checkpoint: "auto" then takes its weights as stored
+        if config.quantization != "auto":
+            raise
+        plan = resolve_plan(draft_engine(dataclasses.replace(config, quantization=None), engine, draft_dir),
+                            draft_dir)
     net, spec = prepare_model(draft_dir, plan)
     check_same_tokenizer(target_dir, draft_dir, target_vocab, spec.vocab)
     specs = layer_specs(spec, engine.block_size, engine.torch_dtype, net)
@@ -193,7 +233,7 @@ def build_draft_proposer(config: SpeculativeConfig, target_dir: Path, engine: En
     check_can_roll_back(groups)
     cache = DraftKVCache(groups, engine.torch_dtype, engine.device)
     size = sum(g.page_bytes * g.num_blocks for g in groups)
-    logger.info("draft model %s: %d layers, KV pool of %d blocks (%.1f MB)", draft_dir, spec.layers,
-                groups[0].num_blocks, size / 1e6)
+    logger.info("draft model %s: %d layers, weights %s, KV pool of %d blocks (%.1f MB)", draft_dir,
+                spec.layers, plan.quantized_format or "as stored", groups[0].num_blocks, size / 1e6)
     return DraftModelProposer(net, cache, device=engine.device, attention_backend=engine.attention_backend,
                               decode_kernel=plan.kernels.decode, max_len=spec.max_position_embeddings or None)

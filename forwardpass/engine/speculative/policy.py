@@ -94,6 +94,14 @@ class StepCosts:
         slope = max(slope, 0.0)  # noise can tilt two close sizes the wrong way: more rows never cost less
         return my - slope * mx, slope
 
+    def seconds(self, rows: int) -> float | None:
+        """T(rows): measured, else on the measured line (a request that always speculates seldom runs a
+        one-row step), else None."""
+        if (measured := self.mean.get(rows)) is not None:
+            return measured
+        line = self.line()
+        return line[0] + line[1] * rows if line is not None and line[0] + line[1] * rows > 0 else None
+
     def ratio(self, base: int, more: int) -> float:
         """T(base + more) / T(base): measured when both sizes are (the kernels' cost per row is a staircase,
         not a line), else on the measured line, else the prior."""
@@ -144,7 +152,10 @@ class Speculator:
         if self.max_step_rows is not None and num_running < self.max_step_rows:  # (past it, decode steps
             # leave those kernels too) the rows the step holds already, and one per running sequence
             room = min(room, self.max_step_rows - (self.token_budget - budget) - num_running)
-        return self.drafts(seq, room, num_running)
+        drafts = self.drafts(seq, room, num_running)
+        if not drafts and (keep_up := getattr(self.proposer, "keep_up", None)) is not None:
+            keep_up(seq)  # the MTP layer reads the target's hidden states even when nobody proposes
+        return drafts
 
     def drafts(self, seq: Drafting, max_k: int, num_running: int) -> tuple[int, ...]:
         """Up to ``min(num_speculative_tokens, max_k)`` drafts for ``seq`` this step (often none)."""
@@ -183,7 +194,7 @@ class Speculator:
         """The number of drafts that maximises the batch's tokens per second; 0 if none beats decoding."""
         best_k, best = 0, _MARGIN
         # a draft model's forward passes (it measures them; they are outside the step times T(n)), relative
-        draft_s, step_s = getattr(self.proposer, "seconds_per_draft", 0.0), self.costs.mean.get(batch)
+        draft_s, step_s = getattr(self.proposer, "seconds_per_draft", 0.0), self.costs.seconds(batch)
         per_draft = draft_s / step_s if draft_s and step_s else 0.0
         for k in range(1, k_max + 1):
             cost = self.costs.ratio(batch, k) + k * per_draft
@@ -214,12 +225,20 @@ class Speculator:
 def build_speculator(config: SpeculativeConfig | None, groups: Seq[KVCacheGroup],
                      draft_target: dict[str, Any] | None = None) -> Speculator | None:
     """The engine's speculator for ``config`` (None: off); a ``ConfigError`` if the model's cache cannot roll
-    back rejected drafts."""
+    back rejected drafts. ``draft_target``: the builder's target_dir, engine, target_vocab, and for mtp the
+    target model and its plan."""
     if config is None:
         return None
     check_can_roll_back(groups)
-    if config.method == "draft_model":  # draft_target: the builder's target_dir, engine, target_vocab
+    t = draft_target or {}
+    if config.method == "draft_model":
         from forwardpass.engine.speculative.draft import build_draft_proposer
 
-        return Speculator(config, build_draft_proposer(config, target_groups=groups, **(draft_target or {})))
+        return Speculator(config, build_draft_proposer(config, t["target_dir"], t["engine"],
+                                                       t["target_vocab"], target_groups=groups))
+    if config.method == "mtp":
+        from forwardpass.engine.speculative.mtp_build import build_mtp_proposer
+
+        return Speculator(config, build_mtp_proposer(config, t["target_dir"], t["engine"], t["target"],
+                                                     t["plan"], target_groups=groups))
     return Speculator(config)

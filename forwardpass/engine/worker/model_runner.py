@@ -1,15 +1,15 @@
 """``ModelRunner.execute(SchedulerOutput) -> RunnerOutput``: batch tensors in, sampled ids out.
 
-The runner owns the KV cache tensors, the sampler, and a mirror of each sequence it has been sent
-(tokens, block tables, seeded generator): ``SchedulerOutput`` brings a sequence's full data once and
-then only new block ids; sampled tokens are appended here as they are sampled. It never touches the
-scheduler's request state: what it computed goes back in ``RunnerOutput``.
+The runner owns the KV cache tensors, the sampler, and a mirror of each sequence it has been sent (tokens,
+block tables, seeded generator): ``SchedulerOutput`` brings a sequence's full data once and then only new
+block ids; sampled tokens are appended here as they are sampled. It never touches the scheduler's request
+state: what it computed goes back in ``RunnerOutput``.
 
-Layout of the flattened batch (see ``attention/context.py``): the one-token (decode) chunks first,
-then each prefill chunk. Logits are computed only for rows that end a sequence's known tokens: a
-prefill chunk that stops short of the prompt's end samples nothing. A chunk with draft tokens
-(speculative decoding) is ``[last token, drafts...]``: logits at every one of its positions, verified by
-``engine/speculative/verify.py``; block tables are cut back after rejections as the scheduler cuts its own.
+Layout of the flattened batch (``attention/context.py``): the one-token (decode) chunks first, then each
+prefill chunk. Logits only for rows that end a sequence's known tokens (a prefill chunk short of the prompt's
+end samples nothing). A chunk with draft tokens (speculative decoding) is ``[last token, drafts...]``: logits
+at every one of its positions, verified by ``engine/speculative/verify.py``; block tables are cut back after
+rejections as the scheduler cuts its own.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from forwardpass.engine.scheduling.batch import (
     SchedulerOutput,
 )
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
+from forwardpass.engine.speculative.mtp_stash import HiddenStateSink
 from forwardpass.engine.speculative.rollback import trim_table
 from forwardpass.engine.speculative.verify import SampleTarget, sample_and_verify
 from forwardpass.engine.worker.encoder_step import run_encoders
@@ -107,13 +108,13 @@ class ModelRunner:
         adapters: BatchAdapters | None = None,
         routing: RoutingCounter | None = None,
         grammars: GrammarBackend | None = None,
+        hidden_sink: HiddenStateSink | None = None,  # speculative mtp: every forward's hidden states
     ):
         self.model, self.device, self.dtype = model, device, dtype
         self.groups = list(groups)  # each with its own block pool, tables and attention metadata
-        self.attention_backend = attention_backend
-        self.eos_token_ids = list(eos_token_ids)
+        self.attention_backend, self.eos_token_ids = attention_backend, list(eos_token_ids)
         self.decode_kernel = decode_kernel  # fixed for the runner's lifetime: numerics never change mid-run
-        self.adapters, self.routing = adapters, routing
+        self.adapters, self.routing, self.hidden_sink = adapters, routing, hidden_sink
         self.grammars = grammars  # structured output: compiled grammars and token bitmasks
         num_layers = 1 + max(i for g in groups for i in g.layer_ids)  # layers in no group cache nothing
         self.kv_caches: list[torch.Tensor] = [torch.empty(0)] * num_layers
@@ -234,6 +235,8 @@ class ModelRunner:
             if self.adapters is not None:
                 self.adapters.end_step()  # a direct model call later must not see this step's mapping
         routing = self.routing.collect() if self.routing is not None else None
+        if self.hidden_sink is not None:  # speculative mtp: its layer drafts from these hidden states
+            self.hidden_sink.record_hidden(scheduled.chunks, hidden)
         if any(self.sequences[c.seq_id].prompt_logprobs is not None for c in scheduled.chunks):
             add_prompt_logprobs(self.model.compute_logits, hidden, scheduled.chunks, self.sequences)
         if not sampled:
