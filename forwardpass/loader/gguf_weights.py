@@ -82,13 +82,15 @@ def _head_weight(t: _Tensor):
     """The LM head's weight (a tied embedding's too): a Q8_0 head as a K-block Q8_0 matrix (the same bytes,
     tiled by 16 rows), whose kernel takes a speculative verify step's extra activation rows for less than
     the Q8_0 row kernel does (benchmarks/speculative.py prints the verify step's cost); the head is a fifth
-    of a small model's step. Other types as :func:`_weight` holds them."""
+    of a small model's step. Many rows (prompt logprobs) multiply in fp32: bf16 rounding of the activations
+    flips near-tied logits (SmolLM2 Q4_1, 256 teacher-forced tokens, top-1 agreement with transformers'
+    fp32: 96.9% in bf16, 99.2% in fp32; tests/test_smollm2.py). Other types as :func:`_weight` holds them."""
     from forwardpass.quant.kblock_weight import KBlockWeight
 
     if t.kind != "Q8_0":
         return _weight([t])
     spec = kblocks.KINDS["q8_0"]
-    return KBlockWeight(spec, *kblocks.pack(spec, gguf_blocks.unpack(t.kind, t.raw, t.k)))
+    return KBlockWeight(spec, *kblocks.pack(spec, gguf_blocks.unpack(t.kind, t.raw, t.k)), bf16_gemm=False)
 
 
 def _set_weight(module: nn.Module, parts: list[_Tensor]) -> None:

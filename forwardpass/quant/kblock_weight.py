@@ -40,15 +40,18 @@ class KBlockWeight(nn.Module):
     meta: torch.Tensor
 
     def __init__(
-        self, kind: kblocks.KBlockKind, codes: torch.Tensor, meta: torch.Tensor, kernel: bool = True
+        self, kind: kblocks.KBlockKind, codes: torch.Tensor, meta: torch.Tensor, kernel: bool = True,
+        bf16_gemm: bool | None = None,
     ):
+        """``bf16_gemm``: many rows multiply in bf16 (None: where the CPU multiplies bf16 in hardware) or,
+        False, in fp32 (an LM head's logits, whose near-ties bf16 rounding flips)."""
         super().__init__()
         self.kind = kind
         self.fmt = kind.name
         self.in_features = self._in_features(kind, codes, meta)
         # decided once, when the weight is made: the kernel if it builds, else the reference for good
         self._kernel = load_kblock_kernel() if kernel and codes.device.type == "cpu" else None
-        self.bf16_gemm = gemm_path(cpu_flags()) in ("amx", "bf16")
+        self.bf16_gemm = gemm_path(cpu_flags()) in ("amx", "bf16") if bf16_gemm is None else bf16_gemm
         self.register_buffer("codes", codes, persistent=True)
         self.register_buffer("meta", meta, persistent=True)
 
