@@ -29,10 +29,9 @@ import torch
 
 from forwardpass.attention.context import AttentionContext
 from forwardpass.config import EngineConfig, SpeculativeConfig
-from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup, layer_specs, plan_groups
-from forwardpass.engine.speculative.draft_cache import DraftKVCache, DraftSequence
+from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
+from forwardpass.engine.speculative.draft_cache import DraftKVCache, DraftSequence, build_draft_cache
 from forwardpass.engine.speculative.draft_step import DraftStepper
-from forwardpass.engine.speculative.rollback import check_can_roll_back
 from forwardpass.errors import ConfigError
 from forwardpass.sampling.params import SamplingParams
 from forwardpass.sampling.sampler import make_generator
@@ -225,14 +224,7 @@ def build_draft_proposer(config: SpeculativeConfig, target_dir: Path, engine: En
                             draft_dir)
     net, spec = prepare_model(draft_dir, plan)
     check_same_tokenizer(target_dir, draft_dir, target_vocab, spec.vocab)
-    specs = layer_specs(spec, engine.block_size, engine.torch_dtype, net)
-    # as many tokens as the target's pool holds, plus k drafts for every sequence that may run
-    tokens = max(g.num_blocks * g.spec.tokens_per_block for g in target_groups)
-    tokens += engine.max_num_seqs * (config.num_speculative_tokens + engine.block_size)
-    groups = plan_groups(specs, None, -(-tokens // engine.block_size), engine.max_num_seqs)
-    check_can_roll_back(groups)
-    cache = DraftKVCache(groups, engine.torch_dtype, engine.device)
-    size = sum(g.page_bytes * g.num_blocks for g in groups)
+    cache, groups, size = build_draft_cache(spec, net, engine, target_groups, config.num_speculative_tokens)
     logger.info("draft model %s: %d layers, weights %s, KV pool of %d blocks (%.1f MB)", draft_dir,
                 spec.layers, plan.quantized_format or "as stored", groups[0].num_blocks, size / 1e6)
     return DraftModelProposer(net, cache, device=engine.device, attention_backend=engine.attention_backend,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -92,3 +93,20 @@ class DraftKVCache:
         state = self.sequences.pop(seq_id, None)
         if state is not None:
             self.truncate(state, 0)
+
+
+def build_draft_cache(spec: Any, model: torch.nn.Module, engine: Any, target_groups: Sequence[KVCacheGroup],
+                      num_speculative_tokens: int) -> tuple[DraftKVCache, list[KVCacheGroup], int]:
+    """A proposer's own paged cache for ``model`` (its ``spec``): as many tokens as the target's pool holds,
+    plus ``num_speculative_tokens`` drafts and a block for every sequence that may run; returns the cache,
+    its groups and its bytes. Refuses groups that cannot roll back (the drafts past a rejection go)."""
+    from forwardpass.engine.scheduling.kv_cache_spec import layer_specs, plan_groups
+    from forwardpass.engine.speculative.rollback import check_can_roll_back
+
+    specs = layer_specs(spec, engine.block_size, engine.torch_dtype, model)
+    tokens = max(g.num_blocks * g.spec.tokens_per_block for g in target_groups)
+    tokens += engine.max_num_seqs * (num_speculative_tokens + engine.block_size)
+    groups = plan_groups(specs, None, -(-tokens // engine.block_size), engine.max_num_seqs)
+    check_can_roll_back(groups)
+    cache = DraftKVCache(groups, engine.torch_dtype, engine.device)
+    return cache, groups, sum(g.page_bytes * g.num_blocks for g in groups)

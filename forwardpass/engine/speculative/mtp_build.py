@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 from forwardpass.config import EngineConfig, SpeculativeConfig
-from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup, layer_specs, plan_groups
-from forwardpass.engine.speculative.draft_cache import DraftKVCache
+from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
+from forwardpass.engine.speculative.draft_cache import build_draft_cache
 from forwardpass.engine.speculative.mtp import MTPProposer
-from forwardpass.engine.speculative.rollback import check_can_roll_back
 from forwardpass.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -80,13 +79,7 @@ def build_mtp_proposer(config: SpeculativeConfig, target_dir: Path, engine: Engi
     with torch.no_grad():
         mtp.load_weights(source)
     process_weights_after_loading(mtp)
-    specs = layer_specs(spec, engine.block_size, engine.torch_dtype, mtp)
-    tokens = max(g.num_blocks * g.spec.tokens_per_block for g in target_groups)
-    tokens += engine.max_num_seqs * (config.num_speculative_tokens + engine.block_size)
-    groups = plan_groups(specs, None, -(-tokens // engine.block_size), engine.max_num_seqs)
-    check_can_roll_back(groups)
-    cache = DraftKVCache(groups, engine.torch_dtype, engine.device)
-    size = sum(g.page_bytes * g.num_blocks for g in groups)
+    cache, groups, size = build_draft_cache(spec, mtp, engine, target_groups, config.num_speculative_tokens)
     logger.info("mtp: layer %s of %s (%d in the checkpoint, the first reused for every draft)%s%s, KV pool "
                 "of %d blocks (%.1f MB)", spec.layers, target_dir, layers, ", own head" if own_head else "",
                 ", own embedding" if own_embed else "", groups[0].num_blocks, size / 1e6)
