@@ -138,6 +138,28 @@ def test_draft_quantization(models):
         all_blocks_free(llm)
 
 
+def test_sampled_tokens_keep_their_pinned_logprobs(models):
+    """At temperature 1 a drafted token is accepted or resampled by the rejection rule (not the sampler), and
+    still carries what the request asked for: its logprob and those of ``logprob_token_ids``. With every id of
+    the vocabulary pinned, each position's pinned logprobs are a whole distribution (they sum to one) and the
+    chosen token's own logprob is its pinned one: both come from the target's row for that position."""
+    target, draft = models
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    llm = LLM(target, num_threads=1, num_kv_blocks=64, speculative_config=draft_config(draft))
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=16, ignore_eos=True, logprobs=0,
+                            logprob_token_ids=list(range(vocab)))
+    outs = llm.generate(random_prompts(2, [12], seed=4), params, use_tqdm=False)
+    assert sum(o.metrics.num_accepted_tokens for o in outs) > 0  # some tokens came through the rule
+    for out in outs:
+        completion = out.outputs[0]
+        assert len(completion.logprobs) == len(completion.token_ids)
+        for token, position in zip(completion.token_ids, completion.logprobs):
+            assert set(range(vocab)) <= set(position)
+            total = torch.tensor([position[t].logprob for t in range(vocab)]).exp().sum().item()
+            assert abs(total - 1.0) < 1e-4, total
+    all_blocks_free(llm)
+
+
 def test_preemption_mid_draft(models):
     """A pool too small for every sequence: sequences are preempted while they hold drafts (target blocks and
     draft-cache blocks both go back), are recomputed, and still give the reference tokens."""

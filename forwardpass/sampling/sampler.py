@@ -126,7 +126,7 @@ class Sampler:
         eos = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids)
         x = self.apply_processors(logits, rows, eos)
         tokens = self._choose(x, rows)
-        lps = self._logprobs(logits, tokens, rows)
+        lps = rows_logprobs(logits, tokens, rows)
         # Whisper's avg_logprob reads the filtered distribution (whisper_rules.py)
         for i, lp in enumerate(lps):
             if lp is not None and rows[i].params.whisper_rules is not None:
@@ -300,25 +300,26 @@ class Sampler:
                 ).item()
         return u.to(device)
 
-    # ----- logprobs of the raw distribution ------------------------------------------------------
-    @staticmethod
-    def _logprobs(
-        logits: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]
-    ) -> list[TokenLogprobs | None]:
-        want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-        result: list[TokenLogprobs | None] = [None] * len(rows)
-        if not want:
-            return result
-        w = torch.tensor(want, device=logits.device)
-        found = token_logprobs(logits.index_select(0, w), tokens[w],
-                               [rows[i].params.logprobs or 0 for i in want])
-        for i, lp in zip(want, found):
-            if pinned := rows[i].params.logprob_token_ids:
-                from forwardpass.sampling.pinned_logprobs import pinned_logprobs
 
-                lp.pinned = pinned_logprobs(logits[i], pinned)
-            result[i] = lp
+# ----- logprobs of the raw distribution ----------------------------------------------------------
+def rows_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]
+) -> list[TokenLogprobs | None]:
+    """What each row's request asked for about its chosen token ``tokens[i]`` (``logprobs``, and the
+    ``logprob_token_ids`` it pins), None where it asked for nothing. Shared with speculative verification."""
+    want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    result: list[TokenLogprobs | None] = [None] * len(rows)
+    if not want:
         return result
+    w = torch.tensor(want, device=logits.device)
+    found = token_logprobs(logits.index_select(0, w), tokens[w], [rows[i].params.logprobs or 0 for i in want])
+    for i, lp in zip(want, found):
+        if pinned := rows[i].params.logprob_token_ids:
+            from forwardpass.sampling.pinned_logprobs import pinned_logprobs
+
+            lp.pinned = pinned_logprobs(logits[i], pinned)
+        result[i] = lp
+    return result
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, ks: list[int]) -> list[TokenLogprobs]:

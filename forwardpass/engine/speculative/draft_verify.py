@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from forwardpass.engine.worker.isolation import Sampled, sample_isolated
-from forwardpass.sampling.sampler import Sampler, SamplingRow, token_logprobs
+from forwardpass.sampling.sampler import Sampler, SamplingRow, rows_logprobs
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -73,10 +73,7 @@ def sample_round(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow]
             p = target_probs(sampler, logits[i], row, eos_token_ids)
             q = drafts[i].probs[j].to(device=p.device, dtype=torch.float64)
             token = reject_or_accept(p, q, drafts[i][j], row.generator)
-            lp = None
-            if row.params.logprobs is not None:
-                lp = token_logprobs(logits[i : i + 1], torch.tensor([token], device=logits.device),
-                                    [row.params.logprobs])[0]
+            lp = rows_logprobs(logits[i : i + 1], torch.tensor([token], device=logits.device), [row])[0]
             results[i] = (token, lp)
         except Exception as exc:  # noqa: BLE001 - fails this row's request only, as sample_isolated does
             results[i] = f"sampling failed for this request: {type(exc).__name__}: {exc}"
