@@ -46,8 +46,9 @@ def path(checkpoint_factory):
 
 
 def next_token_probs(llm: LLM, prompts: list[list[int]]) -> torch.Tensor:
-    """The target's exact next-token distribution after each prompt (logprobs of all VOCAB tokens)."""
-    params = SamplingParams(temperature=0, max_tokens=1, logprobs=VOCAB - 1, ignore_eos=True)
+    """The target's exact next-token distribution after each prompt (logprobs of all VOCAB tokens: the sampled
+    token and the top VOCAB)."""
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=VOCAB, ignore_eos=True)
     probs = torch.zeros(len(prompts), VOCAB, dtype=torch.float64)
     for i, out in enumerate(llm.generate(prompts, params, use_tqdm=False)):
         for tok, lp in out.outputs[0].logprobs[0].items():
