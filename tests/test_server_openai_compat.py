@@ -167,7 +167,7 @@ def test_empty_model_means_the_served_model(http):
 # ----- vLLM's extra fields ----------------------------------------------------------------------------------
 def test_vllm_extra_fields_refused_by_name(http):
     base = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
-    for field, value in (("use_beam_search", True), ("priority", 1), ("bad_words", ["x"]),
+    for field, value in (("priority", 1), ("bad_words", ["x"]),
                          ("logits_processors", ["x"]), ("watermarking", True), ("prompt_embeds", "AAAA")):
         msg = error_of(http.post("/v1/completions", json={**base, field: value}), 400, field)
         assert "not supported" in msg, msg

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import types
 from functools import cache
@@ -44,12 +45,11 @@ class _Placeholder:
 class _Tokenizer:
     """The subset of a Hugging Face tokenizer vLLM's server tests call, over forwardpass's tokenizer."""
 
-    def __init__(self, hf_id: str) -> None:
-        from benchmarks.vllm_openai_compat.plan import model_for
+    def __init__(self, model: str) -> None:
         from forwardpass.loader.tokenizer import Tokenizer
         from forwardpass.registry import resolve_model
 
-        self._tok = Tokenizer.from_dir(resolve_model(model_for(hf_id)))
+        self._tok = Tokenizer.from_dir(resolve_model(model))
 
     def encode(self, text: str, add_special_tokens: bool = True, **_: Any) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens)
@@ -75,9 +75,20 @@ class _Tokenizer:
         return len(self._tok)
 
 
+def _answering(hf_id: str) -> str:
+    """The model that answers for ``hf_id`` in the running test (plan.model_for: some files get their own)."""
+    from benchmarks.vllm_openai_compat.plan import model_for
+
+    return model_for(hf_id, os.environ.get("PYTEST_CURRENT_TEST", ""))
+
+
 @cache
+def _tokenizer(model: str) -> _Tokenizer:
+    return _Tokenizer(model)
+
+
 def get_tokenizer(tokenizer_name: str = "", *args: Any, **kwargs: Any) -> _Tokenizer:
-    return _Tokenizer(tokenizer_name or kwargs.get("tokenizer", ""))
+    return _tokenizer(_answering(tokenizer_name or kwargs.get("tokenizer", "")))
 
 
 class ModelConfig:
@@ -88,11 +99,10 @@ class ModelConfig:
         self.model = model
 
     def get_vocab_size(self) -> int:
-        from benchmarks.vllm_openai_compat.plan import model_for
         from forwardpass.loader.spec import load_model_spec
         from forwardpass.registry import resolve_model
 
-        return load_model_spec(resolve_model(model_for(self.model))).vocab
+        return load_model_spec(resolve_model(_answering(self.model))).vocab
 
 
 _REAL: dict[str, dict[str, Any]] = {

@@ -344,6 +344,13 @@ class ChatCompletionRequest(_SamplingRequest, OpenAIChatExtras):
     thinking_token_budget: int | None = Field(None, ge=0, le=MAX_TOKENS,
                                               description="vLLM's name of max_reasoning_tokens")
 
+    @field_validator("use_beam_search")
+    @classmethod
+    def _no_beams(cls, v: bool) -> bool:
+        if v:  # vLLM has it on both routes; here the completions route only (server/beam_search.py)
+            raise ValueError("beam search is supported on /v1/completions only, not on this route")
+        return v
+
     @model_validator(mode="after")
     def _unsupported(self) -> Self:
         if self.chat_template is not None:

@@ -75,8 +75,9 @@ def _refuse(what: str) -> ValueError:
 class VllmExtras(_Strict):
     """vLLM's sampling extras, on both generation routes (``/v1/completions``, ``/v1/chat/completions``)."""
 
-    use_beam_search: bool = Field(False, description="true is refused: no beam search here")
-    length_penalty: float = Field(1.0, description="beam search only: accepted, no effect")
+    use_beam_search: bool = Field(False, description="/v1/completions: the n best beams (beam_search.py); "
+                                                      "refused on the chat route")
+    length_penalty: float = Field(1.0, description="beam search: ranks beams by logprob / length ** this")
     stop_token_ids: Annotated[list[TokenId], Field(max_length=1024)] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -101,13 +102,6 @@ class VllmExtras(_Strict):
     logprob_token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PINNED)] | None = Field(
         None, description="with logprobs: each position's top logprobs are these tokens' (and the chosen "
                           "one's) instead of the most likely")
-
-    @field_validator("use_beam_search")
-    @classmethod
-    def _no_beam(cls, v: bool) -> bool:
-        if v:
-            raise _refuse("beam search (use_beam_search: true)")
-        return v
 
     @field_validator("priority")
     @classmethod

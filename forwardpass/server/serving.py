@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +29,7 @@ from forwardpass.errors import (
 from forwardpass.loader.chat_template import ChatTemplateLimitError
 from forwardpass.sampling.params import SamplingParams
 from forwardpass.sampling.reasoning_budget import ReasoningBudget
+from forwardpass.server.beam_search import BeamParams, asks_beams, search_all
 from forwardpass.server.chat_output import ChatOutputParser
 from forwardpass.server.config import MAX_SEQS_PER_REQUEST, ServerConfig
 from forwardpass.server.errors import sse_error
@@ -286,7 +287,7 @@ class Serving:
                                        prompt_logprobs=echo_lps) for p in prompts]
         self.check_token_budget(sum(len(p) + (s.max_tokens or 0) for p, s in zip(prompts, params)) * req.n)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        streams = await self.admit(prompts, params, rid, lora)
+        streams = [] if asks_beams(req) else await self.admit(prompts, params, rid, lora)
         ctx = response_context(req, rid, model, self.engine.tokenizer, ask, prompt_ask,
                                self.config.return_tokens_as_token_ids)
         ctx.echo_logprobs = req.echo and ask.engine is not None
@@ -298,7 +299,8 @@ class Serving:
             usage, ctx.continuous_usage = usage_flags(req, self.config.force_include_usage)
             ctx.prompt_tokens = sum(len(p) for p in prompts)
             return SSEResponse(self._stream(streams, ctx, usage, completion_chunks))
-        finals = await self._collect(streams, request)
+        finals = await (self._beams(req, prompts, params, rid, lora, request) if req.use_beam_search
+                        else self._collect(streams, request))
         choices: list[dict[str, Any]] = []
         for i, out in enumerate(finals):
             for c in out.outputs:
@@ -314,9 +316,9 @@ class Serving:
         return {"id": rid, "object": "text_completion", "created": ctx.created, "model": model,
                 "choices": choices, "usage": usage_of(finals), "system_fingerprint": None}
 
-    def _decode(self, ids: list[int]) -> str:
+    def _decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         tok = self.engine.tokenizer
-        return tok.decode(ids, skip_special_tokens=False) if tok is not None else ""
+        return tok.decode(ids, skip_special_tokens=skip_special_tokens) if tok is not None else ""
 
     # ----- /v1/chat/completions ------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest, request: Request) -> SSEResponse | dict[str, Any]:
@@ -385,19 +387,32 @@ class Serving:
             assert out is not None  # a stream yields at least one output, or raises
             return out
 
-        work = asyncio.ensure_future(asyncio.gather(*(last(s) for s in streams)))
-        watcher = asyncio.ensure_future(_wait_disconnect(request))
         try:
-            either: set[asyncio.Future[Any]] = {work, watcher}
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():
-                work.cancel()
-                raise ClientDisconnected()
-            return work.result()
+            return await self._or_disconnect(asyncio.gather(*(last(s) for s in streams)), request)
         finally:
-            watcher.cancel()
             for s in streams:
                 s.close()
+
+    async def _or_disconnect(self, work: Awaitable[_T], request: Request) -> _T:
+        """``work``'s result; a client that disconnects first cancels it (``ClientDisconnected``)."""
+        task = asyncio.ensure_future(work)
+        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                task.cancel()
+                raise ClientDisconnected()
+            return task.result()
+        finally:
+            watcher.cancel()
+
+    async def _beams(self, req: CompletionRequest, prompts: list[list[int]], params: list[SamplingParams],
+                     rid: str, lora: LoRARequest | None, request: Request) -> list[RequestOutput]:
+        """``use_beam_search``: each prompt's ``n`` best beams (beam_search.py), one output per prompt."""
+        beams = [BeamParams.of(req, s.max_tokens or 1) for s in params]
+        search = search_all(self.engine, prompts, beams, rid, lora,
+                            lambda ids, skip: self.off_loop(self._decode, ids, skip))
+        return await self._or_disconnect(search, request)
 
     async def _stream(self, streams: list[RequestStream], ctx: ResponseContext, include_usage: bool,
                       make_chunks: ChunkMaker) -> AsyncIterator[str]:
