@@ -158,6 +158,33 @@ def test_kernel_matmul_equals_reference(kernel, kind, m):
         assert ((got - want).abs() <= bound).all(), ((got - want).abs() / bound).max()
 
 
+@pytest.mark.parametrize("kind", KBLOCK)
+def test_amx_sums_are_the_vnni_loops_bit_for_bit(kernel, kind):
+    """9-31 activation rows take AMX tiles where the CPU has them (kblock_amx.h): the same integer sums and
+    the same float steps as the VNNI loop, so the same outputs bit for bit — 16-row passes and a remainder,
+    tiles of fewer than 16 weight rows, rounds of blocks cut short by a row's end."""
+    if not getattr(kernel, "has_amx", False):
+        pytest.skip(f"no AMX-INT8 on this CPU (or in the {kernel.isa} build)")
+    g = torch.Generator().manual_seed(3)
+    spec = kblocks.KINDS[kind.lower()]
+    for k in [256, 512] if "K" in kind[1:] else [96, 160, 576]:
+        raw = torch.from_numpy(random_blocks(kind, 37, k, 5))
+        codes, meta = kblocks.pack(spec, gguf_blocks.unpack(kind, raw, k))
+        matmul = getattr(kernel, f"{kind.lower()}_matmul")
+        for m in (9, 16, 17, 31):
+            x = torch.randn(m, k, generator=g)
+            before = kernel.set_amx_min_rows(0)
+            try:
+                vnni = matmul(x, codes, meta)
+                kernel.set_amx_min_rows(2)
+                calls = kernel.amx_calls()
+                amx = matmul(x, codes, meta)
+                assert kernel.amx_calls() == calls + 1  # the AMX path ran
+            finally:
+                kernel.set_amx_min_rows(before)
+            assert torch.equal(amx, vnni), (k, m, (amx - vnni).abs().max())
+
+
 def test_weight_reports_its_path_and_computes_large_batches():
     """``KBlockWeight`` on the host's build: decode-sized batches through the kernel (counted), prefill-sized
     ones through the dequantized rows and a float GEMM (bf16 where the CPU has bf16 hardware), both close to

@@ -127,14 +127,17 @@ def load_quant_kernel():
 
 KBLOCK_SOURCE = SOURCE.with_name("kblock_matmul.cpp")
 
+KBLOCK_HEADERS = ("kblock_tiles.h", "kblock_amx.h")  # the inner loops: VNNI / AVX2, and AMX
+
 
 def kblock_kernel_for(isa: str) -> CppKernel:
     """The build of the GGUF K-block kernel (Q4_1, Q5_0, Q5_1, Q2_K..Q6_K; ``kblocks.py``) for ``isa``."""
     return CppKernel(
         f"forwardpass_kblock_matmul_{isa}", KBLOCK_SOURCE,
-        cflags=AVX512_FLAGS if isa == "avx512vnni" else AVX2_FLAGS,
+        # AMX-INT8 for batches of 9-31 rows (kblock_amx.h), only where the CPU has it (checked at run time)
+        cflags=(*AVX512_FLAGS, "-mamx-tile", "-mamx-int8") if isa == "avx512vnni" else AVX2_FLAGS,
         ldflags=("-fopenmp",), what=f"the C++ GGUF K-block matmul kernel ({isa})", expected_s=40,
-        headers=(HEADER, ACT_HEADER, KBLOCK_SOURCE.with_name("kblock_tiles.h")),
+        headers=(HEADER, ACT_HEADER, *(KBLOCK_SOURCE.with_name(h) for h in KBLOCK_HEADERS)),
     )  # fmt: skip
 
 

@@ -25,6 +25,10 @@
 
 #include "activations.h"
 #include "kblock_tiles.h"
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+#include "kblock_amx.h"
+#define KB_AMX 1
+#endif
 
 namespace {
 
@@ -32,6 +36,21 @@ using kb::Kind;
 using kb::TILE;
 
 std::atomic<int64_t> g_calls{0};  // matmuls run (tests assert that this kernel, not a fallback, computed)
+std::atomic<int64_t> g_amx_calls{0};  // of those, the ones whose sums came from AMX tiles (kblock_amx.h)
+// batches of this many rows and more take the AMX tiles where the CPU has them (0: never; set_amx_min_rows):
+// below 9 rows the VNNI loop is as fast or faster (Sapphire Rapids, SmolLM2 matrices: at 2 rows 2x slower on
+// AMX, at 9 even, at 12-31 rows AMX 15-28% faster)
+std::atomic<int64_t> g_amx_min_rows{9};
+
+bool use_amx(int64_t M) {
+#ifdef KB_AMX
+  const int64_t from = g_amx_min_rows.load(std::memory_order_relaxed);
+  return from > 0 && M >= from && kb::amx_int8_usable();
+#else
+  (void)M;
+  return false;
+#endif
+}
 
 using Q4_1 = Kind<4, 1, 32, true, 0>;
 using Q5_0 = Kind<5, 1, 32, false, 16>;
@@ -95,7 +114,11 @@ torch::Tensor matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor meta) {
   x = x.contiguous();
   g_calls.fetch_add(1, std::memory_order_relaxed);
   const int64_t M = x.size(0), N = codes.size(0), K_ = nb * QK;
-  auto xq = torch::empty({M, K_}, x.options().dtype(torch::kInt8));
+  // AMX loads 16 activation rows per tile: zero rows pad the last pass (their sums are never read)
+  const bool amx = use_amx(M);
+  const int64_t padded = amx ? (M + kb::TILE - 1) / kb::TILE * kb::TILE : M;
+  auto xq = torch::empty({padded, K_}, x.options().dtype(torch::kInt8));
+  if (padded > M) xq.narrow(0, M, padded - M).zero_();
   auto xd = torch::empty({M, nb}, x.options());
   auto xo = torch::empty({M, nb * 2}, x.options().dtype(torch::kInt32));
   auto xm = torch::empty({M, nb * 2}, x.options());
@@ -115,7 +138,20 @@ torch::Tensor matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor meta) {
   const int64_t cs = codes.size(1), ms = meta.size(1);
   float* y = out.data_ptr<float>();
   // each tile's codes (16 rows: 8-12 KB at K = 1536) stay in L1 while every activation row passes them
+  if (amx) g_amx_calls.fetch_add(1, std::memory_order_relaxed);
   at::parallel_for(0, (N + TILE - 1) / TILE, 1, [&](int64_t t0, int64_t t1) {
+#ifdef KB_AMX
+    if (amx) {
+      kb::amx_configure<K>();  // per thread: the tile state is
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n0 = t * TILE, R = std::min<int64_t>(TILE, N - n0);
+        for (int64_t m0 = 0; m0 < M; m0 += kb::AMX_ROWS)
+          kb::amx_tile_rows<K>(cp + n0 * cs, mp + n0 * ms, R, a, m0, std::min(kb::AMX_ROWS, M - m0), y + n0, N);
+      }
+      _tile_release();
+      return;
+    }
+#endif
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * TILE, R = std::min<int64_t>(TILE, N - n0);
       rows_of_tile<K, kb::MAX_MR>(cp + n0 * cs, mp + n0 * ms, R, a, 0, M, y + n0, N);
@@ -293,6 +329,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::capsule(reinterpret_cast<void*>(&stack_matmul), "forwardpass.quant_matmul");
   });
   m.def("calls", []() { return g_calls.load(); }, "matmuls this module has run");
+  m.def("amx_calls", []() { return g_amx_calls.load(); }, "of those, the ones on AMX tiles");
+  m.def("set_amx_min_rows", [](int64_t n) { return g_amx_min_rows.exchange(n); },
+        "batches of n rows and more take AMX tiles where the CPU has them (0: never); returns the old n");
+#ifdef KB_AMX
+  m.attr("has_amx") = kb::amx_int8_usable();
+#else
+  m.attr("has_amx") = false;
+#endif
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
   m.attr("isa") = "avx512vnni";
 #else

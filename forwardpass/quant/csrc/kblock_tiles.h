@@ -93,84 +93,107 @@ inline int32_t bytes4(const int8_t* p) {  // 4 activation bytes as one int32 (me
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 // ---- AVX-512 VNNI: one zmm = 16 rows; vpdpbusd sums 4 unsigned code × signed activation products per lane ----
+
+// Block b of a tile, unpacked (shared by tile_dot and the AMX path, kblock_amx.h): lo[g] holds elements 8g..8g+3
+// of the 16 rows' codes, hi[g] elements 8g+4..8g+7 (one 4-byte field per lane); s0 / s1 the scales (d·sc) of the
+// block's groups, n0 / n1 their min factors. dv, dmv, hw carry over from block to block within a super-block.
+struct Block512 {
+  __m512i lo[4], hi[4];
+  __m512 s0, s1, n0, n1;
+  __m512 dv = _mm512_setzero_ps(), dmv = _mm512_setzero_ps();
+  __m512i hw = _mm512_setzero_si512();  // PACK6: the super-block's high bits, shifted down a group at a time
+};
+
+template <class K>
+__attribute__((always_inline)) inline void unpack_block(const uint8_t* tc, const TileMeta<K>& meta, int64_t R,
+                                                        __mmask16 mask, int64_t b, Block512& f) {
+  const int64_t gs = R * 4;
+  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  __m512i(&lo)[4] = f.lo;
+  __m512i(&hi)[4] = f.hi;
+  __m512 &dv = f.dv, &dmv = f.dmv, &s0 = f.s0, &s1 = f.s1, &n0 = f.n0, &n1 = f.n1;
+  __m512i& hw = f.hw;
+  const uint8_t* p = tc + b * K::BB * R;
+  if (b % K::SB == 0) {
+    dv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, meta.d + b / K::SB * R));
+    if constexpr (K::MIN) {
+      dmv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, meta.dm + b / K::SB * R));
+      if constexpr (K::SB > 1) dmv = _mm512_sub_ps(_mm512_setzero_ps(), dmv);  // K-quants subtract mins
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    if constexpr (K::BITS == 8) {  // the codes as they are: field 2g is lo[g], 2g + 1 hi[g]
+      lo[g] = _mm512_maskz_loadu_epi32(mask, p + 2 * g * gs);
+      hi[g] = _mm512_maskz_loadu_epi32(mask, p + (2 * g + 1) * gs);
+    } else {
+      const __m512i v = _mm512_maskz_loadu_epi32(mask, p + g * gs);
+      lo[g] = _mm512_and_si512(v, low);
+      hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+  }
+  if constexpr (K::BITS == 5) {  // byte c, bit j: bit 4 of byte c of vector j (lo[g] is vector 2g, hi[g] 2g + 1)
+    // shifted so that bit j lands on bit 4 (left by 4 - j, right by j - 4: a 16-bit shift of at most 4 keeps
+    // each byte's bit 4 from its own byte), then or-ed in under the mask (ternary logic: a | (b & c))
+    const __m512i h = _mm512_maskz_loadu_epi32(mask, p + 16 * R), b4 = _mm512_set1_epi8(0x10);
+    auto put = [&](__m512i& v, __m512i bits) { v = _mm512_ternarylogic_epi32(v, bits, b4, 0xF8); };
+    put(lo[0], _mm512_slli_epi16(h, 4));
+    put(hi[0], _mm512_slli_epi16(h, 3));
+    put(lo[1], _mm512_slli_epi16(h, 2));
+    put(hi[1], _mm512_slli_epi16(h, 1));
+    put(lo[2], h);
+    put(hi[2], _mm512_srli_epi16(h, 1));
+    put(lo[3], _mm512_srli_epi16(h, 2));
+    put(hi[3], _mm512_srli_epi16(h, 3));
+  }
+  if constexpr (K::BITS == 6) {  // plane q: bits 0-1 → lo[2q], 2-3 → hi[2q], 4-5 → lo[2q+1], 6-7 → hi[2q+1]
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; ++q) {
+      const __m512i h = _mm512_maskz_loadu_epi32(mask, p + 16 * R + q * gs);
+      lo[2 * q] = _mm512_or_si512(lo[2 * q], _mm512_and_si512(_mm512_slli_epi16(h, 4), top));
+      hi[2 * q] = _mm512_or_si512(hi[2 * q], _mm512_and_si512(_mm512_slli_epi16(h, 2), top));
+      lo[2 * q + 1] = _mm512_or_si512(lo[2 * q + 1], _mm512_and_si512(h, top));
+      hi[2 * q + 1] = _mm512_or_si512(hi[2 * q + 1], _mm512_and_si512(_mm512_srli_epi16(h, 2), top));
+    }
+  }
+  s0 = dv, s1 = dv, n0 = dmv, n1 = dmv;
+  if constexpr (K::PACK6) {  // one group per block: 4 low bits of each factor, then 2 high bits from hw
+    if (b % K::SB == 0) hw = _mm512_maskz_loadu_epi32(mask, meta.hi + b / K::SB * R * 4);
+    const __m512i l = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, meta.lo + b * R));
+    const __m512i m4 = _mm512_set1_epi32(0x0F), m30 = _mm512_set1_epi32(0x30);
+    const __m512i sc = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), _mm512_slli_epi32(hw, 4), m30, 0xF8);
+    const __m512i mc = _mm512_ternarylogic_epi32(_mm512_srli_epi32(l, 4), _mm512_slli_epi32(hw, 2), m30, 0xF8);
+    hw = _mm512_srli_epi32(hw, 4);
+    s0 = s1 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(sc));
+    n0 = n1 = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(mc));
+  } else if constexpr (K::SB > 1) {
+    auto factor = [&](const int8_t* f, int h) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, f + (b * K::GPB + h) * R)));
+    };
+    s0 = _mm512_mul_ps(dv, factor(meta.sc, 0));
+    s1 = K::GPB == 2 ? _mm512_mul_ps(dv, factor(meta.sc, 1)) : s0;
+    if constexpr (K::MIN) {
+      n0 = _mm512_mul_ps(dmv, factor(meta.mc, 0));
+      n1 = K::GPB == 2 ? _mm512_mul_ps(dmv, factor(meta.mc, 1)) : n0;
+    }
+  }
+}
+
 template <class K, int MR>
 inline void tile_dot(const uint8_t* tc, const uint8_t* tm, int64_t R, const Acts& a, int64_t m0, float* y,
                      int64_t N) {
-  const int64_t nb = a.nb, gs = R * 4;
+  const int64_t nb = a.nb;
   const __mmask16 mask = static_cast<__mmask16>((1u << R) - 1);
   const TileMeta<K> meta(tm, R, nb);
-  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
   __m512 acc[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
-  __m512 dv = _mm512_setzero_ps(), dmv = _mm512_setzero_ps();
-  __m512i hw = _mm512_setzero_si512();  // PACK6: the super-block's high bits, shifted down a group at a time
+  Block512 f;
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* p = tc + b * K::BB * R;
-    if (b % K::SB == 0) {
-      dv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, meta.d + b / K::SB * R));
-      if constexpr (K::MIN) {
-        dmv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, meta.dm + b / K::SB * R));
-        if constexpr (K::SB > 1) dmv = _mm512_sub_ps(_mm512_setzero_ps(), dmv);  // K-quants subtract mins
-      }
-    }
-    __m512i lo[4], hi[4];
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) {
-      if constexpr (K::BITS == 8) {  // the codes as they are: field 2g is lo[g], 2g + 1 hi[g]
-        lo[g] = _mm512_maskz_loadu_epi32(mask, p + 2 * g * gs);
-        hi[g] = _mm512_maskz_loadu_epi32(mask, p + (2 * g + 1) * gs);
-      } else {
-        const __m512i v = _mm512_maskz_loadu_epi32(mask, p + g * gs);
-        lo[g] = _mm512_and_si512(v, low);
-        hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-      }
-    }
-    if constexpr (K::BITS == 5) {  // byte c, bit j: bit 4 of byte c of vector j (lo[g] is vector 2g, hi[g] 2g + 1)
-      // shifted so that bit j lands on bit 4 (left by 4 - j, right by j - 4: a 16-bit shift of at most 4 keeps
-      // each byte's bit 4 from its own byte), then or-ed in under the mask (ternary logic: a | (b & c))
-      const __m512i h = _mm512_maskz_loadu_epi32(mask, p + 16 * R), b4 = _mm512_set1_epi8(0x10);
-      auto put = [&](__m512i& v, __m512i bits) { v = _mm512_ternarylogic_epi32(v, bits, b4, 0xF8); };
-      put(lo[0], _mm512_slli_epi16(h, 4));
-      put(hi[0], _mm512_slli_epi16(h, 3));
-      put(lo[1], _mm512_slli_epi16(h, 2));
-      put(hi[1], _mm512_slli_epi16(h, 1));
-      put(lo[2], h);
-      put(hi[2], _mm512_srli_epi16(h, 1));
-      put(lo[3], _mm512_srli_epi16(h, 2));
-      put(hi[3], _mm512_srli_epi16(h, 3));
-    }
-    if constexpr (K::BITS == 6) {  // plane q: bits 0-1 → lo[2q], 2-3 → hi[2q], 4-5 → lo[2q+1], 6-7 → hi[2q+1]
-#pragma GCC unroll 2
-      for (int q = 0; q < 2; ++q) {
-        const __m512i h = _mm512_maskz_loadu_epi32(mask, p + 16 * R + q * gs);
-        lo[2 * q] = _mm512_or_si512(lo[2 * q], _mm512_and_si512(_mm512_slli_epi16(h, 4), top));
-        hi[2 * q] = _mm512_or_si512(hi[2 * q], _mm512_and_si512(_mm512_slli_epi16(h, 2), top));
-        lo[2 * q + 1] = _mm512_or_si512(lo[2 * q + 1], _mm512_and_si512(h, top));
-        hi[2 * q + 1] = _mm512_or_si512(hi[2 * q + 1], _mm512_and_si512(_mm512_srli_epi16(h, 2), top));
-      }
-    }
-    __m512 s0 = dv, s1 = dv, n0 = dmv, n1 = dmv;
-    if constexpr (K::PACK6) {  // one group per block: 4 low bits of each factor, then 2 high bits from hw
-      if (b % K::SB == 0) hw = _mm512_maskz_loadu_epi32(mask, meta.hi + b / K::SB * R * 4);
-      const __m512i l = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, meta.lo + b * R));
-      const __m512i m4 = _mm512_set1_epi32(0x0F), m30 = _mm512_set1_epi32(0x30);
-      const __m512i sc = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), _mm512_slli_epi32(hw, 4), m30, 0xF8);
-      const __m512i mc = _mm512_ternarylogic_epi32(_mm512_srli_epi32(l, 4), _mm512_slli_epi32(hw, 2), m30, 0xF8);
-      hw = _mm512_srli_epi32(hw, 4);
-      s0 = s1 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(sc));
-      n0 = n1 = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(mc));
-    } else if constexpr (K::SB > 1) {
-      auto factor = [&](const int8_t* f, int h) {
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, f + (b * K::GPB + h) * R)));
-      };
-      s0 = _mm512_mul_ps(dv, factor(meta.sc, 0));
-      s1 = K::GPB == 2 ? _mm512_mul_ps(dv, factor(meta.sc, 1)) : s0;
-      if constexpr (K::MIN) {
-        n0 = _mm512_mul_ps(dmv, factor(meta.mc, 0));
-        n1 = K::GPB == 2 ? _mm512_mul_ps(dmv, factor(meta.mc, 1)) : n0;
-      }
-    }
+    unpack_block<K>(tc, meta, R, mask, b, f);
+    const __m512i(&lo)[4] = f.lo;
+    const __m512i(&hi)[4] = f.hi;
+    const __m512 s0 = f.s0, s1 = f.s1, n0 = f.n0, n1 = f.n1;
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const int64_t row = (m0 + i) * nb + b;
