@@ -154,6 +154,7 @@ def test_sampled_tokens_keep_their_pinned_logprobs(models):
         completion = out.outputs[0]
         assert len(completion.logprobs) == len(completion.token_ids)
         for token, position in zip(completion.token_ids, completion.logprobs):
+            assert next(iter(position)) == token  # the chosen token's entry comes first, with its own logprob
             assert set(range(vocab)) <= set(position)
             total = torch.tensor([position[t].logprob for t in range(vocab)]).exp().sum().item()
             assert abs(total - 1.0) < 1e-4, total

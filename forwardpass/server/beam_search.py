@@ -116,7 +116,8 @@ async def beam_search(engine: AsyncLLMEngine, prompt: list[int], p: BeamParams, 
     ``decode(ids, skip_special_tokens)``: the text of a beam's tokens (off the event loop)."""
     eos = set(engine.info.eos_token_ids) if engine.info is not None else set()
     step = SamplingParams(n=1, temperature=0.0, max_tokens=1, logprobs=2 * p.width)
-    beams, finished = [Beam([])], []
+    beams: list[Beam] = [Beam([])]
+    finished: list[Beam] = []
     for n in range(p.max_tokens):
         got = await asyncio.gather(*(_candidates(engine, prompt + b.tokens, step, f"{request_id}-{n}-{i}",
                                                  lora) for i, b in enumerate(beams)))
