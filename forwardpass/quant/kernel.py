@@ -95,7 +95,8 @@ def gemm_path(flags: frozenset[str]) -> str:
 
 AMX_KERNEL = CppKernel(
     "forwardpass_quant_amx", SOURCE.with_name("amx_matmul.cpp"), cflags=AMX_FLAGS, ldflags=("-fopenmp",),
-    what="the C++ AMX quantized-matmul kernel", expected_s=30, headers=(HEADER, TRANSPOSE_HEADER),
+    what="the C++ AMX quantized-matmul kernel", expected_s=30,
+    headers=(HEADER, TRANSPOSE_HEADER, SOURCE.with_name("amx_state.h")),
 )  # fmt: skip
 
 
@@ -127,7 +128,7 @@ def load_quant_kernel():
 
 KBLOCK_SOURCE = SOURCE.with_name("kblock_matmul.cpp")
 
-KBLOCK_HEADERS = ("kblock_tiles.h", "kblock_amx.h")  # the inner loops: VNNI / AVX2, and AMX
+KBLOCK_HEADERS = ("kblock_tiles.h", "kblock_amx.h", "amx_state.h")  # inner loops: VNNI / AVX2, and AMX
 
 
 def kblock_kernel_for(isa: str) -> CppKernel:

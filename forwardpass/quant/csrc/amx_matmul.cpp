@@ -26,9 +26,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
+#include "amx_state.h"
 #include "block_weights.h"
 #include "../../layers/csrc/transpose16.h"
 
@@ -43,22 +42,8 @@ constexpr int64_t TM = 16;   // rows of a tile
 constexpr int64_t NBLK = 32; // weight rows dequantized and multiplied together (two A tiles)
 constexpr int64_t MBLK = 32; // activation rows per pass (two B tiles)
 
-// Linux gives a process the AMX tile state only when asked (it enlarges every signal frame).
-constexpr int ARCH_REQ_XCOMP_PERM = 0x1023;
-constexpr int XFEATURE_XTILEDATA = 18;
-
-bool request_amx() {
-  static const bool granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  return granted;
-}
-
-struct TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+using amx::request_amx;
+using amx::TileConfig;
 
 // every tile 16 rows × 64 bytes (16 fp32 or 32 bf16 per row); loaded per thread (tile state is per thread)
 void configure_tiles() {

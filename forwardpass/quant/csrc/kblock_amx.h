@@ -11,9 +11,8 @@
 #pragma once
 #include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
+#include "amx_state.h"
 #include "kblock_tiles.h"
 
 namespace kb {
@@ -25,26 +24,17 @@ inline bool amx_int8_usable() {
   static const bool ok = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1)) return false;
-    constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return amx::request_amx();
   }();
   return ok;
 }
-
-struct AmxConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // Tiles 0-3: the sums of four groups in flight (16 rows × 16 int32 each: a round of 4 blocks of one group, or 2
 // of two); 4, 5: activations (16 rows × G bytes), 6, 7: codes (G / 4 rows × 64 bytes), alternating so that one
 // group's loads need not wait for the previous product. Tile state is per thread: each thread loads this.
 template <class K>
 inline void amx_configure() {
-  AmxConfig cfg;
+  amx::TileConfig cfg;
   for (int t = 0; t < 4; ++t) {
     cfg.rows[t] = AMX_ROWS;
     cfg.colsb[t] = 64;
