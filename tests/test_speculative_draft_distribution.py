@@ -36,10 +36,15 @@ def engine(checkpoint_factory):
               max_num_batched_tokens=4096, enable_prefix_caching=True, speculative_config={
                   "method": "draft_model", "model": str(draft_path), "num_speculative_tokens": 2,
                   "adaptive": False, "disable_by_batch_size": None})
+    return llm, joint_two_tokens(llm)
+
+
+def joint_two_tokens(llm):
+    """The target's exact joint distribution P(x1, x2) of the two tokens after PROMPT's first one."""
     p0 = next_token_probs(llm, [PROMPT])[0]
     p1 = next_token_probs(llm, [PROMPT + [x] for x in range(VOCAB)])
     p2 = next_token_probs(llm, [PROMPT + [x, y] for x in range(VOCAB) for y in range(VOCAB)])
-    return llm, (p0[:, None, None] * p1[:, :, None] * p2.view(VOCAB, VOCAB, VOCAB)).sum(0)  # P(x1, x2)
+    return (p0[:, None, None] * p1[:, :, None] * p2.view(VOCAB, VOCAB, VOCAB)).sum(0)
 
 
 def _always_accept(p, q, draft, generator):
@@ -50,9 +55,9 @@ def _resample_from_p(p, q):
     return p.clone()
 
 
-@pytest.mark.parametrize("broken", [None, "resample_from_p", "always_accept"])
-def test_draft_model_samples_follow_the_target(engine, broken, monkeypatch):
-    llm, target = engine
+def check_full_rule(llm, target, broken, monkeypatch) -> None:
+    """Sample PROMPT through ``llm`` (whose drafts carry their own ``q``) with the full rule as it is or
+    ``broken``, and test the pairs against ``target``: the rule must pass, each broken form must fail."""
     rounds = [0]
     rule = draft_verify.reject_or_accept if broken != "always_accept" else _always_accept
 
@@ -75,5 +80,12 @@ def test_draft_model_samples_follow_the_target(engine, broken, monkeypatch):
     assert p_value > SIGNIFICANCE, f"speculative sampling does not follow the target (p = {p_value:.3g})"
     llm.engine.check_invariants()
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
-    cache = llm.engine.core.scheduler.speculator.proposer.cache
-    assert cache.num_free_blocks == cache.num_blocks and not cache.sequences
+
+
+@pytest.mark.parametrize("broken", [None, "resample_from_p", "always_accept"])
+def test_draft_model_samples_follow_the_target(engine, broken, monkeypatch):
+    llm, target = engine
+    check_full_rule(llm, target, broken, monkeypatch)
+    if broken is None:
+        cache = llm.engine.core.scheduler.speculator.proposer.cache
+        assert cache.num_free_blocks == cache.num_blocks and not cache.sequences
