@@ -88,14 +88,14 @@ class Run:
     verifies: int = 0  # forward passes that checked drafts
     drafts: int = 0
     accepted: int = 0
-    top2: list[float] | None = None  # ours: the top-2 logprob margin at each position (divergence report)
 
 
 class Ours:
     def __init__(self, name: str | None, spec: dict | None, threads: int | None, max_tokens: int):
         kwargs = {"max_num_seqs": 1, "cpu_kernels": True, "speculative_config": spec, "num_threads": threads}
         self.llm = LLM(name, **kwargs) if name else LLM(**kwargs)
-        self.params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=2)
+        # timed runs ask for no logprobs (a user's decode does not; each position's would cost ~0.16 ms here)
+        self.params = SamplingParams(temperature=0, max_tokens=max_tokens)
 
     def prompt_ids(self, prompt: str) -> list[int]:
         return self.llm.get_tokenizer().encode(prompt)
@@ -104,13 +104,19 @@ class Ours:
         self.llm.engine.stats.clear()
         out = self.llm.generate([{"prompt_token_ids": prompt_ids}], self.params, use_tqdm=False)[0]
         steps = [r for r in self.llm.engine.stats if not r.num_prefill_tokens]
+        return Run(list(out.outputs[0].token_ids[1:]), sum(r.duration_s for r in steps), len(steps),
+                   sum(1 for r in steps if r.num_draft_tokens), out.metrics.num_draft_tokens,
+                   out.metrics.num_accepted_tokens)
+
+    def top2_margins(self, prompt_ids: list[int]) -> list[float]:
+        """The top-2 logprob margin at each decode position (after the first), from an untimed run."""
+        params = self.params.replace(logprobs=2)
+        out = self.llm.generate([{"prompt_token_ids": prompt_ids}], params, use_tqdm=False)[0]
         top2 = []
         for lp in out.outputs[0].logprobs or []:
             v = sorted((x.logprob for x in lp.values()), reverse=True)[:2]
             top2.append(v[0] - v[1] if len(v) == 2 else float("nan"))
-        return Run(list(out.outputs[0].token_ids[1:]), sum(r.duration_s for r in steps), len(steps),
-                   sum(1 for r in steps if r.num_draft_tokens), out.metrics.num_draft_tokens,
-                   out.metrics.num_accepted_tokens, top2[1:])
+        return top2[1:]
 
 
 class LlamaCppPLD:
@@ -250,8 +256,9 @@ def bench_model(name: str | None, label: str, args: argparse.Namespace, gguf: Pa
                     runs[tag].append(go())
                 b, s = runs["plain"][-1], runs["ngram"][-1]
                 pos = next((j for j, (x, y) in enumerate(zip(b.tokens, s.tokens)) if x != y), None)
-                if pos is not None and b.top2:
-                    diverged.append((i, pos, b.top2[pos]))
+                if pos is not None:
+                    margins = base.top2_margins(ids)
+                    diverged.append((i, pos, margins[pos] if pos < len(margins) else float("nan")))
         res = {tag: summarise(rs) for tag, rs in runs.items() if rs}
         res["ngram_vs_plain"] = paired(runs["ngram"], runs["plain"])
         res["speedup"] = res["ngram"]["tok_s"] / res["plain"]["tok_s"]

@@ -73,6 +73,7 @@ import json
 import logging
 import math
 import random
+import re
 import shutil
 import sys
 import time
@@ -240,12 +241,21 @@ def load_start(args, out: Path):
                 te.embed.weight[rows] *= args.direction_row_scale
         te.save_pretrained(out / "text_encoder")
         dit = VideoDiTModel.from_pretrained(src / "transformer")
+        if args.attention_mode and args.attention_mode != dit.config["attention_mode"]:
+            # issue 43: a whole-clip model whose tokens see every frame, started from the shipped weights
+            dit, mapping = dit.with_attention_mode(args.attention_mode)
+            kinds = {k: sorted({re.sub(r"blocks\.\d+\.", "blocks.*.", n).rsplit(".", 1)[0] for n in v})
+                     for k, v in mapping.items()}  # fmt: skip
+            log.info("attention %s -> %s: kept %d weights (blocks.*.attn keeps its weights and now attends "
+                     "over the whole clip), dropped %s, new %s", src, args.attention_mode,
+                     len(mapping["kept"]), kinds["dropped"] or "none", kinds["new"] or "none")  # fmt: skip
         if args.directions:  # issue 43: the direction as an input of its own, zero at first
             dit = dit.with_directions(len(DIRECTIONS))
         return dit, tok, te.eval()
     tokenizer, te = make_text(args, out)
     image_dit = DiTTransformer2DModel.from_pretrained(IMAGE / "transformer")
-    dit = VideoDiTModel.from_image_dit(image_dit, num_frames=args.frames, attention_mode=args.attention_mode)
+    dit = VideoDiTModel.from_image_dit(image_dit, num_frames=args.frames,
+                                       attention_mode=args.attention_mode or "factorized")
     return dit, tokenizer, te
 
 
@@ -370,7 +380,7 @@ def train(args, work: Path, out: Path) -> None:
             save_ckpt(ckpt, {"dit": dit.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
                              "step": step, "elapsed": elapsed + time.time() - t0, "rng": rng.getstate(),
                              "torch_rng": torch.get_rng_state(), "text_encoder": te.state_dict(),
-                             "ema_rows": ema_rows})  # fmt: skip
+                             "ema_rows": ema_rows, "dit_config": dict(dit.config)})  # fmt: skip
             if args.keep_every and step % args.keep_every == 0:  # keep a history to ship the best
                 shutil.copy(ckpt, work / f"dit_{step}.pt")
     if step < total and not args.export_at_stop:
@@ -416,7 +426,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--clips-per-digit", type=int, default=2)
-    ap.add_argument("--attention-mode", default="factorized", choices=["full", "factorized"])
+    ap.add_argument("--attention-mode", default=None, choices=["full", "factorized"],
+                    help="a fresh run: default factorized; with --init-from: convert the model to this mode "
+                         "(VideoDiTModel.with_attention_mode, the mapping is logged; default: keep its mode)")
     ap.add_argument("--steps", type=int, default=2300, help="length of the cosine lr schedule")
     ap.add_argument("--stop-at", type=int, default=0, help="stop (checkpoint saved) after this step")
     ap.add_argument("--export-at-stop", action="store_true",

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from video_eval_drift import real_clips  # moving clips of held-out real digits, as training moves them
 
 from forwardpass.diffusion.video import DEFAULT_VIDEO_MODEL_DIR
+from forwardpass.diffusion.video.dit import VideoDiTModel
 from forwardpass.diffusion.video.judge import DigitJudge, load_judge, optdigits_features
 from forwardpass.diffusion.video.pipeline import VideoPipeline
 from forwardpass.diffusion.video.quality import direction_agrees, eval_prompts, generate_clips
@@ -78,6 +79,8 @@ def load_pipe(model: Path, checkpoint: str | None) -> VideoPipeline:
     pipe = VideoPipeline.from_pretrained(model)
     if checkpoint:  # a training checkpoint of scripts/train_default_video.py: its EMA DiT and word rows
         st = torch.load(checkpoint, weights_only=False, map_location="cpu")
+        if "dit_config" in st:  # its own layout (e.g. converted to full attention), not the folder's
+            pipe.transformer = VideoDiTModel(**st["dit_config"])
         if "direction_embed.weight" in st["ema"]:  # fine-tuned with --directions
             pipe.transformer = pipe.transformer.with_directions(len(st["ema"]["direction_embed.weight"]) - 1)
         pipe.transformer.load_state_dict(st["ema"])

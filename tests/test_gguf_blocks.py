@@ -185,6 +185,31 @@ def test_amx_sums_are_the_vnni_loops_bit_for_bit(kernel, kind):
             assert torch.equal(amx, vnni), (k, m, (amx - vnni).abs().max())
 
 
+@pytest.mark.parametrize("kind", KBLOCK)
+def test_rows_are_computed_alone_whatever_rows_pass_a_tile_together(kernel, kind):
+    """Each activation row's output is bitwise the one-row call's, with 4 or (AVX-512) 8 rows passing a weight
+    tile together: what a speculative verify step (1 + k rows) relies on to round as one-row decoding."""
+    g = torch.Generator().manual_seed(4)
+    spec = kblocks.KINDS[kind.lower()]
+    k = 512 if "K" in kind[1:] else 160
+    raw = torch.from_numpy(random_blocks(kind, 37, k, 6))
+    codes, meta = kblocks.pack(spec, gguf_blocks.unpack(kind, raw, k))
+    matmul = getattr(kernel, f"{kind.lower()}_matmul")
+    x = torch.randn(13, k, generator=g)
+    alone = torch.cat([matmul(x[i : i + 1], codes, meta) for i in range(13)])
+    amx_before = kernel.set_amx_min_rows(0)
+    per_pass = kernel.set_rows_per_pass(8)
+    try:
+        for rows_per_pass in sorted({4, min(8, kernel.max_rows_per_pass)}):
+            kernel.set_rows_per_pass(rows_per_pass)
+            for m in (2, 5, 8, 9, 13):  # whole passes and remainders
+                assert torch.equal(matmul(x[:m], codes, meta), alone[:m]), (rows_per_pass, m)
+    finally:
+        kernel.set_rows_per_pass(per_pass)
+        kernel.set_amx_min_rows(amx_before)
+    assert kernel.isa != "avx512vnni" or kernel.max_rows_per_pass == 8
+
+
 def test_weight_reports_its_path_and_computes_large_batches():
     """``KBlockWeight`` on the host's build: decode-sized batches through the kernel (counted), prefill-sized
     ones through the dequantized rows and a float GEMM (bf16 where the CPU has bf16 hardware), both close to

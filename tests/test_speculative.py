@@ -221,6 +221,36 @@ def test_ngram_proposer():
     assert torch.tensor(p.propose([7] * 6, 4)).eq(7).all()
 
 
+def test_ngram_proposer_against_a_plain_loop():
+    """The byte search (``bytes.rfind`` over 8-byte ids, matches only at token boundaries) finds what a plain
+    loop over the windows finds, on random sequences over small and large vocabularies — with ids such as 256
+    and 65536, whose bytes next to a 0 hold those of 1 off the token boundaries."""
+    import random
+
+    from forwardpass.engine.speculative.ngram import NgramProposer
+
+    def plain(t, lo, hi, k):
+        for n in range(min(hi, len(t) - 1), lo - 1, -1):
+            for i in range(len(t) - 1 - n, -1, -1):  # most recent first, ending before the suffix
+                if t[i : i + n] == t[len(t) - n :]:
+                    drafts = list(t[i + n : i + n + k])
+                    while len(drafts) < k:
+                        drafts.append(drafts[len(drafts) - (len(t) - i - n)])
+                    return tuple(drafts), n
+        return (), 0
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        vocab = rng.choice([[0, 1], [0, 1, 2], list(range(300)), [0, 1, 256, 65536, 2**40]])
+        t = [rng.choice(vocab) for _ in range(rng.randint(0, 50))]
+        lo = rng.randint(1, 3)
+        hi, k = rng.randint(lo, 5), rng.randint(1, 9)
+        want = plain(t, lo, hi, k) if len(t) > lo else ((), 0)
+        assert NgramProposer(lo, hi).match(t, k) == want, (t, lo, hi, k)
+    # the bytes of 256, 0 hold those of 1 one byte in: no match
+    assert NgramProposer(1, 1).match([256, 0, 5, 1], 2) == ((), 0)
+
+
 def test_server_flag_and_metrics(checkpoint_factory, tmp_path):
     """``serve --speculative-config JSON``; /metrics counts drafts and accepted tokens (vLLM's names)."""
     import json

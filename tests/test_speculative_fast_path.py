@@ -72,6 +72,34 @@ def test_verify_steps_run_the_decode_stack_and_round_as_decode_steps(ops, checkp
     assert sorted(n for n in counting.rows if n > 1) == sorted(1 + r.num_draft_tokens for r in verifies)
 
 
+def test_plain_greedy_rows_verify_all_positions_at_once(checkpoint_factory, monkeypatch):
+    """A greedy request no processor touches has its drafts checked in one pass over its rows (argmax and
+    logprobs of every position at once, ``verify._verify_at_once``); it emits the tokens and logprobs the
+    round loop emits, and a request with a processor (here a repetition penalty) still takes the loop."""
+    from forwardpass.engine.speculative import verify
+    from forwardpass.sampling.sampler import Sampler
+
+    path = checkpoint_factory("qwen3")
+    prompts = copy_heavy_prompts(3)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=3)
+    llm = LLM(path, max_num_seqs=1, speculative_config=ALWAYS, num_kv_blocks=128, enable_prefix_caching=False)
+    calls = []
+    at_once = verify._verify_at_once
+    monkeypatch.setattr(verify, "_verify_at_once", lambda *a: calls.append(len(a[1].drafts)) or at_once(*a))
+    fast = llm.generate(prompts, params, use_tqdm=False)
+    assert calls and sum(r.num_draft_tokens for r in llm.engine.stats) == sum(calls)  # every verify took it
+    with monkeypatch.context() as m:
+        m.setattr(Sampler, "plain_argmax", staticmethod(lambda params: False))
+        loop = llm.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(fast, loop):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].logprobs == b.outputs[0].logprobs
+        assert a.metrics.num_accepted_tokens == b.metrics.num_accepted_tokens > 0
+    calls.clear()
+    penalised = llm.generate(prompts, params.replace(repetition_penalty=1.1), use_tqdm=False)
+    assert not calls and sum(o.metrics.num_draft_tokens for o in penalised) > 0
+
+
 def test_first_decode_step_after_the_prompt_speculates():
     """Right after the prefill (prompt computed, its first token drawn), a sequence whose tokens end in a
     recurring n-gram gets drafts from the policy's priors; prefill steps left no cost figure behind to stop

@@ -64,6 +64,30 @@ def test_full_attention_mixes_frames_and_factorized_is_per_position_in_time():
         assert (model(x, t, ctx) - model(y, t, ctx))[:, 3].abs().max() > 1e-4
 
 
+def test_with_attention_mode_keeps_the_shared_weights():
+    """factorized → full (issue 43's fine-tune start): every weight but the temporal attention carries over.
+    Oracle: on a one-frame clip full attention is the spatial attention, so a factorized model whose temporal
+    output is zero (as inflated) gives the same output after conversion. And the full model knows each
+    token's frame: reversing the frames of the input does not just reverse the output."""
+    model = VideoDiTModel(**SMALL, attention_mode="factorized").eval()
+    _randomise(model, 3)
+    for block in model.blocks:
+        torch.nn.init.zeros_(block.attn_temporal.to_out.weight)
+        torch.nn.init.zeros_(block.attn_temporal.to_out.bias)
+    full, mapping = model.with_attention_mode("full")
+    assert full.config["attention_mode"] == "full" and not full.training and not mapping["new"]
+    assert {n.split(".")[2] for n in mapping["dropped"]} == {"attn_temporal", "norm_temporal"}
+    assert all(torch.equal(full.state_dict()[k], model.state_dict()[k]) for k in mapping["kept"])
+    x, t, ctx = torch.randn(2, 1, 4, 8, 8), torch.tensor([250.0, 900.0]), torch.randn(2, 3, 16)
+    torch.testing.assert_close(full(x, t, ctx), model(x, t, ctx), atol=1e-5, rtol=1e-5)
+    clip = torch.randn(1, 4, 4, 8, 8)
+    out, out_rev = full(clip, t[:1], ctx[:1]), full(clip.flip(1), t[:1], ctx[:1])
+    assert (out_rev.flip(1) - out).abs().max() > 1e-3
+    back, mapping_back = full.with_attention_mode("factorized")  # the temporal layers return as the identity
+    assert sorted(mapping_back["new"]) == sorted(mapping["dropped"])
+    torch.testing.assert_close(back(clip, t[:1], ctx[:1]), model(clip, t[:1], ctx[:1]), atol=1e-5, rtol=1e-5)
+
+
 def test_patchify_roundtrip_and_per_frame_timesteps():
     model = VideoDiTModel(**SMALL, patch_size_t=2)
     x = torch.randn(2, 4, 4, 8, 8)

@@ -133,6 +133,19 @@ class Sampler:
                 lp.logprob = float(x[i, lp.token_id].float() - torch.logsumexp(x[i].float(), 0))
         return SamplerOutput(tokens.tolist(), lps)
 
+    @staticmethod
+    def plain_argmax(params: SamplingParams) -> bool:
+        """Whether a row with ``params`` is the argmax of its raw logits at every position, whatever the
+        tokens before it: greedy, and none of ``apply_processors``' stages can apply now or later (one that
+        reads the tokens so far, min_tokens or a penalty, counts even where it would not change this one).
+        Speculative verification takes such a row's tokens for all positions at once (``verify.py``). Every
+        stage ``apply_processors`` has must appear here."""
+        return (params.greedy and params.min_tokens == 0 and params.repetition_penalty == 1.0
+                and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
+                and params.structured_outputs is None and params.allowed_token_ids is None
+                and not params.logit_bias and params.reasoning_budget is None
+                and params.whisper_rules is None)  # fmt: skip
+
     # ----- stage 1: logit processors (the only stages that write logits) ------------------------
     def apply_processors(
         self, logits: torch.Tensor, rows: list[SamplingRow], eos: Sequence[int] = ()

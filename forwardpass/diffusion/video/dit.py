@@ -215,6 +215,28 @@ class VideoDiTModel(ConfigModule):
         assert missing == ["direction_embed.weight"] and not unexpected, (missing, unexpected)
         return model
 
+    def with_attention_mode(self, mode: str) -> tuple[VideoDiTModel, dict[str, list[str]]]:
+        """This model's weights in another ``attention_mode``, and the mapping to log (``kept`` / ``dropped``
+        / ``new`` weight names). Both modes name the per-frame-or-whole-clip self-attention ``attn``, so
+        factorized → full keeps it (the spatial attention becomes the full attention over all ``T·S``
+        tokens) and drops ``attn_temporal`` / ``norm_temporal``; full → factorized adds them as the identity
+        (zero output). The frame position (``frame_embed``, added to every token) and the per-frame adaLN
+        carry over, so the full attention knows each token's frame. Not the same function after
+        factorized → full (the spatial softmax now spans the clip): it is a start for fine-tuning."""
+        if mode not in ATTENTION_MODES:
+            raise ConfigError(f"attention_mode must be one of {ATTENTION_MODES}, got {mode!r}")
+        model = type(self)(**{**self.config, "attention_mode": mode})
+        old, new = self.state_dict(), model.state_dict()
+        kept = [k for k in new if k in old]
+        for k in kept:
+            if old[k].shape != new[k].shape:
+                raise ValidationError(f"{k}: shape {tuple(old[k].shape)} vs {tuple(new[k].shape)}")
+            new[k] = old[k]
+        model.load_state_dict(new)
+        mapping = {"kept": kept, "dropped": [k for k in old if k not in new],
+                   "new": [k for k in new if k not in old]}  # fmt: skip
+        return model.train(self.training), mapping
+
     # ------------------------------------------------------------------ inflation
     @classmethod
     def from_image_dit(cls, image: DiTTransformer2DModel, **overrides: Any) -> VideoDiTModel:

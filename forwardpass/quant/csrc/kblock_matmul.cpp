@@ -41,6 +41,9 @@ std::atomic<int64_t> g_amx_calls{0};  // of those, the ones whose sums came from
 // below 9 rows the VNNI loop is as fast or faster (Sapphire Rapids, SmolLM2 matrices: at 2 rows 2x slower on
 // AMX, at 9 even, at 12-31 rows AMX 15-28% faster)
 std::atomic<int64_t> g_amx_min_rows{9};
+// activation rows that pass a weight tile together (set_rows_per_pass; at most kb::MAX_MR): each pass unpacks the
+// tile's codes once, so 9 rows cost two unpacks at 8 per pass, three at 4
+std::atomic<int64_t> g_rows_per_pass{kb::MAX_MR};
 
 bool use_amx(int64_t M) {
 #ifdef KB_AMX
@@ -152,9 +155,13 @@ torch::Tensor matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor meta) {
       return;
     }
 #endif
+    const int64_t per_pass = g_rows_per_pass.load(std::memory_order_relaxed);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * TILE, R = std::min<int64_t>(TILE, N - n0);
-      rows_of_tile<K, kb::MAX_MR>(cp + n0 * cs, mp + n0 * ms, R, a, 0, M, y + n0, N);
+      if (per_pass >= 8 && kb::MAX_MR >= 8)
+        rows_of_tile<K, kb::MAX_MR>(cp + n0 * cs, mp + n0 * ms, R, a, 0, M, y + n0, N);
+      else
+        rows_of_tile<K, std::min(4, kb::MAX_MR)>(cp + n0 * cs, mp + n0 * ms, R, a, 0, M, y + n0, N);
     }
   });
   return out;
@@ -330,6 +337,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("calls", []() { return g_calls.load(); }, "matmuls this module has run");
   m.def("amx_calls", []() { return g_amx_calls.load(); }, "of those, the ones on AMX tiles");
+  m.def("set_rows_per_pass", [](int64_t n) { return g_rows_per_pass.exchange(n); },
+        "activation rows per pass over a weight tile (4 or 8; 8 only where the build has it); returns the old n");
+  m.attr("max_rows_per_pass") = kb::MAX_MR;
   m.def("set_amx_min_rows", [](int64_t n) { return g_amx_min_rows.exchange(n); },
         "batches of n rows and more take AMX tiles where the CPU has them (0: never); returns the old n");
 #ifdef KB_AMX

@@ -225,7 +225,7 @@ inline void tile_dot(const uint8_t* tc, const uint8_t* tm, int64_t R, const Acts
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + (m0 + i) * N, mask, acc[i]);
 }
-constexpr int MAX_MR = 4;
+constexpr int MAX_MR = 8;  // 8 accumulators + the block's 8 code and 4 scale vectors fit the 32 zmm
 #else
 // ---- AVX2: 16 rows as two ymm halves of 8; maddubs + madd for 4 products per lane ----
 // n fields of 4 bytes (n < 8 only in a matrix's last tile: copied, never read past the tensor)
