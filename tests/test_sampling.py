@@ -459,3 +459,19 @@ def test_reasoning_budget_in_the_sampler_overrides_even_a_certain_token():
     rows = [SamplingRow(SamplingParams(temperature=0.8, seed=1, reasoning_budget=budget), [7], [5, 5]),
             SamplingRow(SamplingParams(temperature=0.8, seed=1, reasoning_budget=budget), [7], [5])]
     assert Sampler()(logits, rows).token_ids == [8, 5]
+
+
+def test_plain_argmax_is_false_for_every_processor():
+    """``Sampler.plain_argmax`` (speculative verification's one-pass check) holds only for a greedy request
+    that none of ``apply_processors``' stages touches: each stage's parameter alone turns it off."""
+    from forwardpass.sampling.reasoning_budget import ReasoningBudget
+    from forwardpass.sampling.sampler import Sampler as S
+
+    assert S.plain_argmax(SamplingParams(temperature=0, logprobs=3, max_tokens=8, stop=["x"]))
+    assert not S.plain_argmax(SamplingParams(temperature=1.0))
+    stages = {"min_tokens": 2, "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.5,
+              "allowed_token_ids": [1, 2], "logit_bias": {3: 1.0},
+              "structured_outputs": {"choice": ["a", "b"]},
+              "reasoning_budget": ReasoningBudget(max_tokens=4, start_ids=(5,), end_ids=(6,))}
+    for name, value in stages.items():
+        assert not S.plain_argmax(SamplingParams(temperature=0, max_tokens=8, **{name: value})), name
