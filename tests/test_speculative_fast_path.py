@@ -4,8 +4,8 @@
   query over its own prefix, so a step of decode and verify rows runs the decode stack (counted here) with
   the decode kernels, and every row rounds exactly as it would in a one-row decode step: tokens *and*
   logprobs are bitwise those of decoding without speculation, fp32 and int8 weights alike.
-* The policy's cost line comes from measured step times (prompt work left out), its acceptance estimate is a
-  survival curve per copy-run length, and the first decode step after the prompt already speculates.
+* The policy's cost line comes from measured step times (prompt work left out), its acceptance estimate is
+  per n-gram match length, and the first decode step after the prompt already speculates.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from forwardpass import LLM, SamplingParams
 from forwardpass.config import SpeculativeConfig
 from forwardpass.engine.speculative.ngram import NgramProposer
 from forwardpass.engine.speculative.policy import Speculator, StepCosts
-from forwardpass.engine.speculative.stats import DraftStats, expected_tokens, run_bucket
+from forwardpass.engine.speculative.stats import DraftStats
 from tests.test_speculative import copy_heavy_prompts
 
 ALWAYS = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4,
@@ -143,46 +143,24 @@ def test_steps_with_prompt_work_are_not_verify_costs():
 
 
 def test_ngram_match_length():
-    """``match`` gives the drafts and the copy run they continue: the n-gram, extended back while the tokens
-    before its occurrence and before the sequence's end agree (past ``prompt_lookup_max``)."""
     p = NgramProposer(1, 4)
     assert p.match([5, 6, 7, 8, 9, 5, 6, 7, 8], 3) == ((9, 5, 6), 4)
     assert p.match([1, 2, 3, 2], 2) == ((3, 2), 1)
     assert p.match([1, 2, 3, 4], 2) == ((), 0)
-    assert p.match([1, 2, 3, 4, 5, 6, 9, 1, 2, 3, 4, 5, 6], 3) == ((9, 1, 2), 6)
-    assert p.match([0, 1, 2, 3, 4, 5, 6, 9, 7, 1, 2, 3, 4, 5, 6], 2) == ((9, 7), 6)  # 0 vs 7: the run ends
 
 
-def test_acceptance_is_a_survival_curve_with_censored_verifies():
-    """Per draft position, the verifies that reached it and those that accepted it: a verify of 2 drafts says
-    nothing of the third; a position no verify reached leans on the one before it."""
-    stats = DraftStats(decay=1.0)
-    stats.context = 8
-    stats.record(2, 2)  # both accepted: positions 1, 2 reached and accepted
-    stats.record(4, 1)  # position 1 accepted, 2 reached and rejected, 3 and 4 not reached
-    stats.record(4, 0)  # position 1 rejected
-    p = stats.acceptance(8, 5, prior=[0.5] * 5)
-    w = 2.0  # the prior's weight (verifies)
-    assert p[0] == pytest.approx((2 + 0.5 * w) / (3 + w))
-    assert p[1] == pytest.approx((1 + 0.5 * w) / (2 + w))
-    assert p[2] == p[3] == p[4] == 0.5  # never reached: the prior
-    assert stats.acceptance(8, 3)[2] == pytest.approx(stats.acceptance(8, 3)[1])  # no prior: the one before
-    assert stats.acceptance(1, 2) == [0.5, 0.5]  # another context: nothing seen
-    assert expected_tokens([0.5, 0.5]) == [1.0, 1.5, 1.75]
-
-
-def test_policy_sizes_drafts_by_the_copy_run_behind_them():
-    """Drafts continuing a long copy run were always accepted, those behind a single recurring token never:
-    the policy proposes the first kind (all k) and not the second (until its periodic probe)."""
+def test_policy_sizes_drafts_by_the_acceptance_of_the_match_length():
+    """Drafts behind 4-token matches were always accepted, those behind single tokens never: the policy
+    proposes the first kind (all k) and not the second (until its periodic probe)."""
     spec = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1))
     spec.costs.observe(1, 0.010)
     for n in range(2, 6):
         spec.costs.observe(n, 0.010 + 0.001 * (n - 1))
     stats = DraftStats()
     for _ in range(10):
-        stats.context = run_bucket(16)
+        stats.match_length = 4
         spec.record(stats, 4, 4)
-        stats.context = run_bucket(1)
+        stats.match_length = 1
         spec.record(stats, 2, 0)
     params = SamplingParams(max_tokens=100)
 
@@ -190,29 +168,12 @@ def test_policy_sizes_drafts_by_the_copy_run_behind_them():
         return SimpleNamespace(token_ids=tokens, output_token_ids=[1], num_computed_tokens=len(tokens) - 1,
                                params=params, draft_stats=stats)
 
-    text = list(range(20, 40))
-    copying = text + [7] + text  # a 20-token run recurs
-    assert spec.drafts_for_step(seq(copying), 1, 64, 1, 1000) == (7, 20, 21, 22)
-    assert stats.context == 16
+    four = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]  # ends in a recurring 4-gram
+    assert spec.drafts_for_step(seq(four), 1, 64, 1, 1000) == (5, 6, 7, 1)
     one = [9, 1, 2, 3, 4, 5, 9]  # only the last token recurs
     assert spec.drafts_for_step(seq(one), 1, 64, 1, 1000) == ()
-    assert stats.acceptance(16, 1)[0] > 0.85 and stats.acceptance(1, 1)[0] < 0.15  # (decayed: ~6 verifies)
-    assert spec.engine_stats.acceptance(16, 1)[0] > 0.9  # the engine-wide figure: a new request's prior
-
-
-def test_policy_reads_each_draft_position_not_one_rate():
-    """First drafts accepted 90% of the time, second ones 10%: one draft is the best verify (1.9 tokens for
-    1.15 steps). A single per-token rate (here ~0.5: 10 accepted of 20 reached) would have proposed two."""
-    spec = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1))
-    spec.costs.observe(1, 0.010)
-    spec.costs.observe(2, 0.0115)
-    stats = DraftStats(decay=1.0)
-    stats.context = 4
-    for i in range(10):
-        spec.record(stats, 2, 0 if i == 0 else 2 if i == 1 else 1)
-    acceptance = spec.acceptance(stats, 4)
-    assert acceptance[0] > 0.8 and acceptance[1] < 0.3
-    assert spec.choose_k(acceptance, 1) == 1
+    assert stats.acceptance_for(4) > 0.9 and stats.acceptance_for(1) < 0.2
+    assert spec.engine_stats.acceptance_for(4) > 0.9  # the engine-wide figure: a new request's prior
 
 
 def test_a_step_keeps_within_the_rows_the_decode_kernels_take():

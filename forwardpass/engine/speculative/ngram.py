@@ -8,11 +8,6 @@ one is used (the nearest context). A continuation that runs into the end of the 
 what it has just proposed, so a loop of period p (``a b c a b c a b``) is proposed k tokens ahead. The
 search is ``bytes.rfind`` over the ids packed 8 bytes each (a match must start at a token boundary): it runs
 every decode step of a speculating request, 3x faster than numpy comparisons over 400 tokens (7 vs 24 us).
-
-``match`` also says how long a copy run the drafts continue: how far back, up to ``MAX_RUN`` tokens, the
-sequence's end agrees with the text before the occurrence (at least the n-gram). A long run is a copy in
-progress, whose drafts the target accepts far more often than those behind a short one; the policy sizes
-the drafts by it (``stats.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +16,6 @@ from array import array
 from collections.abc import Sequence
 
 WIDTH = 8  # bytes of a token id in the searched buffer (array 'q')
-MAX_RUN = 16  # copy runs are measured up to this many tokens (the policy's longest bucket)
 
 
 class NgramProposer:
@@ -36,9 +30,8 @@ class NgramProposer:
         return self.match(token_ids, k)[0]
 
     def match(self, token_ids: Sequence[int], k: int) -> tuple[tuple[int, ...], int]:
-        """``(drafts, run)``: up to ``k`` drafts and the length of the copy run they continue (the n-gram
-        matched, extended back up to ``MAX_RUN`` tokens; the policy's acceptance estimate depends on it);
-        ``((), 0)`` when no n-gram recurs."""
+        """``(drafts, n)``: up to ``k`` drafts and the length ``n`` of the n-gram match they continue (the
+        policy's acceptance estimate depends on it); ``((), 0)`` when no n-gram recurs."""
         num = len(token_ids)
         if k < 1 or num <= self.min_n:
             return (), 0
@@ -57,8 +50,5 @@ class NgramProposer:
                 drafts = list(token_ids[start : start + k])
                 while len(drafts) < k:  # ran into the end: continue through the proposal itself
                     drafts.append(drafts[len(drafts) - (num - start)])
-                run, first = n, start - n  # extended back while the tokens before both agree
-                while run < MAX_RUN and first > 0 and token_ids[first - 1] == token_ids[num - run - 1]:
-                    run, first = run + 1, first - 1
-                return tuple(drafts), run
+                return tuple(drafts), n
         return (), 0

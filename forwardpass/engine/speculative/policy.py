@@ -6,11 +6,10 @@ decode step, and each draft the target accepts is a token for free; once the ste
 when drafts are mostly rejected, the extra tokens are a loss. The decision, per sequence and step:
 
 * no proposals while more than ``disable_by_batch_size`` sequences run (the ridge of the roofline);
-* the expected tokens of a verify of ``k`` drafts, ``E(k) = 1 + S(1) + ... + S(k)``, from the survival curve
-  ``S(j)`` (the probability that at least ``j`` drafts are accepted) measured for the request and, as its
-  prior, for the engine (``DraftStats``, ``stats.py``). For ngram drafts the curve is the one of drafts that
-  continue a copy run of the same length (a 16-token run is a copy in progress; one recurring token seldom
-  is);
+* the expected tokens of a verify of ``k`` drafts, with the request's measured per-token acceptance ``α``
+  (``DraftStats``): ``E(k) = (1 - α^(k+1)) / (1 - α)`` (Leviathan et al.'s geometric model). For ngram
+  drafts ``α`` is the one of drafts behind a match of the same length (a 4-token match is a far better
+  guess than one recurring token), starting from the engine-wide figure for that length;
 * the measured cost: the engine's decode-step time by number of rows, ``T(n)`` (``StepCosts``: a running
   mean per ``n`` over steps without prompt work, the line through them for sizes not yet seen; a
   prior of ``_PRIOR_TOKEN_COST`` of a one-row step per extra row only until two sizes are measured). A
@@ -29,7 +28,7 @@ from forwardpass.config import SpeculativeConfig
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
 from forwardpass.engine.speculative.ngram import NgramProposer
 from forwardpass.engine.speculative.rollback import check_can_roll_back
-from forwardpass.engine.speculative.stats import DraftStats, engine_draft_stats, expected_tokens, run_bucket
+from forwardpass.engine.speculative.stats import DraftStats, engine_draft_stats
 from forwardpass.sampling.params import SamplingParams
 
 # an extra row of a small step ~ 15% of a one-row step (SmolLM2 Q4_1 on one core), until measured
@@ -115,6 +114,13 @@ class StepCosts:
         return 1.0 + _PRIOR_TOKEN_COST * more / base
 
 
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens a verify of ``k`` drafts emits on average when each is accepted with probability ``alpha``."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
 class Speculator:
     """The scheduler's plug-in (given to its constructor): drafts for one sequence, and what came of them."""
 
@@ -159,11 +165,12 @@ class Speculator:
         stats = seq.draft_stats
         k = min(self.k, max_k)
         batch = max(1, num_running)
-        if isinstance(self.proposer, NgramProposer):  # look first: the copy run's length sizes the drafts
-            drafts, run = self.proposer.match(seq.token_ids, k)
-            stats.context = run_bucket(run)
+        if isinstance(self.proposer, NgramProposer):  # look first: the match's length sizes the drafts
+            drafts, stats.match_length = self.proposer.match(seq.token_ids, k)
             if self.config.adaptive and drafts:
-                best = self.choose_k(self.acceptance(stats, len(drafts)), batch)
+                length = stats.match_length
+                alpha = stats.acceptance_for(length, self.engine_stats.acceptance_for(length))
+                best = self.choose_k(alpha, len(drafts), batch)
                 if best == 0 and stats.steps_since_draft + 1 < _PROBE_EVERY:
                     stats.steps_since_draft += 1
                     return ()
@@ -171,7 +178,7 @@ class Speculator:
             stats.steps_since_draft = 0 if drafts else stats.steps_since_draft + 1
             return drafts
         if self.config.adaptive:
-            best = self.choose_k(self.acceptance(stats, k), batch)
+            best = self.choose_k(stats.acceptance, k, batch)
             if best == 0 and stats.steps_since_draft + 1 < _PROBE_EVERY:
                 stats.steps_since_draft += 1
                 return ()
@@ -183,20 +190,15 @@ class Speculator:
         stats.steps_since_draft = 0 if drafts else stats.steps_since_draft + 1
         return drafts
 
-    def acceptance(self, stats: DraftStats, k: int) -> list[float]:
-        """The request's per-position acceptance in its current context, the engine's as its prior."""
-        return stats.acceptance(stats.context, k, self.engine_stats.acceptance(stats.context, k))
-
-    def choose_k(self, acceptance: list[float], batch: int) -> int:
-        """The number of drafts (at most ``len(acceptance)``) that maximises the batch's tokens per second,
-        given each draft's acceptance after the ones before it; 0 if none beats decoding."""
+    def choose_k(self, alpha: float, k_max: int, batch: int) -> int:
+        """The number of drafts that maximises the batch's tokens per second; 0 if none beats decoding."""
         best_k, best = 0, _MARGIN
         # a draft model's forward passes (it measures them; they are outside the step times T(n)), relative
         draft_s, step_s = getattr(self.proposer, "seconds_per_draft", 0.0), self.costs.seconds(batch)
         per_draft = draft_s / step_s if draft_s and step_s else 0.0
-        for k, tokens in enumerate(expected_tokens(acceptance)[1:], start=1):
+        for k in range(1, k_max + 1):
             cost = self.costs.ratio(batch, k) + k * per_draft
-            gain = (batch - 1 + tokens) / batch / cost
+            gain = (batch - 1 + expected_tokens(alpha, k)) / batch / cost
             if gain > best:
                 best_k, best = k, gain
         return best_k
@@ -204,7 +206,7 @@ class Speculator:
     def record(self, stats: DraftStats, proposed: int, accepted: int) -> None:
         """The scheduler's report of one verify: the request's estimates and the engine-wide ones."""
         stats.record(proposed, accepted)
-        self.engine_stats.context = stats.context
+        self.engine_stats.match_length = stats.match_length
         self.engine_stats.record(proposed, accepted)
 
     def observe_step(self, chunks: Seq[StepChunk], seconds: float) -> None:
