@@ -188,7 +188,8 @@ def test_amx_sums_are_the_vnni_loops_bit_for_bit(kernel, kind):
 @pytest.mark.parametrize("kind", KBLOCK)
 def test_rows_are_computed_alone_whatever_rows_pass_a_tile_together(kernel, kind):
     """Each activation row's output is bitwise the one-row call's, with 4 or (AVX-512) 8 rows passing a weight
-    tile together: what a speculative verify step (1 + k rows) relies on to round as one-row decoding."""
+    tile together and a tile's last rows in one pass of however many are left (1-7): what a speculative verify
+    step (1 + k rows) relies on to round as one-row decoding."""
     g = torch.Generator().manual_seed(4)
     spec = kblocks.KINDS[kind.lower()]
     k = 512 if "K" in kind[1:] else 160
@@ -202,7 +203,7 @@ def test_rows_are_computed_alone_whatever_rows_pass_a_tile_together(kernel, kind
     try:
         for rows_per_pass in sorted({4, min(8, kernel.max_rows_per_pass)}):
             kernel.set_rows_per_pass(rows_per_pass)
-            for m in (2, 5, 8, 9, 13):  # whole passes and remainders
+            for m in (2, 3, 5, 6, 7, 8, 9, 13):  # whole passes and every remainder
                 assert torch.equal(matmul(x[:m], codes, meta), alone[:m]), (rows_per_pass, m)
     finally:
         kernel.set_rows_per_pass(per_pass)

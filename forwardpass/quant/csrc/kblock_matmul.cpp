@@ -42,7 +42,7 @@ std::atomic<int64_t> g_amx_calls{0};  // of those, the ones whose sums came from
 // AMX, at 9 even, at 12-31 rows AMX 15-28% faster)
 std::atomic<int64_t> g_amx_min_rows{9};
 // activation rows that pass a weight tile together (set_rows_per_pass; at most kb::MAX_MR): each pass unpacks the
-// tile's codes once, so 9 rows cost two unpacks at 8 per pass, three at 4
+// tile's codes once, so 9 rows cost two unpacks at 8 per pass, three at 4 (the rest of a tile's rows: one pass)
 std::atomic<int64_t> g_rows_per_pass{kb::MAX_MR};
 
 bool use_amx(int64_t M) {
@@ -98,14 +98,26 @@ void prepare(const float* x, int64_t K_, int64_t nb, int8_t* xq, float* xd, int3
   }
 }
 
+// The last `rows` (< MR) activation rows of a tile in one pass of exactly that many: a 3-, 5-, 6- or 7-row
+// verify step used to pass the tile as 2 + 1, 4 + 1, 4 + 2 or 4 + 2 + 1 rows, unpacking its codes once per pass
+// (a 3-row matmul cost more than a 4-row one). Each row's sums are its own whatever passes with it.
+template <class K, int MR>
+void tail_rows(const uint8_t* tc, const uint8_t* tm, int64_t R, const kb::Acts& a, int64_t m, int64_t rows,
+               float* y, int64_t N) {
+  if constexpr (MR > 0) {
+    if (rows == MR)
+      kb::tile_dot<K, MR>(tc, tm, R, a, m, y, N);
+    else
+      tail_rows<K, MR - 1>(tc, tm, R, a, m, rows, y, N);
+  }
+}
+
 template <class K, int MR>
 void rows_of_tile(const uint8_t* tc, const uint8_t* tm, int64_t R, const kb::Acts& a, int64_t m0, int64_t m1,
                   float* y, int64_t N) {
   int64_t m = m0;
   for (; m + MR <= m1; m += MR) kb::tile_dot<K, MR>(tc, tm, R, a, m, y, N);
-  if constexpr (MR > 1) {
-    if (m < m1) rows_of_tile<K, MR / 2>(tc, tm, R, a, m, m1, y, N);
-  }
+  if (m < m1) tail_rows<K, MR - 1>(tc, tm, R, a, m, m1 - m, y, N);
 }
 
 template <class K>
