@@ -61,9 +61,11 @@ def best_k(acc: int, cost: dict[int, float]) -> int:
 
 
 def replay(runs: list[tuple[list[int], list[int]]], cost: dict[int, float], mode: str, k: int,
-           speculator: Speculator | None = None) -> tuple[float, float]:
-    """``(speedup over plain, tokens per pass)`` of ``mode`` over ``runs`` (prompt ids, greedy output)."""
-    proposer = NgramProposer(1, 4)
+           speculator: Speculator) -> tuple[float, float]:
+    """``(speedup over plain, tokens per pass)`` of ``mode`` over ``runs`` (prompt ids, greedy output); every
+    mode drafts with ``speculator``'s proposer, only ``policy`` sizes the drafts with it."""
+    proposer = speculator.proposer
+    assert isinstance(proposer, NgramProposer), "the replay drafts by prompt lookup"
     total_cost = tokens = passes = 0.0
     for prompt, out in runs:
         params = SamplingParams(temperature=0, max_tokens=len(out))
@@ -72,7 +74,7 @@ def replay(runs: list[tuple[list[int], list[int]]], cost: dict[int, float], mode
         while pos < len(out):
             room = min(k, len(out) - pos - 1)  # as the scheduler: no drafts past max_tokens
             truth = out[pos:]
-            if mode == "policy" and speculator is not None:
+            if mode == "policy":
                 drafts = speculator.drafts_for_step(seq, 1, 1 << 20, 1, 1 << 30)
                 n = accepted(drafts, truth)
                 if drafts:
@@ -124,8 +126,7 @@ def main() -> None:
             out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].outputs[0]
             runs.append((ids, list(out.token_ids)))
         speculator = Speculator(config)
-        speculator.costs.mean = {1 + k: c for k, c in cost.items()}  # the replay's costs, fixed
-        speculator.costs.observe = lambda *a: None  # type: ignore[method-assign]
+        speculator.costs.mean = {1 + k: c for k, c in cost.items()}  # fixed: the replay observes no step
         for mode in ("policy", "always", "oracle", "perfect drafts"):
             speedup, per_pass = replay(runs, cost, mode, args.k, speculator)
             print(f"  {kind:>5} {mode:>14}: {speedup:.2f}x plain decoding, {per_pass:.2f} tokens per pass")
