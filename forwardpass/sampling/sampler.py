@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from forwardpass.sampling.argmax import greedy_tokens
 from forwardpass.sampling.params import SamplingParams
 from forwardpass.sampling.penalties import (
     TokenIds,
@@ -222,13 +223,12 @@ class Sampler:
         dev = x.device
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         if len(greedy) == B:
-            # max(-1).indices == argmax(-1) (the first of equal maxima; NaN counts as the largest), and ~1.5x
-            # faster on CPU: 1.6 vs 2.3 ms for 64 x 32000 logits, every step of a greedy batch
-            return x.max(-1).indices
+            # every step of a greedy batch: numpy's argmax on CPU, 7x torch's max (argmax.py)
+            return greedy_tokens(x)
         tokens = torch.empty(B, dtype=torch.long, device=dev)
         if greedy:
             g = torch.tensor(greedy, device=dev)
-            tokens[g] = self._take(x, g, "g").argmax(-1)
+            tokens[g] = greedy_tokens(self._take(x, g, "g"))
         sampled = [i for i in range(B) if not rows[i].params.greedy]
         s = torch.tensor(sampled, device=dev)
         tokens[s] = self._sample(x, s, [rows[i] for i in sampled])

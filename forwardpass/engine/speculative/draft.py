@@ -33,6 +33,7 @@ from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
 from forwardpass.engine.speculative.draft_cache import DraftKVCache, DraftSequence, build_draft_cache
 from forwardpass.engine.speculative.draft_step import DraftStepper
 from forwardpass.errors import ConfigError
+from forwardpass.sampling.argmax import greedy_tokens
 from forwardpass.sampling.params import SamplingParams
 from forwardpass.sampling.sampler import make_generator
 
@@ -114,7 +115,7 @@ class DraftModelProposer:
         """One draft from ``logits``: the argmax (``probs`` None), else a draw from ``q`` at the request's
         temperature, with ``q`` appended to ``probs``."""
         if probs is None:
-            return int(logits.argmax())
+            return int(greedy_tokens(logits))
         q = torch.softmax(logits / seq.params.temperature, dim=-1)
         probs.append(q)
         return int(torch.multinomial(q, 1, generator=gen))

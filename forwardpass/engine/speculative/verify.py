@@ -27,6 +27,7 @@ import torch
 
 from forwardpass.engine.speculative.draft_verify import sample_round
 from forwardpass.engine.worker.prompt_logprobs import take_prompt_logprobs
+from forwardpass.sampling.argmax import greedy_tokens
 from forwardpass.sampling.sampler import Sampler, SamplingRow, TokenLogprobs, rows_logprobs
 from forwardpass.structured.backend import GrammarBackend
 
@@ -115,7 +116,7 @@ def _verify_at_once(logits: torch.Tensor, t: SampleTarget, out: SampledStep) -> 
     of per-round overhead each on a 49k vocabulary. Returns why the target's sampling failed, or None."""
     try:
         rows = logits[t.row : t.row + len(t.drafts) + 1]
-        tokens = rows.float().max(-1).indices  # as Sampler._choose takes an all-greedy batch's tokens
+        tokens = greedy_tokens(rows.float())  # as Sampler._choose takes an all-greedy batch's tokens
         ids = tokens.tolist()
         kept = next((j for j, d in enumerate(t.drafts) if ids[j] != d), len(t.drafts))
         row = SamplingRow(t.seq.params, t.seq.prompt, t.seq.output, t.seq.generator)
