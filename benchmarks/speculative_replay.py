@@ -7,7 +7,8 @@ has run plainly; then any drafting policy can be replayed without the model: at 
 offers drafts from the tokens so far, the target accepts their common prefix with the true continuation, and
 the step costs ``T(1 + k) / T(1)`` of a one-row step, measured here on this host (``speculative.py``'s
 ``verify_cost``: forwards with logits over the rows of a real verify step, alternating sizes). Replayed on the
-benchmark's copy-heavy and novel prompts (``speculative.py``):
+benchmark's copy-heavy and novel prompts (``speculative.py``) and on held-out copy-heavy prompts
+(``speculative_heldout.py``: a policy change should gain there too, not only on the prompts it was built on):
 
 * ``policy``: the engine's ``Speculator`` as it runs (adaptive, the same cost table);
 * ``always k``: every offered draft verified (no policy);
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from benchmarks.speculative import COPY_PROMPTS, NOVEL_PROMPTS, verify_cost
+from benchmarks.speculative_heldout import HELDOUT_COPY_PROMPTS
 from forwardpass import LLM, SamplingParams
 from forwardpass.config import SpeculativeConfig
 from forwardpass.engine.speculative.ngram import NgramProposer
@@ -119,7 +121,8 @@ def main() -> None:
           + ", ".join(f"k={k}: {c:.2f}" for k, c in ratios.items()))
     tok = llm.get_tokenizer()
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    for kind, prompts in (("copy", COPY_PROMPTS), ("novel", NOVEL_PROMPTS)):
+    sets = (("copy", COPY_PROMPTS), ("held-out copy", HELDOUT_COPY_PROMPTS), ("novel", NOVEL_PROMPTS))
+    for kind, prompts in sets:
         runs = []
         for prompt in prompts:
             ids = tok.encode(prompt)
@@ -129,7 +132,7 @@ def main() -> None:
         speculator.costs.mean = {1 + k: c for k, c in cost.items()}  # fixed: the replay observes no step
         for mode in ("policy", "always", "oracle", "perfect drafts"):
             speedup, per_pass = replay(runs, cost, mode, args.k, speculator)
-            print(f"  {kind:>5} {mode:>14}: {speedup:.2f}x plain decoding, {per_pass:.2f} tokens per pass")
+            print(f"  {kind:>13} {mode:>14}: {speedup:.2f}x plain decoding, {per_pass:.2f} tokens per pass")
 
 
 if __name__ == "__main__":
