@@ -57,8 +57,9 @@ def test_sampler_and_verify_take_it(monkeypatch):
     monkeypatch.setattr(verify, "greedy_tokens", counting)
     from forwardpass import LLM, SamplingParams
 
-    llm = LLM(max_num_seqs=2, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
-                                                   "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+            "adaptive": False}  # every draft verified: the step times cannot turn speculation off
+    llm = LLM(max_num_seqs=2, speculative_config=spec)
     out = llm.generate(["one two three one two three one two"], SamplingParams(temperature=0, max_tokens=12),
                        use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 12
