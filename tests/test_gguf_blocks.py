@@ -211,11 +211,41 @@ def test_rows_are_computed_alone_whatever_rows_pass_a_tile_together(kernel, kind
     assert kernel.isa != "avx512vnni" or kernel.max_rows_per_pass == 8
 
 
+@pytest.mark.parametrize("kind", KBLOCK)
+def test_gemm_mode_rows_are_bitwise_the_tile_passes(kernel, kind):
+    """The AVX2 build's GEMM mode (csrc/kblock_gemm_avx2.h: a tile unpacked once, 4 activation rows at a time)
+    gives bitwise the tile passes' outputs (2 rows a pass) for every row count: the same exact integer sums
+    and float steps, so the kernel stays batch-invariant — tiles of fewer than 16 rows (a half of 8 or fewer),
+    a remainder of 1-3 rows, more rows than one chunk (256), and the calls counted as taken."""
+    if not kernel.has_gemm_mode:
+        pytest.skip(f"the {kernel.isa} build has no GEMM mode (its passes take 8 rows)")
+    g = torch.Generator().manual_seed(7)
+    spec = kblocks.KINDS[kind.lower()]
+    matmul = getattr(kernel, f"{kind.lower()}_matmul")
+    for k in [256, 512] if "K" in kind[1:] else [96, 576]:
+        for n in (37, 16, 5):
+            raw = torch.from_numpy(random_blocks(kind, n, k, n))
+            codes, meta = kblocks.pack(spec, gguf_blocks.unpack(kind, raw, k))
+            for m in (3, 4, 5, 6, 7, 16, 17, 300):
+                x = torch.randn(m, k, generator=g)
+                x[0, :32] = 0
+                before = kernel.set_gemm_min_rows(0)
+                try:
+                    passes = matmul(x, codes, meta)
+                    kernel.set_gemm_min_rows(3)
+                    calls = kernel.gemm_calls()
+                    gemm = matmul(x, codes, meta)
+                    assert kernel.gemm_calls() == calls + 1  # the GEMM mode ran
+                finally:
+                    kernel.set_gemm_min_rows(before)
+                assert torch.equal(gemm, passes), (k, n, m, (gemm - passes).abs().max())
+
+
 def test_weight_reports_its_path_and_computes_large_batches():
     """``KBlockWeight`` on the host's build: decode-sized batches through the kernel (counted), prefill-sized
-    ones through the dequantized rows and a float GEMM (bf16 where the CPU has bf16 hardware), both close to
-    fp32."""
-    from forwardpass.quant.kblock_weight import KBlockWeight
+    ones through the dequantized rows and a float GEMM (bf16 where the CPU has bf16 hardware) or, on CPUs
+    without bf16 hardware, the AVX2 build's GEMM mode (counted), all close to fp32."""
+    from forwardpass.quant.kblock_weight import KERNEL_TAKES_ALL, KBlockWeight
     from forwardpass.quant.kernel import load_kblock_kernel
 
     module = load_kblock_kernel()
@@ -232,12 +262,25 @@ def test_weight_reports_its_path_and_computes_large_batches():
     torch.testing.assert_close(
         small, kblocks.reference_matmul(x, spec, w.codes, w.meta), rtol=1e-4, atol=1e-3
     )
-    big = torch.randn(w.gemm_rows + 5, 512)
-    out = w.matmul(big)
-    assert module.calls() == before + 1  # not the kernel: the GEMM on dequantized rows
-    ref = big @ w.dequantize().T
-    rel = 1e-2 if w.bf16_gemm else 1e-5  # bf16 rounds both operands
-    assert ((out - ref).abs() <= rel * (big.abs() @ w.dequantize().abs().T) + 1e-6).all()
+    if w.gemm_rows == KERNEL_TAKES_ALL:  # no bf16 hardware: the AVX2 build's GEMM mode takes every batch
+        big = torch.randn(300, 512)
+        gemm_before = module.gemm_calls()
+        out = w.matmul(big)
+        assert module.calls() == before + 2 and module.gemm_calls() == gemm_before + 1
+        # within the kernel's float rounding of the reference, relative to the magnitudes it adds (as in
+        # test_kernel_matmul_equals_reference)
+        un = gguf_blocks.unpack("Q4_K", raw, 512)
+        mags = un.scales().repeat_interleave(un.group, -1).abs() * (un.u.float() + un.off) + (
+            un.mins().abs().repeat_interleave(un.group, -1))
+        err = (out - kblocks.reference_matmul(big, spec, w.codes, w.meta)).abs()
+        assert (err <= TOL * (big.abs() @ mags.T) + 1e-30).all()
+    else:
+        big = torch.randn(w.gemm_rows + 5, 512)
+        out = w.matmul(big)
+        assert module.calls() == before + 1  # not the kernel: the GEMM on dequantized rows
+        ref = big @ w.dequantize().T
+        rel = 1e-2 if w.bf16_gemm else 1e-5  # bf16 rounds both operands
+        assert ((out - ref).abs() <= rel * (big.abs() @ w.dequantize().abs().T) + 1e-6).all()
     assert torch.equal(w.rows(torch.tensor([3, 0])), w.dequantize()[[3, 0]])
 
 

@@ -128,7 +128,11 @@ def test_teacher_forced_top1_agrees_with_transformers_fp32(hf_tokenizer, hf_mode
         f"top-1 agreement over {len(ids)} tokens: prefill path {prefill:.4f}, "
         f"int8-activation kernels {decode:.4f}"
     )
-    assert prefill >= 0.97
+    # where the CPU has no bf16 hardware the K-block kernel takes prefill batches too (its AVX2 GEMM mode, int8
+    # activations as at decode and as llama.cpp prefills): then both paths are the kernel's; elsewhere prefill
+    # multiplies the dequantized weights in fp32 or bf16
+    kernel_prefill = any(getattr(m, "_kernel_takes_all", False) for m in model.modules())
+    assert prefill >= (0.95 if kernel_prefill else 0.97)
     assert decode >= 0.95  # int8 activations, llama.cpp's recipe (it agrees 0.958-0.963 here)
     if kernel is not None:
         assert kernel.calls() >= before + 30 * 4  # every layer's four projections on the K-block kernel

@@ -9,7 +9,9 @@ Like :class:`~forwardpass.quant.weight.QuantizedWeight` it takes the place of a 
   activations times the codes, reading the file's bits per weight;
 * more (prefill chunks): the weights dequantized a slab at a time by the kernel and a float GEMM (oneDNN), in
   bf16 where the CPU multiplies bf16 in hardware (as ``QuantizedWeight`` does,
-  ``quant/kernel.py::gemm_path``), else fp32;
+  ``quant/kernel.py::gemm_path``), else fp32 — except on CPUs without bf16 hardware (gemm path ``"avx2"``),
+  where the kernel's AVX2 build takes every row count: from 3 rows on in its GEMM mode
+  (``csrc/kblock_gemm_avx2.h``), which beats dequantizing for oneDNN's fp32 GEMM at every batch measured;
 * no kernel (no compiler, ``FORWARDPASS_QUANT_KERNEL=0``): the PyTorch reference
   (``kblocks.reference_matmul``).
 """
@@ -28,6 +30,11 @@ from forwardpass.quant.kernel import gemm_path, load_kblock_kernel
 GEMM_ROWS = 48
 BF16_GEMM_ROWS = 32
 GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary copy, e.g. of an LM head)
+#: ``gemm_rows`` where the kernel takes every batch (the AVX2 build's GEMM mode; no row count reaches it). Measured
+#: on a Zen 3 core pair (AMD EPYC, AVX2 only), SmolLM2-135M's Q4_1 matrices, alternating in one process: the GEMM
+#: mode 145-165 GOP/s per core at 16-1024 rows against oneDNN's fp32 GEMM on the dequantized weight at 75-90
+#: (benchmarks/quant_gemm.py; docs/gguf.md)
+KERNEL_TAKES_ALL = 1 << 62
 #: rows per kernel call in the batch-invariant matmul (each row is computed alone by the kernel whatever the
 #: call)
 INVARIANT_PIECE = 2048
@@ -51,7 +58,11 @@ class KBlockWeight(nn.Module):
         self.in_features = self._in_features(kind, codes, meta)
         # decided once, when the weight is made: the kernel if it builds, else the reference for good
         self._kernel = load_kblock_kernel() if kernel and codes.device.type == "cpu" else None
-        self.bf16_gemm = gemm_path(cpu_flags()) in ("amx", "bf16") if bf16_gemm is None else bf16_gemm
+        path = gemm_path(cpu_flags())
+        self.bf16_gemm = path in ("amx", "bf16") if bf16_gemm is None else bf16_gemm
+        # the AVX2 build's GEMM mode for every batch where the CPU has no bf16 hardware (KERNEL_TAKES_ALL)
+        self._kernel_takes_all = (self._kernel is not None and getattr(self._kernel, "has_gemm_mode", False)
+                                  and path == "avx2")  # fmt: skip
         self.register_buffer("codes", codes, persistent=True)
         self.register_buffer("meta", meta, persistent=True)
 
@@ -61,6 +72,9 @@ class KBlockWeight(nn.Module):
 
     @property
     def gemm_rows(self) -> int:
+        """From this many activation rows on, dequantize + float GEMM rather than the kernel."""
+        if self._kernel_takes_all:
+            return KERNEL_TAKES_ALL
         return BF16_GEMM_ROWS if self.bf16_gemm else GEMM_ROWS
 
     @property

@@ -128,7 +128,7 @@ def load_quant_kernel():
 
 KBLOCK_SOURCE = SOURCE.with_name("kblock_matmul.cpp")
 
-KBLOCK_HEADERS = ("kblock_tiles.h", "kblock_amx.h", "amx_state.h")  # inner loops: VNNI / AVX2, and AMX
+KBLOCK_HEADERS = ("kblock_tiles.h", "kblock_gemm_avx2.h", "kblock_amx.h", "amx_state.h")  # VNNI / AVX2, AMX
 
 
 def kblock_kernel_for(isa: str) -> CppKernel:

@@ -25,6 +25,9 @@
 
 #include "activations.h"
 #include "kblock_tiles.h"
+#ifdef KB_AVX2
+#include "kblock_gemm_avx2.h"
+#endif
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512VNNI__)
 #include "kblock_amx.h"
 #define KB_AMX 1
@@ -44,6 +47,12 @@ std::atomic<int64_t> g_amx_min_rows{9};
 // activation rows that pass a weight tile together (set_rows_per_pass; at most kb::MAX_MR): each pass unpacks the
 // tile's codes once, so 9 rows cost two unpacks at 8 per pass, three at 4 (the rest of a tile's rows: one pass)
 std::atomic<int64_t> g_rows_per_pass{kb::MAX_MR};
+// the AVX2 build's GEMM mode (kblock_gemm_avx2.h) from this many rows on (0: never; set_gemm_min_rows), and the
+// matmuls that took it
+std::atomic<int64_t> g_gemm_min_rows{3};
+std::atomic<int64_t> g_gemm_calls{0};
+// GEMM mode: activation rows per chunk (a chunk's int8 rows stay in L2 while every tile passes them)
+constexpr int64_t GEMM_CHUNK = 256;
 
 bool use_amx(int64_t M) {
 #ifdef KB_AMX
@@ -120,8 +129,12 @@ void rows_of_tile(const uint8_t* tc, const uint8_t* tm, int64_t R, const kb::Act
   if (m < m1) tail_rows<K, MR - 1>(tc, tm, R, a, m, m1 - m, y, N);
 }
 
+// Passes of up to MAX_MR rows over each tile (tile_dot), or AMX tiles: the decode-sized batches of every build.
+// Its own function, not inlined into the dispatch below, and with the activations prepared in its own body as
+// before the GEMM mode existed: in any other arrangement tried GCC allocated the two-row loop's registers
+// otherwise and it ran 7-15% slower.
 template <class K>
-torch::Tensor matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor meta) {
+__attribute__((noinline)) torch::Tensor tile_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor meta) {
   int64_t nb = 0;
   check<K>(codes, meta, nb);
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == nb * QK, "x must be float32 [M, ", nb * QK,
@@ -177,6 +190,60 @@ torch::Tensor matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor meta) {
     }
   });
   return out;
+}
+
+#ifdef KB_AVX2
+// The AVX2 build's GEMM mode (kblock_gemm_avx2.h) over every tile and chunk of rows: the activations as tile_matmul
+// prepares them, then chunk × tile units over the threads.
+template <class K>
+__attribute__((noinline)) torch::Tensor gemm_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor meta) {
+  int64_t nb = 0;
+  check<K>(codes, meta, nb);
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == nb * QK, "x must be float32 [M, ", nb * QK,
+              "]");
+  x = x.contiguous();
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  g_gemm_calls.fetch_add(1, std::memory_order_relaxed);
+  const int64_t M = x.size(0), N = codes.size(0), K_ = nb * QK;
+  auto xq = torch::empty({M, K_}, x.options().dtype(torch::kInt8));
+  auto xd = torch::empty({M, nb}, x.options());
+  auto xo = torch::empty({M, nb * 2}, x.options().dtype(torch::kInt32));
+  auto xm = torch::empty({M, nb * 2}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int8_t* xqp = xq.data_ptr<int8_t>();
+  float* xdp = xd.data_ptr<float>();
+  int32_t* xop = xo.data_ptr<int32_t>();
+  float* xmp = xm.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m)
+      prepare<K>(xp + m * K_, K_, nb, xqp + m * K_, xdp + m * nb, xop + m * nb * 2, xmp + m * nb * 2);
+  });
+  const kb::Acts a{xqp, xdp, xop, xmp, nb};
+  auto out = torch::empty({M, N}, x.options());
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const uint8_t* mp = meta.data_ptr<uint8_t>();
+  const int64_t cs = codes.size(1), ms = meta.size(1);
+  float* y = out.data_ptr<float>();
+  const int64_t tiles = (N + TILE - 1) / TILE, chunks = (M + GEMM_CHUNK - 1) / GEMM_CHUNK;
+  at::parallel_for(0, tiles * chunks, 1, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {  // chunk-major: a thread's units share their chunk of rows
+      const int64_t t = u % tiles, m0 = u / tiles * GEMM_CHUNK, n0 = t * TILE;
+      kb::gemm_tile<K>(cp + n0 * cs, mp + n0 * ms, std::min<int64_t>(TILE, N - n0), a, m0,
+                       std::min(M, m0 + GEMM_CHUNK), y + n0, N);
+    }
+  });
+  return out;
+}
+#endif
+
+// x [M, K] fp32 · Wᵀ: the AVX2 build's GEMM mode from g_gemm_min_rows rows on, else the tile passes.
+template <class K>
+torch::Tensor matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor meta) {
+#ifdef KB_AVX2
+  const int64_t from = g_gemm_min_rows.load(std::memory_order_relaxed);
+  if (from > 0 && x.dim() == 2 && x.size(0) >= from) return gemm_matmul<K>(x, codes, meta);
+#endif
+  return tile_matmul<K>(x, codes, meta);
 }
 
 // The 32 codes of row r, block b of a tile (the layout of kblocks.py::pack).
@@ -352,6 +419,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_rows_per_pass", [](int64_t n) { return g_rows_per_pass.exchange(n); },
         "activation rows per pass over a weight tile (4 or 8; 8 only where the build has it); returns the old n");
   m.attr("max_rows_per_pass") = kb::MAX_MR;
+  m.def("gemm_calls", []() { return g_gemm_calls.load(); }, "of those, the ones in the AVX2 GEMM mode");
+  m.def("set_gemm_min_rows", [](int64_t n) { return g_gemm_min_rows.exchange(n); },
+        "batches of n rows and more take the AVX2 build's GEMM mode (0: never); returns the old n");
+#ifdef KB_AVX2
+  m.attr("has_gemm_mode") = true;
+#else
+  m.attr("has_gemm_mode") = false;
+#endif
   m.def("set_amx_min_rows", [](int64_t n) { return g_amx_min_rows.exchange(n); },
         "batches of n rows and more take AMX tiles where the CPU has them (0: never); returns the old n");
 #ifdef KB_AMX

@@ -228,6 +228,7 @@ inline void tile_dot(const uint8_t* tc, const uint8_t* tm, int64_t R, const Acts
 constexpr int MAX_MR = 8;  // 8 accumulators + the block's 8 code and 4 scale vectors fit the 32 zmm
 #else
 // ---- AVX2: 16 rows as two ymm halves of 8; maddubs + madd for 4 products per lane ----
+#define KB_AVX2 1  // kblock_gemm_avx2.h builds on this section
 // n fields of 4 bytes (n < 8 only in a matrix's last tile: copied, never read past the tensor)
 inline __m256i load_fields(const void* p, int64_t n) {
   if (n == 8) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -250,10 +251,115 @@ inline __m256 load_factors(const int8_t* p, int64_t n) {  // n int8 → fp32
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load_bytes8(p, n)));
 }
 
+// Block b of rows h0 .. h0 + n of a tile (one ymm half, n <= 8 rows), unpacked (shared by tile_dot and the GEMM
+// mode, kblock_gemm_avx2.h): lo[g] holds elements 8g..8g+3 of the rows' codes, hi[g] elements 8g+4..8g+7, one
+// 4-byte field per lane; s0 / s1 the scales of the block's groups, n0 / n1 their min factors. dv, dmv, hw carry
+// over from block to block within a super-block. (Separate arrays and scalars, not a struct: with a struct GCC
+// kept the codes in memory and the one- and two-row decode loop ran ~15% slower.)
+template <class K>
+__attribute__((always_inline)) inline void unpack_half(const uint8_t* tc, const TileMeta<K>& meta, int64_t R,
+                                                       int64_t h0, int64_t n, int64_t b, __m256i (&lo)[4],
+                                                       __m256i (&hi)[4], __m256& s0, __m256& s1, __m256& n0,
+                                                       __m256& n1, __m256& dv, __m256& dmv, __m256i& hw,
+                                                       const __m256i low, const __m256i top) {
+  const int64_t gs = R * 4;
+  const uint8_t* p = tc + b * K::BB * R + h0 * 4;
+  if (b % K::SB == 0) {
+    dv = load_halves(meta.d + b / K::SB * R + h0, n);
+    if constexpr (K::MIN) {
+      dmv = load_halves(meta.dm + b / K::SB * R + h0, n);
+      if constexpr (K::SB > 1) dmv = _mm256_sub_ps(_mm256_setzero_ps(), dmv);
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    if constexpr (K::BITS == 8) {
+      lo[g] = load_fields(p + 2 * g * gs, n);
+      hi[g] = load_fields(p + (2 * g + 1) * gs, n);
+    } else {
+      const __m256i v = load_fields(p + g * gs, n);
+      lo[g] = _mm256_and_si256(v, low);
+      hi[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+  }
+  if constexpr (K::BITS == 5) {  // as in the AVX-512 build: bit j of each byte to bit 4 of vector j
+    const __m256i h = load_fields(p + 16 * R, n), b4 = _mm256_set1_epi8(0x10);
+    auto put = [&](__m256i& v, __m256i bits) { v = _mm256_or_si256(v, _mm256_and_si256(bits, b4)); };
+    put(lo[0], _mm256_slli_epi16(h, 4));
+    put(hi[0], _mm256_slli_epi16(h, 3));
+    put(lo[1], _mm256_slli_epi16(h, 2));
+    put(hi[1], _mm256_slli_epi16(h, 1));
+    put(lo[2], h);
+    put(hi[2], _mm256_srli_epi16(h, 1));
+    put(lo[3], _mm256_srli_epi16(h, 2));
+    put(hi[3], _mm256_srli_epi16(h, 3));
+  }
+  if constexpr (K::BITS == 6) {
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; ++q) {
+      const __m256i h = load_fields(p + 16 * R + q * gs, n);
+      lo[2 * q] = _mm256_or_si256(lo[2 * q], _mm256_and_si256(_mm256_slli_epi16(h, 4), top));
+      hi[2 * q] = _mm256_or_si256(hi[2 * q], _mm256_and_si256(_mm256_slli_epi16(h, 2), top));
+      lo[2 * q + 1] = _mm256_or_si256(lo[2 * q + 1], _mm256_and_si256(h, top));
+      hi[2 * q + 1] = _mm256_or_si256(hi[2 * q + 1], _mm256_and_si256(_mm256_srli_epi16(h, 2), top));
+    }
+  }
+  s0 = dv, s1 = dv, n0 = dmv, n1 = dmv;
+  if constexpr (K::PACK6) {  // as in the AVX-512 build
+    if (b % K::SB == 0) hw = load_fields(meta.hi + (b / K::SB * R + h0) * 4, n);
+    const __m256i l = _mm256_cvtepu8_epi32(load_bytes8(meta.lo + b * R + h0, n));
+    const __m256i m4 = _mm256_set1_epi32(0x0F), m30 = _mm256_set1_epi32(0x30);
+    const __m256i sc = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(_mm256_slli_epi32(hw, 4), m30));
+    const __m256i mc = _mm256_or_si256(_mm256_srli_epi32(l, 4), _mm256_and_si256(_mm256_slli_epi32(hw, 2), m30));
+    hw = _mm256_srli_epi32(hw, 4);
+    s0 = s1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(sc));
+    n0 = n1 = _mm256_mul_ps(dmv, _mm256_cvtepi32_ps(mc));
+  } else if constexpr (K::SB > 1) {
+    const int64_t j = b * K::GPB * R + h0;
+    s0 = _mm256_mul_ps(dv, load_factors(meta.sc + j, n));
+    s1 = K::GPB == 2 ? _mm256_mul_ps(dv, load_factors(meta.sc + j + R, n)) : s0;
+    if constexpr (K::MIN) {
+      n0 = _mm256_mul_ps(dmv, load_factors(meta.mc + j, n));
+      n1 = K::GPB == 2 ? _mm256_mul_ps(dmv, load_factors(meta.mc + j + R, n)) : n0;
+    }
+  }
+}
+
+// The float step of one activation row after a block's integer sums (sa: the first group or, G = 32, the whole
+// block; sb: the second group), in the order every path keeps (the results are bitwise the same whatever
+// computes the sums): one convert and FMA per group with (d·sc)·dx, then the mins.
+template <class K>
+__attribute__((always_inline)) inline __m256 block_step(__m256 acc, __m256i sa, __m256i sb, __m256 s0, __m256 s1, __m256 n0, __m256 n1,
+                         const Acts& a, int64_t row) {
+  const __m256 dx = _mm256_set1_ps(a.xd[row]);
+  if constexpr (K::GPB == 1) {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(sa, sb)), _mm256_mul_ps(s0, dx), acc);
+    if constexpr (K::MIN) acc = _mm256_fmadd_ps(n0, _mm256_set1_ps(a.xm[2 * row]), acc);
+  } else {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), _mm256_mul_ps(s0, dx), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sb), _mm256_mul_ps(s1, dx), acc);
+    if constexpr (K::MIN) {
+      acc = _mm256_fmadd_ps(n0, _mm256_set1_ps(a.xm[2 * row]), acc);
+      acc = _mm256_fmadd_ps(n1, _mm256_set1_ps(a.xm[2 * row + 1]), acc);
+    }
+  }
+  return acc;
+}
+
+inline void store_rows(float* out, __m256 v, int64_t n) {  // n <= 8 outputs
+  if (n == 8) {
+    _mm256_storeu_ps(out, v);
+    return;
+  }
+  alignas(32) float buf[8];
+  _mm256_store_ps(buf, v);
+  std::memcpy(out, buf, n * sizeof(float));
+}
+
 template <class K, int MR>
 inline void tile_dot(const uint8_t* tc, const uint8_t* tm, int64_t R, const Acts& a, int64_t m0, float* y,
                      int64_t N) {
-  const int64_t nb = a.nb, gs = R * 4;
+  const int64_t nb = a.nb;
   const TileMeta<K> meta(tm, R, nb);
   const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
   for (int64_t h0 = 0; h0 < R; h0 += 8) {  // rows h0 .. h0 + n of the tile
@@ -264,67 +370,9 @@ inline void tile_dot(const uint8_t* tc, const uint8_t* tm, int64_t R, const Acts
     __m256 dv = _mm256_setzero_ps(), dmv = _mm256_setzero_ps();
     __m256i hw = _mm256_setzero_si256();
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* p = tc + b * K::BB * R + h0 * 4;
-      if (b % K::SB == 0) {
-        dv = load_halves(meta.d + b / K::SB * R + h0, n);
-        if constexpr (K::MIN) {
-          dmv = load_halves(meta.dm + b / K::SB * R + h0, n);
-          if constexpr (K::SB > 1) dmv = _mm256_sub_ps(_mm256_setzero_ps(), dmv);
-        }
-      }
       __m256i lo[4], hi[4];
-#pragma GCC unroll 4
-      for (int g = 0; g < 4; ++g) {
-        if constexpr (K::BITS == 8) {
-          lo[g] = load_fields(p + 2 * g * gs, n);
-          hi[g] = load_fields(p + (2 * g + 1) * gs, n);
-        } else {
-          const __m256i v = load_fields(p + g * gs, n);
-          lo[g] = _mm256_and_si256(v, low);
-          hi[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        }
-      }
-      if constexpr (K::BITS == 5) {  // as in the AVX-512 build: bit j of each byte to bit 4 of vector j
-        const __m256i h = load_fields(p + 16 * R, n), b4 = _mm256_set1_epi8(0x10);
-        auto put = [&](__m256i& v, __m256i bits) { v = _mm256_or_si256(v, _mm256_and_si256(bits, b4)); };
-        put(lo[0], _mm256_slli_epi16(h, 4));
-        put(hi[0], _mm256_slli_epi16(h, 3));
-        put(lo[1], _mm256_slli_epi16(h, 2));
-        put(hi[1], _mm256_slli_epi16(h, 1));
-        put(lo[2], h);
-        put(hi[2], _mm256_srli_epi16(h, 1));
-        put(lo[3], _mm256_srli_epi16(h, 2));
-        put(hi[3], _mm256_srli_epi16(h, 3));
-      }
-      if constexpr (K::BITS == 6) {
-#pragma GCC unroll 2
-        for (int q = 0; q < 2; ++q) {
-          const __m256i h = load_fields(p + 16 * R + q * gs, n);
-          lo[2 * q] = _mm256_or_si256(lo[2 * q], _mm256_and_si256(_mm256_slli_epi16(h, 4), top));
-          hi[2 * q] = _mm256_or_si256(hi[2 * q], _mm256_and_si256(_mm256_slli_epi16(h, 2), top));
-          lo[2 * q + 1] = _mm256_or_si256(lo[2 * q + 1], _mm256_and_si256(h, top));
-          hi[2 * q + 1] = _mm256_or_si256(hi[2 * q + 1], _mm256_and_si256(_mm256_srli_epi16(h, 2), top));
-        }
-      }
-      __m256 s0 = dv, s1 = dv, n0 = dmv, n1 = dmv;
-      if constexpr (K::PACK6) {  // as in the AVX-512 build
-        if (b % K::SB == 0) hw = load_fields(meta.hi + (b / K::SB * R + h0) * 4, n);
-        const __m256i l = _mm256_cvtepu8_epi32(load_bytes8(meta.lo + b * R + h0, n));
-        const __m256i m4 = _mm256_set1_epi32(0x0F), m30 = _mm256_set1_epi32(0x30);
-        const __m256i sc = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(_mm256_slli_epi32(hw, 4), m30));
-        const __m256i mc = _mm256_or_si256(_mm256_srli_epi32(l, 4), _mm256_and_si256(_mm256_slli_epi32(hw, 2), m30));
-        hw = _mm256_srli_epi32(hw, 4);
-        s0 = s1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(sc));
-        n0 = n1 = _mm256_mul_ps(dmv, _mm256_cvtepi32_ps(mc));
-      } else if constexpr (K::SB > 1) {
-        const int64_t j = b * K::GPB * R + h0;
-        s0 = _mm256_mul_ps(dv, load_factors(meta.sc + j, n));
-        s1 = K::GPB == 2 ? _mm256_mul_ps(dv, load_factors(meta.sc + j + R, n)) : s0;
-        if constexpr (K::MIN) {
-          n0 = _mm256_mul_ps(dmv, load_factors(meta.mc + j, n));
-          n1 = K::GPB == 2 ? _mm256_mul_ps(dmv, load_factors(meta.mc + j + R, n)) : n0;
-        }
-      }
+      __m256 s0, s1, n0, n1;
+      unpack_half<K>(tc, meta, R, h0, n, b, lo, hi, s0, s1, n0, n1, dv, dmv, hw, low, top);
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) {
         const int64_t row = (m0 + i) * nb + b;
