@@ -179,9 +179,12 @@ def run(args: argparse.Namespace) -> dict:
             print(f"round {r + 1}/{args.rounds}: {server.label}", flush=True)
             proc = start(server, logs / f"{server.name}-{r}.log")
             try:
-                client(args, hf_dir, 1, 2, seed=1000 + r)  # warm-up: first-request costs are not served load
+                # warm-up: first-request costs are not served load. Every run draws its own prompts (a seed per
+                # round and concurrency): the same seed would repeat the last run's first prompts, which a
+                # server's prefix cache then serves without computing them
+                client(args, hf_dir, 1, 2, seed=100_000 + r)
                 for c in args.concurrency:
-                    res = client(args, hf_dir, c, prompts_for(c), seed=r)
+                    res = client(args, hf_dir, c, prompts_for(c), seed=1000 * r + c)
                     results[server.name][c].append(res)
                     print(f"  c{c}: {res['output_throughput']:.1f} tok/s, TTFT {res['median_ttft_ms']:.0f} ms, "
                           f"TPOT {res['median_tpot_ms']:.1f} ms, failed {res['failed']}", flush=True)

@@ -258,3 +258,34 @@ def test_state_regime_measured_against_predicted_and_the_warning(monkeypatch):
     monkeypatch.setattr(regime, "load_average", lambda: 8.0)
     busy = s.snapshot()["oversubscription"]
     assert "load average (8.0)" in busy["warning"] and "--threads 1" in busy["warning"]
+
+
+def test_batching_chart_groups_every_step_by_tokens():
+    """The batching panel: every step since start grouped by tokens computed (powers of two), with achieved
+    FLOP/s and bytes/s over each group's own time: the step of more tokens does more work per byte."""
+    from types import SimpleNamespace
+
+    from forwardpass.engine.frontend.protocol import Snapshot
+    from forwardpass.engine.scheduling.stats import StepRecord
+    from forwardpass.server.dashboard import state as st
+
+    assert [st.token_bucket(n) for n in (1, 2, 3, 4, 5, 16, 17, 256, 257)] == [1, 2, 4, 4, 8, 16, 32, 256, 512]
+    engine = SimpleNamespace(stat_listeners=[], finish_listeners=[], snapshot=Snapshot(1, 0, 0.5, 10),
+                             info=SimpleNamespace(num_blocks=20))
+    s = st.DashboardState(engine, st.Peaks("fake", flops=1e12, bandwidth=1e11))  # type: ignore[arg-type]
+
+    def rec(prefill, decode, flops, nbytes, dt):
+        return StepRecord(step=1, start_time=0.0, duration_s=dt, num_running=1, num_waiting=0,
+                          num_seqs_scheduled=1, num_prefill_tokens=prefill, num_decode_tokens=decode,
+                          num_sampled=decode, kv_usage=0.5, num_free_blocks=10, prefix_cache_queries=0,
+                          prefix_cache_hits=0, num_preemptions=0, total_preemptions=0, flops=flops, bytes=nbytes)
+
+    s.on_step(rec(0, 1, 2e8, 1e8, 0.010))
+    s.on_step(rec(0, 1, 2e8, 1e8, 0.030))
+    s.on_step(rec(0, 16, 3.2e9, 1.1e8, 0.040))
+    s.on_step(rec(240, 16, 5.1e10, 1.5e8, 0.200))
+    rows = s.snapshot()["batching"]
+    assert [(r["tokens"], r["steps"]) for r in rows] == [(1, 2), (16, 1), (256, 1)]
+    assert rows[0]["flops_per_s"] == pytest.approx(4e8 / 0.04) and rows[0]["ms_per_step"] == pytest.approx(20)
+    assert rows[0]["bytes_per_s"] == pytest.approx(2e8 / 0.04)
+    assert rows[0]["intensity"] < rows[1]["intensity"] < rows[2]["intensity"]

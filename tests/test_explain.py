@@ -150,7 +150,9 @@ def test_execution_plan_is_the_engines(llm):
     for engine, quantized in ((q8.engine, True), (llm.engine, False)):
         ex = explain(PROMPT, engine=engine, max_tokens=2, seed=1, hardware=None, overhead=None)
         plan = ex["execution_plan"]
-        assert json.loads(json.dumps(plan)) == plan == engine.core.plan.describe()
+        assert json.loads(json.dumps(plan)) == plan
+        assert {k: v for k, v in plan.items() if k != "loaded_weights"} == engine.core.plan.describe()
+        assert set(plan["loaded_weights"]) == {"projections", "lm_head"}  # what the weights really are
         built = _built_methods(engine.model)
         assert {role: {plan["weights"][role]} for role in built} == built
         if quantized:
@@ -162,7 +164,9 @@ def test_execution_plan_is_the_engines(llm):
             buf = io.StringIO()
             render(ex, out=Console(file=buf, width=400))
             line = next(x for x in buf.getvalue().splitlines() if x.startswith("execution plan:"))
-            assert line.startswith("execution plan: cpu float32 · weights q8_0 · kernels "), line
+            assert line.startswith("execution plan: cpu float32 · weights projections Q8_0 via the "
+                                   "quantized-matmul kernel"), line
+            assert "lm head Q8_0 via the quantized-matmul kernel" in line and "· KV cache float32 ·" in line
             assert "quant_matmul=" in line
         else:
             assert plan["weights"]["projection"].startswith("fp32")
@@ -245,3 +249,28 @@ def test_terminal_view_shows_every_section(cli_json):
     for needle in ("prompt tokens", "prefill", "decode steps", "KV cache", "sampling funnel",
                    "hidden-state norm", "attention of layer", "roofline", "draws reproduced: True"):
         assert needle in text, needle
+
+
+def test_batching_sweep_shows_intensity_rising_with_the_batch(llm):
+    """``--batching``: the prompt decoded beside copies of itself; each batch size's pure decode steps, whose
+    FLOP per byte (the analyzer's accounting of the steps the engine ran) rises with the batch, and the view
+    in the terminal, the JSON and the HTML report."""
+    import io
+
+    from rich.console import Console
+
+    from forwardpass.explain.html import render_html
+    from forwardpass.explain.terminal import render
+
+    ex = explain(PROMPT, engine=llm.engine, max_tokens=2, seed=1, hardware="h100", overhead=None,
+                 batch_sizes=(1, 4, 16))
+    rows = ex["batching"]
+    assert [r["batch"] for r in rows] == [1, 4, 16] and all(r["steps"] >= 3 for r in rows)
+    assert rows[0]["intensity"] < rows[1]["intensity"] < rows[2]["intensity"]
+    assert all(r["achieved_flops_per_s"] > 0 and r["mfu"] is not None for r in rows)
+    assert not llm.engine.has_unfinished_requests()  # the copies are gone
+    buf = io.StringIO()
+    render(ex, out=Console(file=buf, width=200))
+    assert "batching raises arithmetic intensity" in buf.getvalue()
+    assert "<table id=batching>" in render_html(ex)
+    assert explain(PROMPT, engine=llm.engine, max_tokens=1, hardware=None, overhead=None)["batching"] is None

@@ -198,3 +198,15 @@ def test_listed_and_found_by_name(capsys):
     model_dir = resolve_model_path("smollm2")
     assert json.loads((model_dir / "gguf.json").read_text())["file"] == str(PATH.resolve())
     assert os.path.getsize(PATH) > 50e6
+
+
+def test_weight_report_says_what_the_file_holds(ours):
+    """The banner's, ``/v1/models``' and ``explain``'s account of the weights (layers/weight_report.py): the
+    file's own types (210 Q4_1 projections, the tied Q8_0 embedding as the head) and the kernel that multiplies
+    them, not the plan's fp32 method name."""
+    from forwardpass.layers.weight_report import weight_formats
+
+    _, model = ours
+    formats = weight_formats(model)
+    assert formats["projections"].startswith("Q4_1 via the K-block kernel ("), formats
+    assert formats["lm_head"].startswith("Q8_0 via the K-block kernel (") and "tied embedding" in formats["lm_head"]

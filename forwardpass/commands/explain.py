@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-overhead", action="store_true", help="leave the measured overhead out")
     p.add_argument("--html", metavar="FILE", default=None, help="also write a self-contained HTML report")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the terminal view")
+    p.add_argument("--batching", nargs="?", const="1,4,16,32", default=None, metavar="SIZES",
+                   help="also decode the prompt beside copies of itself at these batch sizes (default 1,4,16,32): "
+                        "FLOP/s and bytes/s against the roofs as the batch grows")
     p.add_argument("--speculative-config", type=speculative_config_arg, default=None, metavar="JSON",
                    help="speculative decoding (as for generate): each step's proposed, accepted and rejected "
                         "drafts are shown")
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos,
         layer=args.layer, head=args.head, hardware=args.hardware,
         overhead=None if args.no_overhead else "this-machine", dtype=args.dtype, device=args.device,
-        speculative_config=args.speculative_config,
+        speculative_config=args.speculative_config, batch_sizes=_sizes(args.batching),
     )
     if args.html:
         from forwardpass.explain.html import render_html
@@ -59,6 +62,21 @@ def run(args: argparse.Namespace) -> int:
         if args.html:
             print(f"report written to {args.html}")
     return 0
+
+
+def _sizes(text: str | None) -> tuple[int, ...]:
+    """``--batching 1,4,16`` as batch sizes (an empty tuple when the flag is absent)."""
+    from forwardpass.errors import ValidationError
+
+    if text is None:
+        return ()
+    try:
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise ValidationError(f"--batching takes batch sizes like 1,4,16, got {text!r}", param="--batching")
+    return sizes
 
 
 def register_image(sub: argparse._SubParsersAction) -> None:

@@ -94,10 +94,13 @@ def check_model(model_dir: str, engine_config: Any) -> dict[str, Any]:
     else:
         find_weight_files(model_dir)  # no weights: one line now, not a traceback from the engine process
         params = count_parameters(model_dir)
+    from forwardpass.config import with_checkpoint_defaults
+
     dtype = engine_config.torch_dtype
+    kv_dtype = with_checkpoint_defaults(engine_config, gguf=is_gguf_dir(model_dir)).torch_kv_dtype
     return {"architecture": cfg.architecture, "spec": spec, "dtype": str(dtype).removeprefix("torch."),
             "params": params,
-            "kv_bytes_per_token": spec.kv_bytes_per_token(dtype.itemsize)}
+            "kv_bytes_per_token": spec.kv_bytes_per_token(kv_dtype.itemsize)}
 
 
 # ----- once started -----------------------------------------------------------------------------
@@ -126,8 +129,12 @@ def banner(info: dict[str, Any]) -> list[str]:
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else shown}:{info['port']}"
     kv_tokens = einfo.num_blocks * einfo.block_size
+    plan = einfo.execution_plan or {}
     head = (f"forwardpass {forwardpass.__version__} serving {info['name']!r}: {info['architecture']}, "
-            f"{_count(info['params'])} parameters, {info['dtype']} on {cfg.device}")
+            f"{_count(info['params'])} parameters, computing in {plan.get('dtype', info['dtype'])} on {cfg.device}")
+    loaded = plan.get("loaded_weights") or {}
+    weights = ("  weights     " + "; ".join(f"{role.replace('_', ' ')}: {what}" for role, what in loaded.items())
+               + f"; KV cache {plan.get('kv_cache_dtype', info['dtype'])}")
     memory = (f"  context {einfo.max_model_len} tokens per sequence; KV cache {einfo.num_blocks} blocks x "
               f"{einfo.block_size} tokens = {kv_tokens:,} tokens "
               f"({_size(kv_tokens * info['kv_bytes_per_token'])}); batch up to {einfo.max_num_seqs} "
@@ -136,7 +143,7 @@ def banner(info: dict[str, Any]) -> list[str]:
            f"API key {'required' if info['api_key'] else 'not required'})")
     pages = (f"  chat page   {url}/      dashboard {url}/dashboard      metrics {url}/metrics      docs "
              f"{url}/docs")
-    return [head, memory, api, pages]
+    return [head, weights, memory, api, pages]
 
 
 def engine_model_names(info: dict[str, Any]) -> list[str]:

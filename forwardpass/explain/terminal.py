@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forwardpass.analysis.report import fmt_bytes, fmt_flops, fmt_rate, fmt_time
+from forwardpass.analysis.report import fmt_ai, fmt_bytes, fmt_flops, fmt_rate, fmt_time
 from forwardpass.explain.speculation import render_speculation
 
 _SHADES = " ░▒▓█"
@@ -25,11 +25,15 @@ def _show(text: str) -> str:
 
 def plan_line(plan: dict[str, Any]) -> str:
     """The execution plan in one line: device, dtype, weight methods, compiled kernels, ISA, variables set."""
-    w = plan["weights"]
-    weights = w["projection"] + (f", head {w['lm_head']}" if w["lm_head"] != w["projection"] else "")
+    if loaded := plan.get("loaded_weights"):  # what the weights really are (a GGUF file's own types)
+        weights = "; ".join(f"{role.replace('_', ' ')} {what}" for role, what in loaded.items())
+    else:
+        w = plan["weights"]
+        weights = w["projection"] + (f", head {w['lm_head']}" if w["lm_head"] != w["projection"] else "")
     kernels = [k for k in ("decode_kernel", "fused_ops", "small_matmul", "decode_stack", "huge_pages",
                            "batch_invariant", "lora_slots") if plan.get(k)]
     parts = [f"execution plan: {plan['device']} {plan['dtype']}", f"weights {weights}",
+             f"KV cache {plan.get('kv_cache_dtype', plan['dtype'])}",
              "kernels " + (", ".join(kernels) if kernels else "none (PyTorch)")]
     if plan.get("isa"):
         parts.append("isa " + ", ".join(f"{k}={v}" for k, v in plan["isa"].items()))
@@ -158,4 +162,24 @@ def render(ex: dict[str, Any], out: Any = None, *, funnels: int = 3) -> None:
             con.print(f"  {pt['stage']:>7} {pt['step']:>3}: intensity {pt['intensity']:.2f} FLOP/B, measured "
                       f"{fmt_rate(pt['achieved_flops_per_s'], 'FLOP/s')}, predicted "
                       f"{fmt_rate(pred, 'FLOP/s') if pred else '-'} ({pt['bound']})")
+    render_batching(con, ex.get("batching"), (ex["roofline"]["hardware"] or {}).get("label"))
     con.print(f"\ncompletion: {ex['completion']!r}   draws reproduced: {ex['verified']}")
+
+
+def render_batching(con: Any, rows: list[dict] | None, hardware: str | None) -> None:
+    """``--batching``: decode steps of the prompt beside copies of itself, by batch size (explain/batching.py)."""
+    from rich.table import Table
+
+    if not rows:
+        return
+    tab = Table(title="batching raises arithmetic intensity: decode steps as the batch grows"
+                + (f" (shares of {hardware}'s roofs)" if hardware else ""))
+    for col in ("batch", "ms / step", "tokens/s", "FLOP/s", "MFU", "bytes/s", "MBU", "FLOP / byte", "bound"):
+        tab.add_column(col, no_wrap=True)
+    pct = lambda x: f"{100 * x:.1f}%" if x is not None else "-"  # noqa: E731
+    for r in rows:
+        tab.add_row(str(r["batch"]), f"{1e3 * r['time_s'] / r['steps']:.1f}", f"{r['tokens_per_s']:.1f}",
+                    fmt_rate(r["achieved_flops_per_s"], "FLOP/s"), pct(r.get("mfu")),
+                    fmt_rate(r["achieved_bytes_per_s"], "B/s"), pct(r.get("mbu")), fmt_ai(r["intensity"]),
+                    str(r.get("regime") or r.get("bound") or "-"))
+    con.print(tab)

@@ -18,9 +18,12 @@ from typing import Any
 import torch
 
 from forwardpass.engine.scheduling.stats import StepRecord
+from forwardpass.explain.batching import batching_sweep
+from forwardpass.explain.cost import step_cost
 from forwardpass.explain.funnel import sampling_funnel
 from forwardpass.explain.speculation import speculation_steps
 from forwardpass.explain.views import layer_views
+from forwardpass.layers.weight_report import described_plan
 from forwardpass.sampling.params import SamplingParams
 from forwardpass.sampling.sampler import make_generator
 
@@ -54,36 +57,6 @@ def _params(engine: Any, max_tokens: int, seed: int | None, ignore_eos: bool,
     return SamplingParams(max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos, **kw)
 
 
-def _cost(records: list[StepRecord], layers: int, hw: Any, dtype: str, overhead: Any,
-          cpu: tuple[float, float] | None = None) -> dict[str, Any]:
-    """The records' measured cost against the prediction; ``cpu``: the process's (CPU, wall) seconds over
-    those steps, which names the cause of an overhead-bound step (``analysis/regime.py``)."""
-    flops = sum(r.flops for r in records)
-    nbytes = sum(r.bytes for r in records)
-    t = sum(r.duration_s for r in records)
-    d: dict[str, Any] = {
-        "time_s": t, "flops": flops, "bytes": nbytes,
-        "intensity": flops / nbytes if nbytes else 0.0,
-        "achieved_flops_per_s": flops / t if t else 0.0,
-        "achieved_bytes_per_s": nbytes / t if t else 0.0,
-        "bound": None,
-    }
-    if hw is not None:
-        from forwardpass.analysis.overhead import predict_step
-
-        pred = predict_step(flops, nbytes, layers * len(records), hw.peak(dtype), hw.bandwidth, None)
-        if overhead is not None:  # one fixed cost per step, one per layer per step
-            pred = type(pred)(pred.compute_s, pred.memory_s, len(records) * overhead.time_s(layers))
-        d.update(pred.to_dict())
-        d["mfu"] = d["achieved_flops_per_s"] / hw.peak(dtype)
-        d["mbu"] = d["achieved_bytes_per_s"] / hw.bandwidth
-        from forwardpass.analysis.regime import classify
-
-        cpu_s, wall_s = cpu if cpu is not None else (None, None)
-        d.update(classify(t, d["predicted_s"], d["bound"], cpu_s=cpu_s, wall_s=wall_s).to_dict())
-    return d
-
-
 def explain(
     prompt: str | list[int],
     *,
@@ -104,13 +77,15 @@ def explain(
     dtype: str = "auto",
     device: str = "cpu",
     speculative_config: dict[str, Any] | None = None,
+    batch_sizes: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """Run ``prompt`` once and explain it; see ``docs/explain.md`` for the fields.
 
     ``seed`` defaults to 0 so that the run can be reproduced (and each draw verified); ``hardware`` is
     a name for :func:`forwardpass.analysis.hardware.get_hardware`, a ``Hardware`` or None (no roofline
     prediction); ``overhead`` an :class:`~forwardpass.analysis.overhead.Overhead`, ``"this-machine"``
-    (measured once, cached) or None.
+    (measured once, cached) or None. ``batch_sizes``: afterwards, the prompt decoded beside copies of itself at
+    each of these batch sizes (``batching.py``: FLOP/s and bytes/s against the roofs as the batch grows).
     """
     if engine is None:
         from forwardpass.commands._common import resolve_model
@@ -179,14 +154,14 @@ def explain(
             if new:  # the step that finished the prompt drew the first token
                 prefill = {"tokens": len(prompt_ids), "steps": len(prefill_records), "kv_entries": kv_entries,
                            "kv_blocks": math.ceil(kv_entries / bs), "token": new[0], "text": text(new[0]),
-                           **_cost(prefill_records, layers, hw, dtype_name, oh, tuple(prefill_cpu))}
+                           **step_cost(prefill_records, layers, hw, dtype_name, oh, tuple(prefill_cpu))}
             continue
         for t in new:
             decode.append({"step": len(decode) + 1, "engine_step": rec.step, "token": t, "text": text(t),
                            "kv_entries": kv_entries,
                            "kv_blocks": math.ceil(kv_entries / bs),
                            "kv_blocks_in_pool": core.kv.num_blocks - rec.num_free_blocks,
-                           **_cost([rec], layers, hw, dtype_name, oh, (cpu_s, wall_s))})
+                           **step_cost([rec], layers, hw, dtype_name, oh, (cpu_s, wall_s))})
 
     # ----- views outside the engine, checked against the run ---------------------------------------
     engine_routing: dict[int, list[int]] = {}  # the engine's own counts over this request's steps
@@ -240,7 +215,7 @@ def explain(
                    "device": core.config.device, "layers": layers, "heads": spec.heads,
                    "kv_heads": spec.kv_heads},
         # how the engine that ran the request computes (forwardpass/plan.py)
-        "execution_plan": core.plan.describe(),
+        "execution_plan": described_plan(core.plan, core.model),
         "tokens": _pieces(tok, prompt_ids),
         "generated": [{"id": t, "text": text(t)} for t in generated],
         "completion": tok.decode(generated) if tok is not None else None,
@@ -256,4 +231,7 @@ def explain(
         "roofline": roofline,
         "speculation": speculation_steps(steps, text),  # drafts proposed / accepted / rejected per step
         "verified": all(f["verified"] is not False for f in funnels),
+        # batching raises arithmetic intensity: decode steps of the prompt beside copies of itself
+        "batching": batching_sweep(engine, prompt_ids, batch_sizes, hw=hw, dtype_name=dtype_name, overhead=oh)
+        if batch_sizes else None,
     }

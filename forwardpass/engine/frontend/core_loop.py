@@ -43,6 +43,7 @@ from forwardpass.engine.scheduling.core import EngineCore
 from forwardpass.engine.scheduling.introspect import block_map
 from forwardpass.errors import EngineDeadError, ForwardpassError
 from forwardpass.launch import build_engine_core
+from forwardpass.layers.weight_report import described_plan
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,8 @@ class EngineLoop:
                         default_params=core.default_sampling_params(),
                         eos_token_ids=tuple(core.eos_token_ids),
                         max_num_seqs=core.config.max_num_seqs,
-                        execution_plan=core.plan.describe(),
+                        # the plan, and what the loaded weights really are (a GGUF file's own types)
+                        execution_plan=described_plan(core.plan, core.model),
                     )
                 )
             ]

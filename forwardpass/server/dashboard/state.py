@@ -35,6 +35,12 @@ WINDOW_S = 2.0  # tok/s and FLOP/s are averaged over the steps that ended this r
 HISTORY = 120  # steps kept for the batch-mix and roofline charts
 
 
+def token_bucket(tokens: int) -> int:
+    """The batching chart's bucket of a step that computed ``tokens`` tokens: the next power of two (1, 2, 4,
+    ..., 256, ...), so a 16-sequence decode step and a 256-token prefill chunk land in their own columns."""
+    return 1 << max(0, tokens - 1).bit_length()
+
+
 @dataclass(frozen=True)
 class Peaks:
     name: str
@@ -118,11 +124,27 @@ class DashboardState:
         self.ttft: deque[float] = deque(maxlen=100)
         self.tpot: deque[float] = deque(maxlen=100)
         self.finished = 0
+        # every step since the server started, by tokens computed (token_bucket): [steps, FLOPs, bytes, seconds]
+        self.by_tokens: dict[int, list[float]] = {}
         engine.stat_listeners.append(self.on_step)
         engine.finish_listeners.append(self.on_finish)
 
     def on_step(self, record: StepRecord) -> None:
         self.steps.append((time.monotonic(), record))
+        tokens = record.num_prefill_tokens + record.num_decode_tokens
+        if tokens and record.duration_s > 0:
+            acc = self.by_tokens.setdefault(token_bucket(tokens), [0, 0.0, 0.0, 0.0])
+            acc[0] += 1
+            acc[1] += record.flops
+            acc[2] += record.bytes
+            acc[3] += record.duration_s
+
+    def batching(self) -> list[dict[str, float]]:
+        """Achieved FLOP/s and bytes/s by tokens per step (token_bucket), over every step so far: what batching
+        does to arithmetic intensity, measured — a step of more tokens reads the same weights for more work."""
+        return [{"tokens": b, "steps": n, "flops_per_s": f / t, "bytes_per_s": by / t,
+                 "intensity": f / by if by else 0.0, "ms_per_step": 1e3 * t / n}
+                for b, (n, f, by, t) in sorted(self.by_tokens.items())]
 
     def on_finish(self, out: RequestOutput, timing: RequestTiming) -> None:
         self.finished += 1
@@ -214,6 +236,7 @@ class DashboardState:
                 for t, r in list(self.steps)[-60:]
             ],
             "oversubscription": self.oversubscription([r for _, r in self.steps]),
+            "batching": self.batching(),
         }
 
 

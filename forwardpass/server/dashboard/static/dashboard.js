@@ -96,6 +96,44 @@
     g.globalAlpha = 1;
   }
 
+  // Achieved FLOP/s (left axis) and bytes/s (right axis) by tokens per step, over every step so far, with the
+  // hardware's peaks as dashed lines: a decode step of more sequences reads the same weights for more work.
+  function drawBatching(state) {
+    const c = $("batching"), g = c.getContext("2d"), rows = state.batching || [], hw = state.hardware;
+    g.clearRect(0, 0, c.width, c.height);
+    const body = $("batching-table").tBodies[0];
+    body.textContent = "";
+    rows.forEach((r) => {
+      const row = body.insertRow();
+      [r.tokens <= 2 ? String(r.tokens) : `${r.tokens / 2 + 1}–${r.tokens}`, r.steps, r.ms_per_step.toFixed(1),
+       si(r.flops_per_s, "FLOP/s"), hw ? pct(r.flops_per_s / hw.peak_flops) : "–", si(r.bytes_per_s, "B/s"),
+       hw ? pct(r.bytes_per_s / hw.bandwidth) : "–", r.intensity.toFixed(1)].forEach((v) => { row.insertCell().textContent = v; });
+    });
+    $("batching-caption").textContent = hw ? `; dashed: ${hw.name}'s peaks` : "";
+    if (!rows.length) { g.fillStyle = "#667"; g.fillText("no steps yet", 10, 20); return; }
+    const L = 50, R = 50, B = 22, T = 8, W = c.width - L - R, H = c.height - B - T;
+    const maxF = Math.max(...rows.map((r) => r.flops_per_s), hw ? hw.peak_flops : 0) * 1.1;
+    const maxB = Math.max(...rows.map((r) => r.bytes_per_s), hw ? hw.bandwidth : 0) * 1.1;
+    const n = rows.length, px = (i) => L + (i + 0.5) * W / n;
+    g.strokeStyle = "#ccd"; g.strokeRect(L, T, W, H);
+    g.fillStyle = "#667"; g.font = "10px sans-serif";
+    g.fillText(si(maxF, "FLOP/s"), 2, T + 8); g.fillText(si(maxB, "B/s"), c.width - R + 4, T + 8);
+    rows.forEach((r, i) => g.fillText(String(r.tokens), px(i) - 6, c.height - 6));
+    const line = (key, max, colour) => {
+      g.strokeStyle = colour; g.fillStyle = colour; g.lineWidth = 2; g.beginPath();
+      rows.forEach((r, i) => { const y = T + H - H * r[key] / max; if (i) g.lineTo(px(i), y); else g.moveTo(px(i), y); });
+      g.stroke(); g.lineWidth = 1;
+      rows.forEach((r, i) => { g.beginPath(); g.arc(px(i), T + H - H * r[key] / max, 3.5, 0, 2 * Math.PI); g.fill(); });
+    };
+    const peak = (v, max, colour) => {
+      g.strokeStyle = colour; g.setLineDash([5, 4]); g.beginPath();
+      g.moveTo(L, T + H - H * v / max); g.lineTo(L + W, T + H - H * v / max); g.stroke(); g.setLineDash([]);
+    };
+    if (hw) { peak(hw.peak_flops, maxF, "#c2185b"); peak(hw.bandwidth, maxB, "#1e88e5"); }
+    line("flops_per_s", maxF, "#c2185b");
+    line("bytes_per_s", maxB, "#1e88e5");
+  }
+
   // Measured vs predicted time of the latest steps and their regime (what `explain --json` gives a step), and
   // the oversubscription warning when the server's judge finds decode far slower than predicted under load.
   function regimeBadge(regime) {
@@ -157,6 +195,7 @@
     drawGrid(state.blocks);
     drawBatchMix(state.steps);
     drawRoofline(state);
+    drawBatching(state);
     drawRegimes(state);
   }
 
