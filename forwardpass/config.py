@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -208,16 +208,6 @@ class EngineConfig:
                               f"{', '.join(KV_CACHE_DTYPES)}", param="kv_cache_dtype")
         kv = KV_CACHE_DTYPES[self.kv_cache_dtype]
         self.torch_kv_dtype = self.torch_dtype if kv is None else kv
-
-
-def with_checkpoint_defaults(config: EngineConfig, *, gguf: bool) -> EngineConfig:
-    """``config`` with the ``auto`` settings that depend on the checkpoint decided: a GGUF file served in float32
-    on CPU keeps its K/V cache in float16, llama.cpp's default for its files (the same rounding as that peer;
-    half the bytes a decode step's attention reads: a 16-sequence step of SmolLM2-135M's Q4_1 file 47 → 37 ms
-    on a Zen 3 core pair). ``kv_cache_dtype`` set to anything but ``auto`` is kept as given."""
-    if gguf and config.kv_cache_dtype == "auto" and config.device == "cpu" and config.torch_dtype == torch.float32:
-        return replace(config, kv_cache_dtype="float16")
-    return config
 
 
 #: kv_cache_dtype values → the cache's dtype (None: the model's)

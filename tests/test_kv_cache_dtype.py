@@ -68,8 +68,9 @@ def ops():
     return cpu_kernel.fused_ops_for(cpu_kernel.load_paged_decode())
 
 
-def test_compiled_store_rounds_like_torch(ops):
-    cache_py = torch.zeros(2, 8, 4, 3, 20, dtype=torch.float16)  # D = 20: an 8-wide body and a 4-value tail
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_compiled_store_rounds_like_torch(ops, dtype):
+    cache_py = torch.zeros(2, 8, 4, 3, 20, dtype=dtype)  # D = 20: an 8-wide body and a 4-value tail
     cache_cpp = cache_py.clone()
     # K and V as strided views of a projection, some values beyond fp16's step
     qkv = _rand(5, 9 * 20, seed=5) * 70
@@ -83,8 +84,9 @@ def test_compiled_store_rounds_like_torch(ops):
 @pytest.mark.parametrize("window", [0, 5])
 @pytest.mark.parametrize("hq,hkv,d,lengths",
                          [(8, 4, 128, [19]), (4, 2, 16, [7, 13, 1, 20, 37]), (4, 2, 12, [9, 3])])
-def test_compiled_decode_reads_fp16_caches(ops, window, hq, hkv, d, lengths):
-    cache, tables, dense = _half_cache(lengths, hkv=hkv, d=d, dtype=torch.float16)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_compiled_decode_reads_half_caches(ops, window, hq, hkv, d, lengths, dtype):
+    cache, tables, dense = _half_cache(lengths, hkv=hkv, d=d, dtype=dtype)
     q = _rand(len(lengths), hq, d, seed=9)
     bt = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True)
     before = torch.get_num_threads()
@@ -108,8 +110,7 @@ def test_engine_outputs_stay_close_to_a_float32_cache(checkpoint_factory, kv):
         runs[dtype] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         if dtype == kv:
             assert llm.engine.core.runner.kv_caches[0].dtype == getattr(torch, kv)
-            if kv == "float16":  # the compiled decode path, stack included; bfloat16 takes the PyTorch path
-                assert llm.engine.model.model.decode_stack is not None
+            assert llm.engine.model.model.decode_stack is not None  # the compiled decode path, stack included
     for ref, got in zip(runs["auto"], runs[kv]):
         assert got.token_ids == ref.token_ids
         for a, b in zip(ref.logprobs, got.logprobs):  # each step's chosen token
@@ -135,3 +136,33 @@ def test_refused_where_it_does_not_apply(checkpoint_factory, tmp_path):
         LLM(make_attention_checkpoint(tmp_path / "mla", "deepseek_v2"), num_kv_blocks=32,
             kv_cache_dtype="float16")
     assert err.value.param == "kv_cache_dtype"
+
+
+def test_auto_keeps_the_checkpoints_narrower_dtype(checkpoint_factory, tmp_path):
+    """``kv_cache_dtype="auto"`` under a float32 engine on CPU: a bfloat16 (or float16) checkpoint keeps its K/V in
+    its own dtype (engine/scheduling/checkpoint_defaults.py); a float32 one in float32; a model with other caches
+    (MLA latents) in the model's dtype, without an error; an explicit value is kept."""
+    import json
+    import shutil
+
+    from forwardpass.config import EngineConfig
+    from forwardpass.engine.scheduling.checkpoint_defaults import with_checkpoint_defaults
+    from tests.helpers.attention_checkpoints import make_attention_checkpoint
+
+    fp32 = checkpoint_factory("qwen3")
+    bf16 = tmp_path / "bf16"
+    shutil.copytree(fp32, bf16)
+    cfg = json.loads((bf16 / "config.json").read_text())
+    cfg.pop("torch_dtype", None)
+    (bf16 / "config.json").write_text(json.dumps({**cfg, "dtype": "bfloat16"}))
+    auto = EngineConfig()
+    assert with_checkpoint_defaults(auto, fp32).torch_kv_dtype == torch.float32
+    assert with_checkpoint_defaults(auto, bf16).torch_kv_dtype == torch.bfloat16
+    assert with_checkpoint_defaults(EngineConfig(kv_cache_dtype="float16"), bf16).torch_kv_dtype == torch.float16
+    mla = make_attention_checkpoint(tmp_path / "mla", "deepseek_v2")
+    cfg = json.loads((mla / "config.json").read_text())
+    (mla / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16"}))
+    assert with_checkpoint_defaults(auto, mla).torch_kv_dtype == torch.float32
+    llm = LLM(bf16, num_kv_blocks=32, cpu_kernels=True)
+    assert llm.engine.core.runner.kv_caches[0].dtype == torch.bfloat16
+    assert llm.engine.core.plan.kv_cache_dtype == torch.bfloat16 and llm.engine.model.model.decode_stack is not None

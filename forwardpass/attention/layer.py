@@ -26,9 +26,8 @@ from forwardpass.plan import current_plan
 if TYPE_CHECKING:
     from forwardpass.loader.spec import ModelSpec
 
-#: the caches the compiled K/V store and decode kernel read and write (attention/csrc/paged_decode.cpp);
-#: others (a bfloat16 kv_cache_dtype) take the PyTorch path
-KERNEL_CACHE_DTYPES = (torch.float32, torch.float16)
+#: the caches the compiled K/V store and decode kernel read and write (attention/csrc/paged_decode.cpp)
+KERNEL_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class CachedAttention(nn.Module):

@@ -94,10 +94,10 @@ def check_model(model_dir: str, engine_config: Any) -> dict[str, Any]:
     else:
         find_weight_files(model_dir)  # no weights: one line now, not a traceback from the engine process
         params = count_parameters(model_dir)
-    from forwardpass.config import with_checkpoint_defaults
+    from forwardpass.engine.scheduling.checkpoint_defaults import with_checkpoint_defaults
 
     dtype = engine_config.torch_dtype
-    kv_dtype = with_checkpoint_defaults(engine_config, gguf=is_gguf_dir(model_dir)).torch_kv_dtype
+    kv_dtype = with_checkpoint_defaults(engine_config, model_dir).torch_kv_dtype
     return {"architecture": cfg.architecture, "spec": spec, "dtype": str(dtype).removeprefix("torch."),
             "params": params,
             "kv_bytes_per_token": spec.kv_bytes_per_token(kv_dtype.itemsize)}

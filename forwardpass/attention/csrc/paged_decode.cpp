@@ -26,9 +26,14 @@ inline __m256 sum8x8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
-// 8 cache values as floats: an fp32 cache as is, an fp16 cache converted in registers (F16C, exact)
+// 8 cache values as floats: an fp32 cache as is, an fp16 cache converted in registers (F16C, exact), a bf16 cache
+// widened in registers (its 16 bits are a float's upper half: exact)
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 load8(const at::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
 
 // Scores of query head qh against the keys at rows[0..cnt) + head (cnt <= 8): 8 independent FMA chains, one
 // per position, then one 8-way reduction instead of 8 horizontal sums.
@@ -104,7 +109,7 @@ inline void prefetch_rows(const T* const* rows, int64_t i0, int64_t i1, int64_t 
 
 namespace {
 
-template <typename T>  // the cache's element type: float or at::Half
+template <typename T>  // the cache's element type: float, at::Half or at::BFloat16
 torch::Tensor paged_decode_impl(torch::Tensor q, torch::Tensor kv_cache, torch::Tensor block_tables,
                                 torch::Tensor seq_lens, double scale, int64_t window) {
   block_tables = block_tables.contiguous();
@@ -211,14 +216,16 @@ torch::Tensor paged_decode_impl(torch::Tensor q, torch::Tensor kv_cache, torch::
 
 }  // namespace
 
-// The cache may be fp32 or fp16 (kv_cache_dtype="float16": values converted to fp32 as they are read); q, the
-// scores and the output are fp32.
+// The cache may be fp32, fp16 or bf16 (kv_cache_dtype: values converted to fp32 as they are read); q, the scores
+// and the output are fp32.
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv_cache, torch::Tensor block_tables,
                            torch::Tensor seq_lens, double scale, int64_t window) {
   TORCH_CHECK(q.dtype() == torch::kFloat32, "q: float32 only");
   TORCH_CHECK(q.is_contiguous() && kv_cache.is_contiguous(), "contiguous inputs required");
   if (kv_cache.dtype() == torch::kHalf) return paged_decode_impl<at::Half>(q, kv_cache, block_tables, seq_lens, scale, window);
-  TORCH_CHECK(kv_cache.dtype() == torch::kFloat32, "KV cache: float32 or float16 only");
+  if (kv_cache.dtype() == torch::kBFloat16)
+    return paged_decode_impl<at::BFloat16>(q, kv_cache, block_tables, seq_lens, scale, window);
+  TORCH_CHECK(kv_cache.dtype() == torch::kFloat32, "KV cache: float32, float16 or bfloat16 only");
   return paged_decode_impl<float>(q, kv_cache, block_tables, seq_lens, scale, window);
 }
 
@@ -309,6 +316,10 @@ inline void copy_row(const float* src, int64_t n, at::Half* dst) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kRound));
   for (; i < n; ++i) dst[i].x = _cvtss_sh(src[i], kRound);
 }
+// to bf16 with c10::BFloat16's round-to-nearest-even, as torch's .to(torch.bfloat16)
+inline void copy_row(const float* src, int64_t n, at::BFloat16* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = c10::BFloat16(src[i]);
+}
 
 template <typename T>
 void write_kv_impl(torch::Tensor kv_cache, const torch::Tensor& k, const torch::Tensor& v, const int64_t* sp) {
@@ -328,8 +339,9 @@ void write_kv_impl(torch::Tensor kv_cache, const torch::Tensor& k, const torch::
 }  // namespace
 
 void write_kv_(torch::Tensor kv_cache, torch::Tensor k, torch::Tensor v, torch::Tensor slot_mapping) {
-  TORCH_CHECK((kv_cache.dtype() == torch::kFloat32 || kv_cache.dtype() == torch::kHalf) && kv_cache.is_contiguous(),
-              "contiguous float32 or float16 cache");
+  TORCH_CHECK((kv_cache.dtype() == torch::kFloat32 || kv_cache.dtype() == torch::kHalf ||
+               kv_cache.dtype() == torch::kBFloat16) && kv_cache.is_contiguous(),
+              "contiguous float32, float16 or bfloat16 cache");
   TORCH_CHECK(k.dtype() == torch::kFloat32 && v.dtype() == torch::kFloat32 && k.sizes() == v.sizes() && k.dim() == 3,
               "k, v: [T, Hkv, D] float32");
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "k, v: unit stride along D");
@@ -340,6 +352,7 @@ void write_kv_(torch::Tensor kv_cache, torch::Tensor k, torch::Tensor v, torch::
   const int64_t* sp = slot_mapping.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t) TORCH_CHECK(sp[t] >= 0 && sp[t] < slots, "slot ", sp[t], " out of range");
   if (kv_cache.dtype() == torch::kHalf) write_kv_impl<at::Half>(kv_cache, k, v, sp);
+  else if (kv_cache.dtype() == torch::kBFloat16) write_kv_impl<at::BFloat16>(kv_cache, k, v, sp);
   else write_kv_impl<float>(kv_cache, k, v, sp);
 }
 

@@ -18,12 +18,8 @@ from typing import cast
 
 import torch
 
-from forwardpass.config import (
-    DEFAULT_KV_CACHE_MEMORY,
-    EngineConfig,
-    SpeculativeConfig,
-    with_checkpoint_defaults,
-)
+from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig, SpeculativeConfig
+from forwardpass.engine.scheduling.checkpoint_defaults import with_checkpoint_defaults
 from forwardpass.engine.scheduling.core import EngineCore
 from forwardpass.engine.scheduling.cost import StepCostModel
 from forwardpass.engine.scheduling.executor import Executor, LocalExecutor
@@ -46,7 +42,7 @@ from forwardpass.engine.worker.routing_stats import ModelRoutingCounter, Routing
 from forwardpass.errors import ConfigError
 from forwardpass.layers.moe import moe_layers
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
-from forwardpass.loader.gguf import check_gguf_dir, is_gguf_dir
+from forwardpass.loader.gguf import check_gguf_dir
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.lora.manager import LoRABatch, LoRAManager
@@ -89,7 +85,7 @@ def build_engine_core(
                           f"{executor.size} rank(s): build tensor-parallel engines with "
                           "forwardpass.launch.build_engine_core", param="tensor_parallel_size")
     check_gguf_dir(model_dir)  # a GGUF file we cannot load: refused from its header, before compiling kernels
-    config = with_checkpoint_defaults(config, gguf=is_gguf_dir(model_dir))
+    config = with_checkpoint_defaults(config, model_dir)  # what `auto` means for this checkpoint
     dtype = config.torch_dtype
     # ----- the plan, then the model built with it ----------------------------------------------------------
     lora_batch = LoRABatch() if config.enable_lora else None
