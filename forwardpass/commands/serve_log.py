@@ -130,8 +130,10 @@ def banner(info: dict[str, Any]) -> list[str]:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else shown}:{info['port']}"
     kv_tokens = einfo.num_blocks * einfo.block_size
     plan = einfo.execution_plan or {}
+    computing, stored = plan.get("dtype", info["dtype"]), info["spec"].torch_dtype
     head = (f"forwardpass {forwardpass.__version__} serving {info['name']!r}: {info['architecture']}, "
-            f"{_count(info['params'])} parameters, computing in {plan.get('dtype', info['dtype'])} on {cfg.device}")
+            f"{_count(info['params'])} parameters, computing in {computing} on {cfg.device}"
+            + (f" (a {stored} checkpoint)" if stored and stored != computing else ""))
     loaded = plan.get("loaded_weights") or {}
     weights = ("  weights     " + "; ".join(f"{role.replace('_', ' ')}: {what}" for role, what in loaded.items())
                + f"; KV cache {plan.get('kv_cache_dtype', info['dtype'])}")

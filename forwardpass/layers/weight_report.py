@@ -14,25 +14,26 @@ from forwardpass.quant.kblock_weight import KBlockStack, KBlockWeight, RowStack
 from forwardpass.quant.weight import QuantizedWeight
 
 
-def describe_weight(w: object, dtype: torch.dtype = torch.float32) -> str:
-    """One weight matrix: its format and what multiplies it (``"GGUF Q4_1 via the K-block kernel (avx2)"``)."""
+def describe_weight(w: object) -> tuple[str, str]:
+    """One weight matrix as ``(format, what multiplies it)``: ``("Q4_1", "the K-block kernel (avx2, ...)")``."""
     if isinstance(w, KBlockStack):
-        return f"{'/'.join(k.upper() for k in w.kinds)} via the K-block kernel {_kernel_words(w)}"
+        return "/".join(k.upper() for k in w.kinds), f"the K-block kernel {_kernel_words(w)}"
     if isinstance(w, KBlockWeight):
-        return f"{w.fmt.upper()} via the K-block kernel {_kernel_words(w)}"
+        return w.fmt.upper(), f"the K-block kernel {_kernel_words(w)}"
     if isinstance(w, QuantizedWeight):
         if w._kernel is None:
-            return f"{w.fmt.upper()} via the PyTorch reference"
+            return w.fmt.upper(), "the PyTorch reference"
         large = "AMX" if w._amx is not None else "VNNI GEMM" if w._vnni is not None else (
             "the same kernel" if w._kernel_takes_all else ("bf16" if w.bf16_gemm else "fp32") + " oneDNN")
-        return f"{w.fmt.upper()} via the quantized-matmul kernel ({w._kernel.isa}; large batches: {large})"
+        return w.fmt.upper(), f"the quantized-matmul kernel ({w._kernel.isa}; large batches: {large})"
     if isinstance(w, RowStack):
-        return "mixed: " + " + ".join(describe_weight(p, dtype) for p in w.parts)
+        parts = [describe_weight(p) for p in w.parts]
+        return " + ".join(f for f, _ in parts), " / ".join(dict.fromkeys(h for _, h in parts))
     if isinstance(w, PackedWeight):
-        return "fp32, packed once: small-batch kernel, oneDNN for large batches"
+        return "fp32", "the small-batch kernel on panels packed once (oneDNN for large batches)"
     if isinstance(w, torch.Tensor):
-        return f"{str(w.dtype).removeprefix('torch.')} via oneDNN"
-    return type(w).__name__
+        return str(w.dtype).removeprefix("torch."), "oneDNN"
+    return type(w).__name__, "its own matmul"
 
 
 def _kernel_words(w: KBlockWeight) -> str:
@@ -43,10 +44,22 @@ def _kernel_words(w: KBlockWeight) -> str:
     return f"({w._kernel.isa}, int8 activations; large batches: {'bf16' if w.bf16_gemm else 'fp32'} oneDNN)"
 
 
+def _phrase(found: Counter[tuple[str, str]]) -> str:
+    """``"Q4_K x 68, Q6_K x 10 via the K-block kernel (...)"``: formats counted, grouped by what multiplies them
+    (a single matrix or a single format: no counts)."""
+    by_how: dict[str, Counter[str]] = {}
+    for (fmt, how), n in found.items():
+        by_how.setdefault(how, Counter())[fmt] += n
+    return "; ".join(
+        (next(iter(fmts)) if len(fmts) == 1 else ", ".join(f"{f} x {n}" for f, n in fmts.most_common()))
+        + f" via {how}" for how, fmts in by_how.items())
+
+
 def weight_formats(model: nn.Module) -> dict[str, str]:
-    """``{"projections": ..., "lm_head": ...}``: the formats of the layers' linear weights (with how many
-    matrices each, where they differ) and of the LM head (or the tied embedding that is the head)."""
-    projections: Counter[str] = Counter()
+    """``{"projections": ..., "lm_head": ...}``: the formats of the layers' linear weights (how many matrices of
+    each, where they differ) and of the LM head (or the tied embedding that is the head), with what multiplies
+    them."""
+    projections: Counter[tuple[str, str]] = Counter()
     head = None
     for module in model.modules():
         role = getattr(module, "role", None)
@@ -56,11 +69,10 @@ def weight_formats(model: nn.Module) -> dict[str, str]:
         if role == "projection":
             projections[describe_weight(w)] += 1
         elif role == "lm_head" or getattr(module, "head_method", None) is not None:
-            head = describe_weight(w) + ("" if role == "lm_head" else " (the tied embedding)")
+            head = _phrase(Counter([describe_weight(w)])) + ("" if role == "lm_head" else " (the tied embedding)")
     out = {}
     if projections:
-        out["projections"] = (next(iter(projections)) if len(projections) == 1 else
-                              "; ".join(f"{n} x {d}" for d, n in projections.most_common()))
+        out["projections"] = _phrase(projections)
     if head is not None:
         out["lm_head"] = head
     return out
@@ -69,4 +81,7 @@ def weight_formats(model: nn.Module) -> dict[str, str]:
 def described_plan(plan: object, model: nn.Module) -> dict:
     """``plan.describe()`` with ``loaded_weights``: what the weights really are (the start-up banner, ``/v1/models``
     and ``explain`` show it)."""
-    return {**plan.describe(), "loaded_weights": weight_formats(model)}  # type: ignore[attr-defined]
+    formats = weight_formats(model)
+    if getattr(plan, "checkpoint_format", None) == "gguf":  # the file's own types, as llama.cpp names them
+        formats = {role: f"GGUF {what}" for role, what in formats.items()}
+    return {**plan.describe(), "loaded_weights": formats}  # type: ignore[attr-defined]
