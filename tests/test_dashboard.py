@@ -269,7 +269,8 @@ def test_batching_chart_groups_every_step_by_tokens():
     from forwardpass.engine.scheduling.stats import StepRecord
     from forwardpass.server.dashboard import state as st
 
-    assert [st.token_bucket(n) for n in (1, 2, 3, 4, 5, 16, 17, 256, 257)] == [1, 2, 4, 4, 8, 16, 32, 256, 512]
+    sizes = (1, 2, 3, 4, 5, 16, 17, 256, 257)
+    assert [st.token_bucket(n) for n in sizes] == [1, 2, 4, 4, 8, 16, 32, 256, 512]
     engine = SimpleNamespace(stat_listeners=[], finish_listeners=[], snapshot=Snapshot(1, 0, 0.5, 10),
                              info=SimpleNamespace(num_blocks=20))
     s = st.DashboardState(engine, st.Peaks("fake", flops=1e12, bandwidth=1e11))  # type: ignore[arg-type]
@@ -278,7 +279,8 @@ def test_batching_chart_groups_every_step_by_tokens():
         return StepRecord(step=1, start_time=0.0, duration_s=dt, num_running=1, num_waiting=0,
                           num_seqs_scheduled=1, num_prefill_tokens=prefill, num_decode_tokens=decode,
                           num_sampled=decode, kv_usage=0.5, num_free_blocks=10, prefix_cache_queries=0,
-                          prefix_cache_hits=0, num_preemptions=0, total_preemptions=0, flops=flops, bytes=nbytes)
+                          prefix_cache_hits=0, num_preemptions=0, total_preemptions=0, flops=flops,
+                          bytes=nbytes)
 
     s.on_step(rec(0, 1, 2e8, 1e8, 0.010))
     s.on_step(rec(0, 1, 2e8, 1e8, 0.030))

@@ -139,9 +139,9 @@ def test_refused_where_it_does_not_apply(checkpoint_factory, tmp_path):
 
 
 def test_auto_keeps_the_checkpoints_narrower_dtype(checkpoint_factory, tmp_path):
-    """``kv_cache_dtype="auto"`` under a float32 engine on CPU: a bfloat16 (or float16) checkpoint keeps its K/V in
-    its own dtype (engine/scheduling/checkpoint_defaults.py); a float32 one in float32; a model with other caches
-    (MLA latents) in the model's dtype, without an error; an explicit value is kept."""
+    """``kv_cache_dtype="auto"`` under a float32 engine on CPU: a bfloat16 (or float16) checkpoint keeps its
+    K/V in its own dtype (engine/scheduling/checkpoint_defaults.py); a float32 one in float32; a model with
+    other caches (MLA latents) in the model's dtype, without an error; an explicit value is kept."""
     import json
     import shutil
 
@@ -158,11 +158,13 @@ def test_auto_keeps_the_checkpoints_narrower_dtype(checkpoint_factory, tmp_path)
     auto = EngineConfig()
     assert with_checkpoint_defaults(auto, fp32).torch_kv_dtype == torch.float32
     assert with_checkpoint_defaults(auto, bf16).torch_kv_dtype == torch.bfloat16
-    assert with_checkpoint_defaults(EngineConfig(kv_cache_dtype="float16"), bf16).torch_kv_dtype == torch.float16
+    explicit = EngineConfig(kv_cache_dtype="float16")
+    assert with_checkpoint_defaults(explicit, bf16).torch_kv_dtype == torch.float16
     mla = make_attention_checkpoint(tmp_path / "mla", "deepseek_v2")
     cfg = json.loads((mla / "config.json").read_text())
     (mla / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16"}))
     assert with_checkpoint_defaults(auto, mla).torch_kv_dtype == torch.float32
     llm = LLM(bf16, num_kv_blocks=32, cpu_kernels=True)
     assert llm.engine.core.runner.kv_caches[0].dtype == torch.bfloat16
-    assert llm.engine.core.plan.kv_cache_dtype == torch.bfloat16 and llm.engine.model.model.decode_stack is not None
+    assert llm.engine.core.plan.kv_cache_dtype == torch.bfloat16
+    assert llm.engine.model.model.decode_stack is not None

@@ -72,8 +72,10 @@ def test_banner_access_log_and_throughput_line(tmp_path):
         assert r.status_code == 200
         time.sleep(2.5)
         text = srv.log()
-    assert "serving 'test-model': Qwen3ForCausalLM" in text and "parameters, computing in float32 on cpu" in text
-    weights = next(line for line in text.splitlines() if "weights     " in line)  # what the weights really are
+    assert "serving 'test-model': Qwen3ForCausalLM" in text
+    assert "parameters, computing in float32 on cpu" in text
+    # what the weights really are
+    weights = next(line for line in text.splitlines() if "weights     " in line)
     assert "projections: " in weights and "lm head: " in weights and "KV cache float32" in weights
     assert "KV cache" in text and "context 1024 tokens" in text and f"{srv.url}/v1" in text
     assert "chat page" in text

@@ -128,9 +128,9 @@ def test_teacher_forced_top1_agrees_with_transformers_fp32(hf_tokenizer, hf_mode
         f"top-1 agreement over {len(ids)} tokens: prefill path {prefill:.4f}, "
         f"int8-activation kernels {decode:.4f}"
     )
-    # where the CPU has no bf16 hardware the K-block kernel takes prefill batches too (its AVX2 GEMM mode, int8
-    # activations as at decode and as llama.cpp prefills): then both paths are the kernel's; elsewhere prefill
-    # multiplies the dequantized weights in fp32 or bf16
+    # where the CPU has no bf16 hardware the K-block kernel takes prefill batches too (its AVX2 GEMM mode,
+    # int8 activations as at decode and as llama.cpp prefills): then both paths are the kernel's; elsewhere
+    # prefill multiplies the dequantized weights in fp32 or bf16
     kernel_prefill = any(getattr(m, "_kernel_takes_all", False) for m in model.modules())
     assert prefill >= (0.95 if kernel_prefill else 0.97)
     assert decode >= 0.95  # int8 activations, llama.cpp's recipe (it agrees 0.958-0.963 here)
@@ -202,11 +202,12 @@ def test_listed_and_found_by_name(capsys):
 
 def test_weight_report_says_what_the_file_holds(ours):
     """The banner's, ``/v1/models``' and ``explain``'s account of the weights (layers/weight_report.py): the
-    file's own types (210 Q4_1 projections, the tied Q8_0 embedding as the head) and the kernel that multiplies
-    them, not the plan's fp32 method name."""
+    file's own types (210 Q4_1 projections, the tied Q8_0 embedding as the head) and the kernel that
+    multiplies them, not the plan's fp32 method name."""
     from forwardpass.layers.weight_report import weight_formats
 
     _, model = ours
     formats = weight_formats(model)
     assert formats["projections"].startswith("Q4_1 via the K-block kernel ("), formats
-    assert formats["lm_head"].startswith("Q8_0 via the K-block kernel (") and "tied embedding" in formats["lm_head"]
+    assert formats["lm_head"].startswith("Q8_0 via the K-block kernel ("), formats
+    assert "tied embedding" in formats["lm_head"]

@@ -25,8 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--html", metavar="FILE", default=None, help="also write a self-contained HTML report")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the terminal view")
     p.add_argument("--batching", nargs="?", const="1,4,16,32", default=None, metavar="SIZES",
-                   help="also decode the prompt beside copies of itself at these batch sizes (default 1,4,16,32): "
-                        "FLOP/s and bytes/s against the roofs as the batch grows")
+                   help="also decode the prompt beside copies of itself at these batch sizes (default "
+                        "1,4,16,32): FLOP/s and bytes/s against the roofs as the batch grows")
     p.add_argument("--speculative-config", type=speculative_config_arg, default=None, metavar="JSON",
                    help="speculative decoding (as for generate): each step's proposed, accepted and rejected "
                         "drafts are shown")

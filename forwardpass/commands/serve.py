@@ -25,9 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "prefer the FORWARDPASS_API_KEY environment variable (a flag is visible in ps)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences in one forward pass at most")
     p.add_argument("--max-num-batched-tokens", type=int, default=512,
-                   help="per-step token budget (prompt chunks + decode tokens; default 512: a prompt chunk of at most "
-                        "this many tokens shares a step with the decoding sequences, so a wave of new requests gets "
-                        "its first tokens one chunk at a time; docs/serving.md)")
+                   help="per-step token budget (prompt chunks + decode tokens; default 512: a prompt chunk "
+                        "of at most this many tokens shares a step with the decoding sequences, so a wave of "
+                        "new requests gets its first tokens one chunk at a time; docs/serving.md)")
     p.add_argument("--fair-share-tokens", type=int, default=32,
                    help="with every batch slot taken, a newcomer swaps out a stream that generated this many "
                    "tokens (it resumes later, from the prefix cache); 0 disables")

@@ -135,8 +135,8 @@ def banner(info: dict[str, Any]) -> list[str]:
             f"{_count(info['params'])} parameters, computing in {computing} on {cfg.device}"
             + (f" (a {stored} checkpoint)" if stored and stored != computing else ""))
     loaded = plan.get("loaded_weights") or {}
-    weights = ("  weights     " + "; ".join(f"{role.replace('_', ' ')}: {what}" for role, what in loaded.items())
-               + f"; KV cache {plan.get('kv_cache_dtype', info['dtype'])}")
+    roles = "; ".join(f"{role.replace('_', ' ')}: {what}" for role, what in loaded.items())
+    weights = f"  weights     {roles}; KV cache {plan.get('kv_cache_dtype', info['dtype'])}"
     memory = (f"  context {einfo.max_model_len} tokens per sequence; KV cache {einfo.num_blocks} blocks x "
               f"{einfo.block_size} tokens = {kv_tokens:,} tokens "
               f"({_size(kv_tokens * info['kv_bytes_per_token'])}); batch up to {einfo.max_num_seqs} "

@@ -225,19 +225,21 @@ def render_html(ex: dict[str, Any]) -> str:
                      + (f"; overhead {fmt_time(oh['per_step_s'])} per step + {fmt_time(oh['per_layer_s'])} "
                         "per layer (measured)" if oh else "") + "</p>")
     parts.append(roofline_svg(ex))
-    if rows := ex.get("batching"):  # --batching: decode steps beside copies of the prompt (explain/batching.py)
+    # --batching: decode steps beside copies of the prompt (explain/batching.py)
+    if rows := ex.get("batching"):
         pct = lambda x: f"{100 * x:.1f}%" if x is not None else "-"  # noqa: E731
         parts.append("<h2>9. Batching raises arithmetic intensity</h2><table id=batching><tr><th>batch</th>"
-                     "<th>ms / step</th><th>tokens/s</th><th>FLOP/s</th><th>MFU</th><th>bytes/s</th><th>MBU</th>"
-                     "<th>FLOP / byte</th><th>bound</th></tr>")
+                     "<th>ms / step</th><th>tokens/s</th><th>FLOP/s</th><th>MFU</th><th>bytes/s</th>"
+                     "<th>MBU</th><th>FLOP / byte</th><th>bound</th></tr>")
         for r in rows:
             parts.append(f"<tr><td>{r['batch']}</td><td>{1e3 * r['time_s'] / r['steps']:.1f}</td>"
-                         f"<td>{r['tokens_per_s']:.1f}</td><td>{fmt_rate(r['achieved_flops_per_s'], 'FLOP/s')}</td>"
+                         f"<td>{r['tokens_per_s']:.1f}</td>"
+                         f"<td>{fmt_rate(r['achieved_flops_per_s'], 'FLOP/s')}</td>"
                          f"<td>{pct(r.get('mfu'))}</td><td>{fmt_rate(r['achieved_bytes_per_s'], 'B/s')}</td>"
                          f"<td>{pct(r.get('mbu'))}</td><td>{r['intensity']:.3g}</td>"
                          f"<td>{_e(r.get('regime') or r.get('bound') or '-')}</td></tr>")
-        parts.append("</table><p class=note>the prompt decoded beside copies of itself: each step reads every "
-                     "weight once, so FLOPs grow with the batch and bytes hardly do</p>")
+        parts.append("</table><p class=note>the prompt decoded beside copies of itself: each step reads "
+                     "every weight once, so FLOPs grow with the batch and bytes hardly do</p>")
     parts.append(f"<h2>Completion</h2><p class=mono id=completion>{_e(ex['completion'])}</p>"
                  f"<p id=verified>every draw reproduced from the recomputed logits: {ex['verified']}</p>")
     parts.append("</body></html>")

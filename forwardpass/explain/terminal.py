@@ -167,7 +167,8 @@ def render(ex: dict[str, Any], out: Any = None, *, funnels: int = 3) -> None:
 
 
 def render_batching(con: Any, rows: list[dict] | None, hardware: str | None) -> None:
-    """``--batching``: decode steps of the prompt beside copies of itself, by batch size (explain/batching.py)."""
+    """``--batching``: decode steps of the prompt beside copies of itself, by batch size
+    (explain/batching.py)."""
     from rich.table import Table
 
     if not rows:

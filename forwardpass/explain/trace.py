@@ -81,12 +81,11 @@ def explain(
 ) -> dict[str, Any]:
     """Run ``prompt`` once and explain it; see ``docs/explain.md`` for the fields.
 
-    ``seed`` defaults to 0 so that the run can be reproduced (and each draw verified); ``hardware`` is
-    a name for :func:`forwardpass.analysis.hardware.get_hardware`, a ``Hardware`` or None (no roofline
-    prediction); ``overhead`` an :class:`~forwardpass.analysis.overhead.Overhead`, ``"this-machine"``
-    (measured once, cached) or None. ``batch_sizes``: afterwards, the prompt decoded beside copies of itself at
-    each of these batch sizes (``batching.py``: FLOP/s and bytes/s against the roofs as the batch grows).
-    """
+    ``seed`` defaults to 0 so that the run can be reproduced (and each draw verified); ``hardware`` is a name
+    for :func:`forwardpass.analysis.hardware.get_hardware`, a ``Hardware`` or None (no roofline prediction);
+    ``overhead`` an :class:`~forwardpass.analysis.overhead.Overhead`, ``"this-machine"`` (measured once,
+    cached) or None. ``batch_sizes``: afterwards, the prompt decoded beside copies of itself at each of these
+    batch sizes (``batching.py``: FLOP/s and bytes/s against the roofs as the batch grows)."""
     if engine is None:
         from forwardpass.commands._common import resolve_model
         from forwardpass.config import EngineConfig

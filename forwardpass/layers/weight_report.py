@@ -1,6 +1,7 @@
-"""What a loaded model's weights really are, and which kernel multiplies them, in words a person reads: the start-up
-banner, ``/v1/models`` and ``explain`` show it. The execution plan names each role's *method*, but a GGUF file's
-tensors keep their own types (Q4_1 projections beside a Q8_0 head), so this reads the weights themselves."""
+"""What a loaded model's weights really are, and which kernel multiplies them, in words a person reads: the
+start-up banner, ``/v1/models`` and ``explain`` show it. The execution plan names each role's *method*, but a
+GGUF file's tensors keep their own types (Q4_1 projections beside a Q8_0 head), so this reads the weights
+themselves."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from forwardpass.quant.weight import QuantizedWeight
 
 
 def describe_weight(w: object) -> tuple[str, str]:
-    """One weight matrix as ``(format, what multiplies it)``: ``("Q4_1", "the K-block kernel (avx2, ...)")``."""
+    """One weight matrix as ``(format, what multiplies it)``: ``("Q4_1", "the K-block kernel (...)")``."""
     if isinstance(w, KBlockStack):
         return "/".join(k.upper() for k in w.kinds), f"the K-block kernel {_kernel_words(w)}"
     if isinstance(w, KBlockWeight):
@@ -45,8 +46,8 @@ def _kernel_words(w: KBlockWeight) -> str:
 
 
 def _phrase(found: Counter[tuple[str, str]]) -> str:
-    """``"Q4_K x 68, Q6_K x 10 via the K-block kernel (...)"``: formats counted, grouped by what multiplies them
-    (a single matrix or a single format: no counts)."""
+    """``"Q4_K x 68, Q6_K x 10 via the K-block kernel (...)"``: formats counted, grouped by what multiplies
+    them (a single matrix or a single format: no counts)."""
     by_how: dict[str, Counter[str]] = {}
     for (fmt, how), n in found.items():
         by_how.setdefault(how, Counter())[fmt] += n
@@ -56,9 +57,9 @@ def _phrase(found: Counter[tuple[str, str]]) -> str:
 
 
 def weight_formats(model: nn.Module) -> dict[str, str]:
-    """``{"projections": ..., "lm_head": ...}``: the formats of the layers' linear weights (how many matrices of
-    each, where they differ) and of the LM head (or the tied embedding that is the head), with what multiplies
-    them."""
+    """``{"projections": ..., "lm_head": ...}``: the formats of the layers' linear weights (how many matrices
+    of each, where they differ) and of the LM head (or the tied embedding that is the head), with what
+    multiplies them."""
     projections: Counter[tuple[str, str]] = Counter()
     head = None
     for module in model.modules():
@@ -69,7 +70,8 @@ def weight_formats(model: nn.Module) -> dict[str, str]:
         if role == "projection":
             projections[describe_weight(w)] += 1
         elif role == "lm_head" or getattr(module, "head_method", None) is not None:
-            head = _phrase(Counter([describe_weight(w)])) + ("" if role == "lm_head" else " (the tied embedding)")
+            tied = "" if role == "lm_head" else " (the tied embedding)"
+            head = _phrase(Counter([describe_weight(w)])) + tied
     out = {}
     if projections:
         out["projections"] = _phrase(projections)
@@ -79,8 +81,8 @@ def weight_formats(model: nn.Module) -> dict[str, str]:
 
 
 def described_plan(plan: object, model: nn.Module) -> dict:
-    """``plan.describe()`` with ``loaded_weights``: what the weights really are (the start-up banner, ``/v1/models``
-    and ``explain`` show it)."""
+    """``plan.describe()`` with ``loaded_weights``: what the weights really are (the start-up banner,
+    ``/v1/models`` and ``explain`` show it)."""
     formats = weight_formats(model)
     if getattr(plan, "checkpoint_format", None) == "gguf":  # the file's own types, as llama.cpp names them
         formats = {role: f"GGUF {what}" for role, what in formats.items()}

@@ -109,7 +109,8 @@ def check_batch_invariant(config: EngineConfig, model_dir: str | Path) -> None:
     if config.cpu_kernels is False:
         raise refuse("it computes with the compiled CPU kernels; leave cpu_kernels on")
     if config.torch_kv_dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise refuse(f"the paged kernel reads float32, float16 or bfloat16 caches, not {config.kv_cache_dtype}")
+        raise refuse("the paged kernel reads float32, float16 or bfloat16 caches, not "
+                     f"{config.kv_cache_dtype}")
     if config.enable_lora:
         raise refuse("LoRA adapters are applied with batched matmuls whose rows interact; not with "
                      "enable_lora")

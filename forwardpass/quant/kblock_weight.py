@@ -30,10 +30,10 @@ from forwardpass.quant.kernel import gemm_path, load_kblock_kernel
 GEMM_ROWS = 48
 BF16_GEMM_ROWS = 32
 GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary copy, e.g. of an LM head)
-#: ``gemm_rows`` where the kernel takes every batch (the AVX2 build's GEMM mode; no row count reaches it). Measured
-#: on a Zen 3 core pair (AMD EPYC, AVX2 only), SmolLM2-135M's Q4_1 matrices, alternating in one process: the GEMM
-#: mode 145-165 GOP/s per core at 16-1024 rows against oneDNN's fp32 GEMM on the dequantized weight at 75-90
-#: (benchmarks/quant_gemm.py; docs/gguf.md)
+#: ``gemm_rows`` where the kernel takes every batch (the AVX2 build's GEMM mode; no row count reaches it).
+#: Measured on a Zen 3 core pair (AMD EPYC, AVX2 only), SmolLM2-135M's Q4_1 matrices, alternating in one
+#: process: the GEMM mode 145-165 GOP/s per core at 16-1024 rows against oneDNN's fp32 GEMM on the dequantized
+#: weight at 75-90 (benchmarks/quant_gemm.py; docs/gguf.md)
 KERNEL_TAKES_ALL = 1 << 62
 #: rows per kernel call in the batch-invariant matmul (each row is computed alone by the kernel whatever the
 #: call)

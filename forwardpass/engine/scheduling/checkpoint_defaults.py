@@ -1,13 +1,13 @@
-"""The ``auto`` settings that depend on the checkpoint, decided once before the plan: what an ``EngineConfig`` left at
-``auto`` means for this model directory.
+"""The ``auto`` settings that depend on the checkpoint, decided once before the plan: what an ``EngineConfig``
+left at ``auto`` means for this model directory.
 
-The K/V cache (``kv_cache_dtype="auto"``) of an engine that computes in float32 on CPU is kept narrower where the
-checkpoint is: a GGUF file's in float16, llama.cpp's default for its files (the same rounding as that peer); a
-bfloat16 or float16 checkpoint's in its own dtype (what serving it in its dtype would keep; vLLM keeps the cache in
-the model's dtype). Half the bytes a decode step's attention reads: a 16-sequence step of SmolLM2-135M's Q4_1 file
-47 -> 37 ms on a Zen 3 core pair. Only for models whose every cache is plain keys and values (the layers that keep
-latents, states or encoder outputs compute in the model's dtype); ``kv_cache_dtype`` set explicitly is kept.
-"""
+The K/V cache (``kv_cache_dtype="auto"``) of an engine that computes in float32 on CPU is kept narrower where
+the checkpoint is: a GGUF file's in float16, llama.cpp's default for its files (the same rounding as that
+peer); a bfloat16 or float16 checkpoint's in its own dtype (what serving it in its dtype would keep; vLLM
+keeps the cache in the model's dtype). Half the bytes a decode step's attention reads: a 16-sequence step of
+SmolLM2-135M's Q4_1 file 47 -> 37 ms on a Zen 3 core pair. Only for models whose every cache is plain keys and
+values (the layers that keep latents, states or encoder outputs compute in the model's dtype);
+``kv_cache_dtype`` set explicitly is kept."""
 
 from __future__ import annotations
 

@@ -124,7 +124,8 @@ class DashboardState:
         self.ttft: deque[float] = deque(maxlen=100)
         self.tpot: deque[float] = deque(maxlen=100)
         self.finished = 0
-        # every step since the server started, by tokens computed (token_bucket): [steps, FLOPs, bytes, seconds]
+        # every step since the server started, by tokens computed (token_bucket): [steps, FLOPs, bytes,
+        # seconds]
         self.by_tokens: dict[int, list[float]] = {}
         engine.stat_listeners.append(self.on_step)
         engine.finish_listeners.append(self.on_finish)
@@ -140,8 +141,9 @@ class DashboardState:
             acc[3] += record.duration_s
 
     def batching(self) -> list[dict[str, float]]:
-        """Achieved FLOP/s and bytes/s by tokens per step (token_bucket), over every step so far: what batching
-        does to arithmetic intensity, measured — a step of more tokens reads the same weights for more work."""
+        """Achieved FLOP/s and bytes/s by tokens per step (token_bucket), over every step so far: what
+        batching does to arithmetic intensity, measured — a step of more tokens reads the same weights for
+        more work."""
         return [{"tokens": b, "steps": n, "flops_per_s": f / t, "bytes_per_s": by / t,
                  "intensity": f / by if by else 0.0, "ms_per_step": 1e3 * t / n}
                 for b, (n, f, by, t) in sorted(self.by_tokens.items())]
