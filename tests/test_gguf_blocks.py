@@ -158,6 +158,21 @@ def test_kernel_matmul_equals_reference(kernel, kind, m):
         assert ((got - want).abs() <= bound).all(), ((got - want).abs() / bound).max()
 
 
+def _off_and_on(matmul, args, set_min_rows, calls, on_from: int):
+    """``matmul(*args)`` with a kernel mode off (its minimum row count 0) and on from ``on_from`` rows,
+    asserting by the mode's call counter that the second call took it; the setting is restored."""
+    before = set_min_rows(0)
+    try:
+        off = matmul(*args)
+        set_min_rows(on_from)
+        n = calls()
+        on = matmul(*args)
+        assert calls() == n + 1  # the mode ran
+    finally:
+        set_min_rows(before)
+    return off, on
+
+
 @pytest.mark.parametrize("kind", KBLOCK)
 def test_amx_sums_are_the_vnni_loops_bit_for_bit(kernel, kind):
     """9-31 activation rows take AMX tiles where the CPU has them (kblock_amx.h): the same integer sums and
@@ -173,15 +188,7 @@ def test_amx_sums_are_the_vnni_loops_bit_for_bit(kernel, kind):
         matmul = getattr(kernel, f"{kind.lower()}_matmul")
         for m in (9, 16, 17, 31):
             x = torch.randn(m, k, generator=g)
-            before = kernel.set_amx_min_rows(0)
-            try:
-                vnni = matmul(x, codes, meta)
-                kernel.set_amx_min_rows(2)
-                calls = kernel.amx_calls()
-                amx = matmul(x, codes, meta)
-                assert kernel.amx_calls() == calls + 1  # the AMX path ran
-            finally:
-                kernel.set_amx_min_rows(before)
+            vnni, amx = _off_and_on(matmul, (x, codes, meta), kernel.set_amx_min_rows, kernel.amx_calls, 2)
             assert torch.equal(amx, vnni), (k, m, (amx - vnni).abs().max())
 
 
@@ -229,15 +236,8 @@ def test_gemm_mode_rows_are_bitwise_the_tile_passes(kernel, kind):
             for m in (3, 4, 5, 6, 7, 16, 17, 300):
                 x = torch.randn(m, k, generator=g)
                 x[0, :32] = 0
-                before = kernel.set_gemm_min_rows(0)
-                try:
-                    passes = matmul(x, codes, meta)
-                    kernel.set_gemm_min_rows(3)
-                    calls = kernel.gemm_calls()
-                    gemm = matmul(x, codes, meta)
-                    assert kernel.gemm_calls() == calls + 1  # the GEMM mode ran
-                finally:
-                    kernel.set_gemm_min_rows(before)
+                passes, gemm = _off_and_on(matmul, (x, codes, meta), kernel.set_gemm_min_rows,
+                                           kernel.gemm_calls, 3)
                 assert torch.equal(gemm, passes), (k, n, m, (gemm - passes).abs().max())
 
 

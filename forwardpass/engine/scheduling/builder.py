@@ -41,6 +41,7 @@ from forwardpass.engine.worker.model_runner import CausalLM
 from forwardpass.engine.worker.routing_stats import ModelRoutingCounter, RoutingStats
 from forwardpass.errors import ConfigError
 from forwardpass.layers.moe import moe_layers
+from forwardpass.layers.weight_report import described_plan
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
 from forwardpass.loader.gguf import check_gguf_dir
 from forwardpass.loader.spec import ModelSpec
@@ -91,12 +92,13 @@ def build_engine_core(
     lora_batch = LoRABatch() if config.enable_lora else None
     plan = resolve_plan(config, model_dir,
                         lora_slot=LoRAManager.slot_factory(lora_batch) if lora_batch else None)
-    logger.info("execution plan: %s", plan.describe())
     if model_builder is not None:
         net, spec = model_builder(plan)
     else:
         with executor.building():  # tensor parallel: this rank's shard
             net, spec = prepare_model(model_dir, plan)
+    # with the weights as loaded (their formats and kernels): what /v1/models and explain show too
+    logger.info("execution plan: %s", described_plan(plan, net))
     eos, defaults = resolve_eos_token_ids(model_dir, spec)
 
     # ----- KV budget -------------------------------------------------------------------------------
