@@ -108,9 +108,11 @@ def check_batch_invariant(config: EngineConfig, model_dir: str | Path) -> None:
         raise refuse("its kernels are the CPU fp32 ones; use device='cpu', dtype float32")
     if config.cpu_kernels is False:
         raise refuse("it computes with the compiled CPU kernels; leave cpu_kernels on")
-    if config.torch_kv_dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise refuse("the paged kernel reads float32, float16 or bfloat16 caches, not "
-                     f"{config.kv_cache_dtype}")
+    from forwardpass.attention.layer import KERNEL_CACHE_DTYPES  # the caches the paged kernel reads
+
+    if config.torch_kv_dtype not in KERNEL_CACHE_DTYPES:
+        kinds = ", ".join(str(d).removeprefix("torch.") for d in KERNEL_CACHE_DTYPES)
+        raise refuse(f"the paged kernel reads {kinds} caches, not {config.kv_cache_dtype}")
     if config.enable_lora:
         raise refuse("LoRA adapters are applied with batched matmuls whose rows interact; not with "
                      "enable_lora")
