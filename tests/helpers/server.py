@@ -46,7 +46,7 @@ STUCK_S = 7.0
 
 
 def _fault_engine_class():
-    from forwardpass.engine.scheduling.core import EngineCore
+    from forwardpass.engine.core import EngineCore
 
     class FaultInjectingEngine(EngineCore):
         broken = False

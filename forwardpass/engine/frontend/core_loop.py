@@ -39,8 +39,8 @@ from forwardpass.engine.frontend.protocol import (
     StopSamples,
     portable,
 )
-from forwardpass.engine.scheduling.core import EngineCore
-from forwardpass.engine.scheduling.introspect import block_map
+from forwardpass.engine.core import EngineCore
+from forwardpass.engine.introspect import block_map
 from forwardpass.errors import EngineDeadError, ForwardpassError
 from forwardpass.launch import build_engine_core
 from forwardpass.layers.weight_report import described_plan

@@ -20,9 +20,9 @@ import torch
 
 from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig, SpeculativeConfig
 from forwardpass.engine.scheduling.checkpoint_defaults import with_checkpoint_defaults
-from forwardpass.engine.scheduling.core import EngineCore
+from forwardpass.engine.core import EngineCore
 from forwardpass.engine.scheduling.cost import StepCostModel
-from forwardpass.engine.scheduling.executor import Executor, LocalExecutor
+from forwardpass.engine.executor import Executor, LocalExecutor
 from forwardpass.engine.scheduling.kv_cache import KVCacheManager
 from forwardpass.engine.scheduling.kv_cache_spec import (
     FullAttentionSpec,
