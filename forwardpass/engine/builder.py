@@ -19,10 +19,10 @@ from typing import cast
 import torch
 
 from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig, SpeculativeConfig
-from forwardpass.engine.scheduling.checkpoint_defaults import with_checkpoint_defaults
 from forwardpass.engine.core import EngineCore
-from forwardpass.engine.scheduling.cost import StepCostModel
 from forwardpass.engine.executor import Executor, LocalExecutor
+from forwardpass.engine.scheduling.checkpoint_defaults import with_checkpoint_defaults
+from forwardpass.engine.scheduling.cost import StepCostModel
 from forwardpass.engine.scheduling.kv_cache import KVCacheManager
 from forwardpass.engine.scheduling.kv_cache_spec import (
     FullAttentionSpec,
@@ -37,7 +37,8 @@ from forwardpass.engine.scheduling.scheduler import Scheduler
 from forwardpass.engine.speculative.mtp_stash import hidden_sink
 from forwardpass.engine.speculative.policy import build_speculator
 from forwardpass.engine.speculative.rows import decode_row_limit
-from forwardpass.engine.worker.model_runner import CausalLM
+from forwardpass.engine.speculative.verify import SpeculativeVerifier
+from forwardpass.engine.worker.plugins import CausalLM
 from forwardpass.engine.worker.routing_stats import ModelRoutingCounter, RoutingStats
 from forwardpass.errors import ConfigError
 from forwardpass.layers.moe import moe_layers
@@ -161,6 +162,12 @@ def build_engine_core(
         logger.warning("no FLOP/byte accounting for this model: %s", exc)
         cost = None
 
+    # refuses caches that can't roll back
+    speculator = build_speculator(SpeculativeConfig.from_value(config.speculative_config), groups,
+                                  {"target_dir": model_dir, "engine": config, "target_vocab": spec.vocab,
+                                   "target": net, "plan": plan})
+    if speculator is not None:  # verify rows stay within the rows the decode kernels take
+        speculator.limit_step_rows(decode_row_limit(net), config.max_num_batched_tokens)
     kv = KVCacheManager(groups, config.enable_prefix_caching)
     scheduler = Scheduler(
         kv,
@@ -170,13 +177,8 @@ def build_engine_core(
         eos_token_ids=eos,
         admission=lora,
         fair_share_tokens=config.fair_share_tokens,
-        # refuses caches that can't roll back
-        speculator=build_speculator(SpeculativeConfig.from_value(config.speculative_config), groups,
-                                    {"target_dir": model_dir, "engine": config, "target_vocab": spec.vocab,
-                                     "target": net, "plan": plan}),
+        speculator=speculator,
     )
-    if scheduler.speculator is not None:  # verify rows stay within the rows the decode kernels take
-        scheduler.speculator.limit_step_rows(decode_row_limit(net), config.max_num_batched_tokens)
     kernel = plan.kernels.decode
     runner = executor.make_runner(
         cast(CausalLM, net),  # every registered model class has forward + compute_logits
@@ -188,7 +190,8 @@ def build_engine_core(
         decode_kernel=kernel,
         adapters=lora,
         routing=ModelRoutingCounter(net) if has_moe else None,
-        hidden_sink=hidden_sink(scheduler.speculator.proposer) if scheduler.speculator else None,  # mtp
+        hidden_sink=hidden_sink(speculator.proposer) if speculator else None,  # mtp
+        verifier=SpeculativeVerifier() if speculator else None,  # checks the drafts the scheduler adds
         # structured output needs the vocabulary; the tokenizer is read on the first such request
         grammars=(GrammarBackend(model_dir, spec.vocab, eos) if (model_dir / "tokenizer.json").exists()
                   else None),

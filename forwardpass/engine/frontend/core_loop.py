@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from forwardpass.config import EngineConfig
+from forwardpass.engine.core import EngineCore
 from forwardpass.engine.frontend.protocol import (
     Abort,
     AddRequest,
@@ -39,7 +40,6 @@ from forwardpass.engine.frontend.protocol import (
     StopSamples,
     portable,
 )
-from forwardpass.engine.core import EngineCore
 from forwardpass.engine.introspect import block_map
 from forwardpass.errors import EngineDeadError, ForwardpassError
 from forwardpass.launch import build_engine_core

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 from forwardpass.config import EngineConfig
+from forwardpass.engine.core import EngineCore
 from forwardpass.engine.frontend.multimodal import encoder_input_for
 from forwardpass.engine.frontend.output_processor import OutputProcessor
 from forwardpass.engine.frontend.outputs import RequestOutput
-from forwardpass.engine.core import EngineCore
 from forwardpass.engine.scheduling.kv_cache import KVCacheManager
 from forwardpass.engine.scheduling.scheduler import Scheduler
 from forwardpass.engine.scheduling.stats import StepRecord
