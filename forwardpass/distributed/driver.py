@@ -2,8 +2,8 @@
 be the engine's executor (``engine/executor.py``): rank 0's shard, a :class:`DriverRunner` that
 broadcasts each step before running its own share.
 
-``forwardpass/launch.py`` calls :func:`start_parallel_executor` for a ``tensor_parallel_size > 1`` config and
-hands the executor to ``engine/builder.py``, so the KV cache plan, plug-ins and core are built by
+``engine/frontend/launch.py`` calls :func:`start_parallel_executor` for a ``tensor_parallel_size > 1``
+config and hands the executor to ``engine/builder.py``, so the KV cache plan, plug-ins and core are built by
 the same code as on one rank; the builder and this package do not import each other.
 """
 

@@ -76,7 +76,7 @@ def build_engine_core(
     model_builder: Callable[[ExecutionPlan], tuple[torch.nn.Module, ModelSpec]] | None = None,
 ) -> EngineCore:
     """The engine core for ``model`` (a model directory), its steps run by ``executor`` (default: this
-    process; ``forwardpass/launch.py`` starts tensor-parallel ranks and passes their executor).
+    process; ``engine/frontend/launch.py`` starts tensor-parallel ranks and passes their executor).
     ``model_builder`` builds and prepares the model with the resolved plan instead of loading it from the
     directory (a probe model of a made-up shape)."""
     model_dir = Path(model)
@@ -85,7 +85,8 @@ def build_engine_core(
     if config.tensor_parallel_size != executor.size:
         raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size} but the executor has "
                           f"{executor.size} rank(s): build tensor-parallel engines with "
-                          "forwardpass.launch.build_engine_core", param="tensor_parallel_size")
+                          "forwardpass.engine.frontend.launch.build_engine_core",
+                          param="tensor_parallel_size")
     check_gguf_dir(model_dir)  # a GGUF file we cannot load: refused from its header, before compiling kernels
     config = with_checkpoint_defaults(config, model_dir)  # what `auto` means for this checkpoint
     dtype = config.torch_dtype

@@ -75,7 +75,7 @@ def _fault_engine_class():
 
 
 def FaultInjectingEngine(model, config):
-    from forwardpass.launch import build_engine_core
+    from forwardpass.engine.frontend.launch import build_engine_core
 
     return build_engine_core(model, config, core_cls=_fault_engine_class())
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from forwardpass.config import EngineConfig
 from forwardpass.engine.core import EngineCore
+from forwardpass.engine.frontend.launch import build_engine_core
 from forwardpass.engine.frontend.protocol import (
     Abort,
     AddRequest,
@@ -42,7 +43,6 @@ from forwardpass.engine.frontend.protocol import (
 )
 from forwardpass.engine.introspect import block_map
 from forwardpass.errors import EngineDeadError, ForwardpassError
-from forwardpass.launch import build_engine_core
 from forwardpass.layers.weight_report import described_plan
 
 logger = logging.getLogger(__name__)
