@@ -34,9 +34,9 @@ from benchmarks.speculative import COPY_PROMPTS, NOVEL_PROMPTS, verify_cost
 from benchmarks.speculative_heldout import HELDOUT_COPY_PROMPTS
 from forwardpass import LLM, SamplingParams
 from forwardpass.config import SpeculativeConfig
+from forwardpass.engine.scheduling.speculation import DraftStats
 from forwardpass.engine.speculative.ngram import NgramProposer
 from forwardpass.engine.speculative.policy import Speculator
-from forwardpass.engine.speculative.stats import DraftStats
 
 
 @dataclass

@@ -146,7 +146,7 @@ class EngineConfig:
     # what the paged K/V are stored in: "auto" (the model's dtype), "float16" or "bfloat16". Half the bytes of
     # an fp32 cache: twice the context in the same memory, and decode attention (which reads the whole cache
     # every step) reads half as much. Values are rounded once when stored; attention computes in the model's
-    # dtype. Plain K/V caches only (Llama-family attention); see engine/scheduling/builder.py
+    # dtype. Plain K/V caches only (Llama-family attention); see engine/builder.py
     kv_cache_dtype: str = "auto"
     # tensor parallelism (forwardpass/distributed): the model split across this many processes (ranks),
     # each holding 1/N of the weights and of the KV cache (kv_cache_memory / num_kv_blocks are per rank)

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from forwardpass import LLM, SamplingParams
+from forwardpass.engine.core import EngineCore
 from forwardpass.engine.frontend.async_engine import AsyncLLMEngine, EngineSpec
-from forwardpass.engine.scheduling.core import EngineCore
 from forwardpass.errors import EngineDeadError, ForwardpassError, QueueFullError, ValidationError
 from tests.helpers.checkpoints import random_prompts
 

@@ -11,8 +11,8 @@ import asyncio
 import pytest
 
 from forwardpass import LLM, SamplingParams
+from forwardpass.engine.core import EngineCore
 from forwardpass.engine.frontend.async_engine import AsyncLLMEngine, EngineSpec
-from forwardpass.engine.scheduling.core import EngineCore
 from forwardpass.errors import ForwardpassError, SamplingParamsError, ValidationError
 from forwardpass.sampling.sampler import Sampler
 

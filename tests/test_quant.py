@@ -473,7 +473,7 @@ def test_step_cost_counts_quantized_bytes():
     """The engine's achieved-GB/s accounting reads the weights' real width: an int8 engine's decode step
     moves ~34/32 bytes per layer weight (int4: 18/32), not 4 (the LM head stays 8-bit in both modes)."""
     from forwardpass.config import EngineConfig
-    from forwardpass.engine.scheduling.builder import _weight_bytes
+    from forwardpass.engine.builder import _weight_bytes
     from forwardpass.engine.scheduling.cost import StepCostModel
     from forwardpass.loader.spec import ModelSpec
 

@@ -16,9 +16,9 @@ import pytest
 
 from forwardpass import LLM, SamplingParams
 from forwardpass.config import SpeculativeConfig
+from forwardpass.engine.scheduling.speculation import DraftStats
 from forwardpass.engine.speculative.ngram import NgramProposer
 from forwardpass.engine.speculative.policy import Speculator, StepCosts
-from forwardpass.engine.speculative.stats import DraftStats
 from tests.test_speculative import copy_heavy_prompts
 
 ALWAYS = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4,

@@ -86,8 +86,8 @@ def _tiny_step_time(layers: int, device: str, steps: int) -> float:
 
     from forwardpass.assets import default_llm_path
     from forwardpass.config import EngineConfig
+    from forwardpass.engine.builder import build_engine_core
     from forwardpass.engine.frontend.llm_engine import LLMEngine
-    from forwardpass.engine.scheduling.builder import build_engine_core
     from forwardpass.loader.spec import load_model_spec
     from forwardpass.models.llama import LlamaForCausalLM
     from forwardpass.models.prepare import process_weights_after_loading

@@ -1,9 +1,9 @@
 """Rank 0's side of tensor parallelism inside the engine: refuse what cannot be split, start the workers, and
-be the engine's executor (``engine/scheduling/executor.py``): rank 0's shard, a :class:`DriverRunner` that
+be the engine's executor (``engine/executor.py``): rank 0's shard, a :class:`DriverRunner` that
 broadcasts each step before running its own share.
 
-``forwardpass/launch.py`` calls :func:`start_parallel_executor` for a ``tensor_parallel_size > 1`` config and
-hands the executor to ``engine/scheduling/builder.py``, so the KV cache plan, plug-ins and core are built by
+``engine/frontend/launch.py`` calls :func:`start_parallel_executor` for a ``tensor_parallel_size > 1``
+config and hands the executor to ``engine/builder.py``, so the KV cache plan, plug-ins and core are built by
 the same code as on one rank; the builder and this package do not import each other.
 """
 
@@ -96,7 +96,7 @@ def local_attention_spec(spec: ModelSpec, size: int) -> ModelSpec:
 
 
 class ParallelExecutor:
-    """Rank 0's executor (``engine/scheduling/executor.py``): the started workers, rank 0's shard, the
+    """Rank 0's executor (``engine/executor.py``): the started workers, rank 0's shard, the
     broadcasting runner."""
 
     def __init__(self, group: ParallelGroup):

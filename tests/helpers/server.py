@@ -46,7 +46,7 @@ STUCK_S = 7.0
 
 
 def _fault_engine_class():
-    from forwardpass.engine.scheduling.core import EngineCore
+    from forwardpass.engine.core import EngineCore
 
     class FaultInjectingEngine(EngineCore):
         broken = False
@@ -75,7 +75,7 @@ def _fault_engine_class():
 
 
 def FaultInjectingEngine(model, config):
-    from forwardpass.launch import build_engine_core
+    from forwardpass.engine.frontend.launch import build_engine_core
 
     return build_engine_core(model, config, core_cls=_fault_engine_class())
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from forwardpass.config import EngineConfig
+from forwardpass.engine.core import EngineCore
+from forwardpass.engine.frontend.launch import build_engine_core
 from forwardpass.engine.frontend.protocol import (
     Abort,
     AddRequest,
@@ -39,10 +41,8 @@ from forwardpass.engine.frontend.protocol import (
     StopSamples,
     portable,
 )
-from forwardpass.engine.scheduling.core import EngineCore
-from forwardpass.engine.scheduling.introspect import block_map
+from forwardpass.engine.introspect import block_map
 from forwardpass.errors import EngineDeadError, ForwardpassError
-from forwardpass.launch import build_engine_core
 from forwardpass.layers.weight_report import described_plan
 
 logger = logging.getLogger(__name__)

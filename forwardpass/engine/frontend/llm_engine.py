@@ -13,16 +13,16 @@ from pathlib import Path
 import torch
 
 from forwardpass.config import EngineConfig
+from forwardpass.engine.core import EngineCore
+from forwardpass.engine.frontend.launch import build_engine_core
 from forwardpass.engine.frontend.multimodal import encoder_input_for
 from forwardpass.engine.frontend.output_processor import OutputProcessor
 from forwardpass.engine.frontend.outputs import RequestOutput
-from forwardpass.engine.scheduling.core import EngineCore
 from forwardpass.engine.scheduling.kv_cache import KVCacheManager
 from forwardpass.engine.scheduling.scheduler import Scheduler
 from forwardpass.engine.scheduling.stats import StepRecord
 from forwardpass.engine.worker.routing_stats import RoutingStats
 from forwardpass.errors import ValidationError
-from forwardpass.launch import build_engine_core
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.lora.manager import LoRAManager

@@ -44,7 +44,7 @@ class ScheduledChunk:
     new_block_ids: tuple[tuple[int, ...], ...]  # appended to each KV group's block table this step
     is_decode: bool = False  # one new token of a sequence that has generated before (not prompt work)
     # speculative decoding: proposed tokens after the sequence's known ones, counted in num_new_tokens; the
-    # runner verifies them in this step's forward pass (engine/speculative/verify.py)
+    # runner verifies them in this step's forward pass (worker/sample_step.py, engine/speculative/verify.py)
     draft_token_ids: tuple[int, ...] = ()
 
 

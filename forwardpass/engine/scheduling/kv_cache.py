@@ -25,9 +25,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from forwardpass.engine.scheduling.block_pool import BlockKey, BlockPool
-from forwardpass.engine.scheduling.kv_cache_spec import NULL_BLOCK, KVCacheGroup
+from forwardpass.engine.scheduling.kv_cache_spec import NULL_BLOCK, KVCacheGroup, trim_table
 from forwardpass.engine.scheduling.sequence import Sequence
-from forwardpass.engine.speculative.rollback import trim_table
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +196,7 @@ class KVCacheManager:
 
     def roll_back(self, seq: Sequence) -> None:
         """After rejected drafts: release the trailing blocks ``seq``'s tokens no longer need (the runner cuts
-        its mirror by the same rule, ``engine/speculative/rollback.py``)."""
+        its mirror by the same rule, ``trim_table``)."""
         for group, pool, table in zip(self.groups, self.pools, self.tables.get(seq.seq_id, [])):
             if gone := trim_table(table, group.spec, seq.num_tokens):
                 pool.release(gone)

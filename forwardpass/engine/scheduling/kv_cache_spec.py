@@ -46,7 +46,7 @@ from forwardpass.attention.kv_cache_interface import (
 from forwardpass.loader.spec import ModelSpec
 
 __all__ = ["NULL_BLOCK", "FullAttentionSpec", "KVCacheGroup", "KVCacheSpec", "MLASpec", "SlidingWindowSpec",
-           "StateSpec", "layer_specs", "plan_groups", "sequence_capacity"]
+           "StateSpec", "layer_specs", "plan_groups", "sequence_capacity", "trim_table"]
 
 NULL_BLOCK = -1  # a block-table entry whose block was freed (behind a sliding window)
 
@@ -72,6 +72,16 @@ class KVCacheGroup:
     def page_bytes(self) -> int:
         """Bytes of one block across every layer of the group."""
         return self.spec.page_bytes_per_layer * len(self.layer_ids)
+
+
+def trim_table(table: list[int], spec: KVCacheSpec, num_tokens: int) -> list[int]:
+    """Cut ``table`` to the blocks ``num_tokens`` tokens need; the ids cut off (freed entries excluded). The
+    scheduler's tables and the runner's mirror are both cut with it after rejected drafts, from the same
+    numbers, so they stay equal (``engine/speculative/rollback.py``)."""
+    keep = spec.blocks_needed(num_tokens)
+    removed = [b for b in table[keep:] if b != NULL_BLOCK]
+    del table[keep:]
+    return removed
 
 
 def layer_specs(

@@ -15,9 +15,10 @@ that has generated the most (at least ``fair_share_tokens``) is swapped out to t
 queue, one per step, so a newcomer's first token does not wait for a long stream to end. Its full
 blocks stay in the prefix cache, so coming back usually recomputes less than a block.
 
-Speculative decoding (``speculator``, engine/speculative/): a decode step may carry draft tokens, whose
-K/V slots come out of the same budget and pool (without room for them the step decodes plainly);
-``update()`` sets ``num_computed_tokens`` back past the rejected ones and returns the blocks they held.
+Speculative decoding (``speculator``, the ``Speculation`` plug-in of ``speculation.py``, implemented in
+engine/speculative/): a decode step may carry draft tokens, whose K/V slots come out of the same budget and
+pool (without room for them the step decodes plainly); ``update()`` sets ``num_computed_tokens`` back past
+the rejected ones and returns the blocks they held.
 
 ``schedule()`` decides; ``update()`` applies the runner's sampled tokens (appends them, checks the
 token-level stop conditions, finishes and frees) and returns one ``TokenDelta`` per sequence and step.
@@ -38,10 +39,10 @@ from forwardpass.engine.scheduling.batch import (
     SchedulerOutput,
     TokenDelta,
 )
-from forwardpass.engine.scheduling.fairness import make_room_for_newcomer
+from forwardpass.engine.scheduling.fairness import fair_swap_victim
 from forwardpass.engine.scheduling.kv_cache import NO_PREFIX, KVCacheManager
 from forwardpass.engine.scheduling.sequence import Sequence, SequenceStatus
-from forwardpass.engine.speculative.policy import Speculator
+from forwardpass.engine.scheduling.speculation import Speculation
 
 
 class AdmissionPolicy(Protocol):
@@ -55,7 +56,7 @@ class Scheduler:
     def __init__(
         self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
         eos_token_ids: Iterable[int] = (), admission: AdmissionPolicy | None = None,
-        fair_share_tokens: int = 0, speculator: Speculator | None = None):
+        fair_share_tokens: int = 0, speculator: Speculation | None = None):
         self.kv = kv
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -98,7 +99,7 @@ class Scheduler:
 
     # ----- the step ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        make_room_for_newcomer(self)
+        self._make_room_for_newcomer()
         budget = self.max_num_batched_tokens
         chosen: list[ScheduledChunk] = []
         new: list[NewSequence] = []
@@ -187,7 +188,7 @@ class Scheduler:
             kept, reason, stop = 0, None, None
             while reason is None and kept < len(tokens):  # EOS / stop token / length inside a run cuts it
                 seq.append_token(tokens[kept])
-                reason, stop = self._check_stop(seq, tokens[kept])
+                reason, stop = seq.check_stop(tokens[kept], self.eos_token_ids, self.max_model_len)
                 kept += 1
             proposed, accepted = drafted.get(seq_id, 0), len(tokens) - 1
             if proposed:
@@ -204,27 +205,24 @@ class Scheduler:
         return deltas
 
     # ----- internals -----------------------------------------------------------------------------
-    def _check_stop(self, seq: Sequence, token: int) -> tuple[str | None, int | None]:
-        p = seq.params
-        n_out = len(seq.output_token_ids)
-        if n_out >= p.min_tokens:  # no stop condition counts before min_tokens
-            if not p.ignore_eos and token in self.eos_token_ids:
-                return "stop", None
-            if p.stop_token_ids and token in p.stop_token_ids:
-                return "stop", token
-        if p.max_tokens is not None and n_out >= p.max_tokens:
-            return "length", None
-        if seq.num_tokens >= self.max_model_len:
-            return "length", None
-        return None, None
+    def _make_room_for_newcomer(self) -> None:
+        """Fairness (the module docstring): the longest-served sequence goes to the back of the queue."""
+        victim = fair_swap_victim(self.waiting, self.running, self.kv,
+                                  fair_share_tokens=self.fair_share_tokens, max_num_seqs=self.max_num_seqs,
+                                  token_budget=self.max_num_batched_tokens)
+        if victim is not None:
+            self.running.remove(victim)
+            self._preempt(victim, to_front=False)  # it queues behind the newcomers
+            self.num_preemptions += 1
+            self.num_swaps += 1
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: Sequence, to_front: bool = True) -> None:
         self.kv.free(seq)
         if self.speculator is not None: self.speculator.release(seq.seq_id)  # a draft model's cache blocks
         seq.num_computed_tokens, seq.status = 0, SequenceStatus.WAITING
         seq.num_preemptions += 1
         seq.in_runner = False
-        self.waiting.appendleft(seq)
+        (self.waiting.appendleft if to_front else self.waiting.append)(seq)
 
     def _finish(self, seq: Sequence, reason: str, stop: int | None) -> None:
         """Remove a finished or aborted sequence wherever it is and return its blocks."""

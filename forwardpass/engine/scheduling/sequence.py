@@ -15,10 +15,11 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
-from forwardpass.engine.speculative.stats import DraftStats
+from forwardpass.engine.scheduling.speculation import DraftStats
 from forwardpass.lora.request import LoRARequest
 from forwardpass.sampling.params import SamplingParams
 
@@ -76,3 +77,20 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
         self.output_token_ids.append(token_id)
+
+    def check_stop(self, token: int, eos_token_ids: Container[int],
+                    max_model_len: int) -> tuple[str | None, int | None]:
+        """The token-level stop conditions after appending ``token``: ``(finish reason, stop token)``, or
+        ``(None, None)`` to go on. Stop strings are the front end's (they need the text)."""
+        p = self.params
+        n_out = len(self.output_token_ids)
+        if n_out >= p.min_tokens:  # no stop condition counts before min_tokens
+            if not p.ignore_eos and token in eos_token_ids:
+                return "stop", None
+            if p.stop_token_ids and token in p.stop_token_ids:
+                return "stop", token
+        if p.max_tokens is not None and n_out >= p.max_tokens:
+            return "length", None
+        if self.num_tokens >= max_model_len:
+            return "length", None
+        return None, None

@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
-from forwardpass.engine.speculative.rollback import trim_table
+from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup, trim_table
 
 
 @dataclass

@@ -17,6 +17,8 @@ from typing import Protocol
 
 import torch
 
+from forwardpass.engine.worker.plugins import HiddenStateSink
+
 
 class StepChunk(Protocol):
     """What the stash reads of a scheduled chunk (``ScheduledChunk``)."""
@@ -29,12 +31,6 @@ class StepChunk(Protocol):
 
     @property
     def num_new_tokens(self) -> int: ...
-
-
-class HiddenStateSink(Protocol):
-    """The runner's plug-in (its constructor's ``hidden_sink``): each forward pass's output hidden states."""
-
-    def record_hidden(self, chunks: Sequence[StepChunk], hidden: torch.Tensor) -> None: ...
 
 
 class HiddenStash:

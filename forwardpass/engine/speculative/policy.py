@@ -26,9 +26,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from forwardpass.config import SpeculativeConfig
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
+from forwardpass.engine.scheduling.speculation import DraftStats
 from forwardpass.engine.speculative.ngram import NgramProposer
 from forwardpass.engine.speculative.rollback import check_can_roll_back
-from forwardpass.engine.speculative.stats import DraftStats, engine_draft_stats
+from forwardpass.engine.speculative.stats import engine_draft_stats
 from forwardpass.sampling.params import SamplingParams
 
 # an extra row of a small step ~ 15% of a one-row step (SmolLM2 Q4_1 on one core), until measured

@@ -4,8 +4,9 @@ A verify step computes K/V for ``1 + k`` positions; when only ``a`` drafts are a
 computed length is set back to just after them (``Scheduler.update``) and the trailing blocks its new
 length no longer needs are released. The K/V of rejected positions still in a kept block are never read:
 attention reads positions below the query's, and the next step writes those slots again before any
-query reaches them. Both sides cut their block tables with :func:`trim_table` from the same numbers (the
-sequence's token count after the step), so the scheduler's tables and the runner's mirror stay equal.
+query reaches them. Both sides cut their block tables with ``trim_table`` (``scheduling/kv_cache_spec.py``)
+from the same numbers (the sequence's token count after the step), so the scheduler's tables and the runner's
+mirror stay equal.
 
 Paged K/V (full, sliding window, MLA latents) rolls back this way. A recurrent state (Mamba2, Gated
 DeltaNet) has already folded the rejected tokens in, and DeepSeek-V4's compressor state too: those
@@ -17,10 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from forwardpass.engine.scheduling.kv_cache_spec import (
-    NULL_BLOCK,
     FullAttentionSpec,
     KVCacheGroup,
-    KVCacheSpec,
     MLASpec,
     SlidingWindowSpec,
     StateSpec,
@@ -46,11 +45,3 @@ def check_can_roll_back(groups: Sequence[KVCacheGroup]) -> None:
             why = f"its {name} cache (e.g. DeepSeek-V4's compressor state) cannot be rolled back"
         raise ConfigError(f"speculative decoding needs a cache that can be rolled back to an earlier length; "
                           f"this model cannot: {why}. Remove speculative_config", param="speculative_config")
-
-
-def trim_table(table: list[int], spec: KVCacheSpec, num_tokens: int) -> list[int]:
-    """Cut ``table`` to the blocks ``num_tokens`` tokens need; the ids cut off (freed entries excluded)."""
-    keep = spec.blocks_needed(num_tokens)
-    removed = [b for b in table[keep:] if b != NULL_BLOCK]
-    del table[keep:]
-    return removed

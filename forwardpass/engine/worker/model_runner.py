@@ -8,15 +8,14 @@ state: what it computed goes back in ``RunnerOutput``.
 Layout of the flattened batch (``attention/context.py``): the one-token (decode) chunks first, then each
 prefill chunk. Logits only for rows that end a sequence's known tokens (a prefill chunk short of the prompt's
 end samples nothing). A chunk with draft tokens (speculative decoding) is ``[last token, drafts...]``: logits
-at every one of its positions, verified by ``engine/speculative/verify.py``; block tables are cut back after
-rejections as the scheduler cuts its own.
+at every one of its positions, sampled and verified by ``sample_step.py`` (with the ``DraftVerifier`` it was
+handed); block tables are cut back after rejections as the scheduler cuts its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 import torch
 
@@ -29,43 +28,15 @@ from forwardpass.engine.scheduling.batch import (
     RunnerOutput,
     SchedulerOutput,
 )
-from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
-from forwardpass.engine.speculative.mtp_stash import HiddenStateSink
-from forwardpass.engine.speculative.rollback import trim_table
-from forwardpass.engine.speculative.verify import SampleTarget, sample_and_verify
+from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup, trim_table
 from forwardpass.engine.worker.encoder_step import run_encoders
 from forwardpass.engine.worker.isolation import drop_unloadable
+from forwardpass.engine.worker.plugins import BatchAdapters, CausalLM, HiddenStateSink, RoutingCounter
 from forwardpass.engine.worker.prompt_logprobs import add_prompt_logprobs
+from forwardpass.engine.worker.sample_step import DraftVerifier, SampleTarget, sample_step
 from forwardpass.sampling.params import SamplingParams
 from forwardpass.sampling.sampler import Sampler, TokenLogprobs, make_generator
 from forwardpass.structured.backend import GrammarBackend, GrammarState
-
-
-class BatchAdapters(Protocol):
-    """Per-step adapter mapping (LoRA): which rows of the flattened batch use which adapter."""
-
-    def load_missing(self, adapter_ids: set[int]) -> dict[int, str]:
-        """Make these adapters resident (reloading evicted ones); the ones that fail, with the reason."""
-
-    def begin_step(self, row_adapters: list[tuple[int, int]]) -> None:
-        """``[(adapter id or 0, number of rows)]`` for each chunk, in batch order."""
-
-    def end_step(self) -> None: ...
-
-
-class CausalLM(Protocol):
-    """What the runner needs of a model: hidden states of the flattened batch, logits of chosen rows."""
-
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                 ctx: AttentionContext) -> torch.Tensor: ...
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
-
-
-class RoutingCounter(Protocol):
-    """Reads the tokens each expert received in the last forward, per MoE layer, in one host copy."""
-
-    def collect(self) -> tuple[tuple[int, ...], ...]: ...
 
 
 @dataclass
@@ -109,12 +80,14 @@ class ModelRunner:
         routing: RoutingCounter | None = None,
         grammars: GrammarBackend | None = None,
         hidden_sink: HiddenStateSink | None = None,  # speculative mtp: every forward's hidden states
+        verifier: DraftVerifier | None = None,  # speculative decoding: the rule for rows with drafts
     ):
         self.model, self.device, self.dtype = model, device, dtype
         self.groups = list(groups)  # each with its own block pool, tables and attention metadata
         self.attention_backend, self.eos_token_ids = attention_backend, list(eos_token_ids)
         self.decode_kernel = decode_kernel  # fixed for the runner's lifetime: numerics never change mid-run
         self.adapters, self.routing, self.hidden_sink = adapters, routing, hidden_sink
+        self.verifier = verifier  # only a step with drafts asks it (sample_step.py)
         self.grammars = grammars  # structured output: compiled grammars and token bitmasks
         num_layers = 1 + max(i for g in groups for i in g.layer_ids)  # layers in no group cache nothing
         self.kv_caches: list[torch.Tensor] = [torch.empty(0)] * num_layers
@@ -242,7 +215,7 @@ class ModelRunner:
         if not sampled:
             return RunnerOutput((), (), (), routing)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=hidden.device)])
-        out = sample_and_verify(self.sampler, self.grammars, self.eos_token_ids, logits, sampled)
+        out = sample_step(self.sampler, self.grammars, self.eos_token_ids, logits, sampled, self.verifier)
         for target in sampled:  # rejected drafts: the blocks past the new length go, as in the scheduler
             for group, table in zip(self.groups, target.seq.block_tables if target.drafts else ()):
                 trim_table(table, group.spec, target.seq.num_tokens)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from forwardpass.engine.scheduling.core import EngineCore
+    from forwardpass.engine.core import EngineCore
 
 FREE, CACHED, OWNED = 0, 1, 2
 

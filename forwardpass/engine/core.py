@@ -3,7 +3,7 @@
 It takes token ids and gives back ``TokenDelta``s; tokenization, detokenization and stop strings live
 in the front end (``LLMEngine`` / ``AsyncLLMEngine`` with their ``OutputProcessor``). Everything that
 decides a step's numerics (dtype, attention backend, decode kernel) is fixed here at construction.
-Built by :func:`forwardpass.engine.scheduling.builder.build_engine_core`, which wires the optional plug-ins
+Built by :func:`forwardpass.engine.builder.build_engine_core`, which wires the optional plug-ins
 (LoRA, MoE routing counts, cost model) into the constructors.
 """
 

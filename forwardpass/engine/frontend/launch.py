@@ -1,6 +1,6 @@
 """``build_engine_core(model, config)``: the engine core with the executor its config asks for.
 
-The one module above both the engine builder (``engine/scheduling/builder.py``) and tensor parallelism
+The one module above both the engine builder (``engine/builder.py``) and tensor parallelism
 (``distributed/``): one rank builds in this process; ``tensor_parallel_size > 1`` first starts the worker
 ranks (``distributed/driver.py::start_parallel_executor``), then builds rank 0's engine around their executor,
 and stops them if that build fails.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from forwardpass.config import EngineConfig
-from forwardpass.engine.scheduling import builder
-from forwardpass.engine.scheduling.core import EngineCore
+from forwardpass.engine import builder
+from forwardpass.engine.core import EngineCore
 
 
 def build_engine_core(

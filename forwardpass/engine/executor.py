@@ -1,12 +1,12 @@
 """Where an engine's model steps run: the seam between the engine core and tensor parallelism.
 
-``engine/scheduling/builder.py`` builds an engine core around the :class:`Executor` it is handed and knows
+``engine/builder.py`` builds an engine core around the :class:`Executor` it is handed and knows
 nothing of how ranks start. :class:`LocalExecutor` runs the model in this process. The tensor-parallel
 executor (``distributed/driver.py::ParallelExecutor``) has started the worker ranks before the build; it
-builds rank 0's shard in their layout, hands the workers the KV cache layout the builder chose, and its runner
-broadcasts each step before computing rank 0's share. ``forwardpass/launch.py`` picks the executor from the
-config (vLLM's ``EngineCore(executor_class)``, ``v1/executor/abstract.py``): it is the one module that imports
-both sides.
+builds rank 0's shard in their layout, hands the workers the KV cache layout the builder chose, and its
+runner broadcasts each step before computing rank 0's share. ``engine/frontend/launch.py`` picks the executor
+from the config (vLLM's ``EngineCore(executor_class)``, ``v1/executor/abstract.py``): it is the one module
+that imports both sides.
 """
 
 from __future__ import annotations

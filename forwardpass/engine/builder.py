@@ -19,10 +19,10 @@ from typing import cast
 import torch
 
 from forwardpass.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig, SpeculativeConfig
+from forwardpass.engine.core import EngineCore
+from forwardpass.engine.executor import Executor, LocalExecutor
 from forwardpass.engine.scheduling.checkpoint_defaults import with_checkpoint_defaults
-from forwardpass.engine.scheduling.core import EngineCore
 from forwardpass.engine.scheduling.cost import StepCostModel
-from forwardpass.engine.scheduling.executor import Executor, LocalExecutor
 from forwardpass.engine.scheduling.kv_cache import KVCacheManager
 from forwardpass.engine.scheduling.kv_cache_spec import (
     FullAttentionSpec,
@@ -37,7 +37,8 @@ from forwardpass.engine.scheduling.scheduler import Scheduler
 from forwardpass.engine.speculative.mtp_stash import hidden_sink
 from forwardpass.engine.speculative.policy import build_speculator
 from forwardpass.engine.speculative.rows import decode_row_limit
-from forwardpass.engine.worker.model_runner import CausalLM
+from forwardpass.engine.speculative.verify import SpeculativeVerifier
+from forwardpass.engine.worker.plugins import CausalLM
 from forwardpass.engine.worker.routing_stats import ModelRoutingCounter, RoutingStats
 from forwardpass.errors import ConfigError
 from forwardpass.layers.moe import moe_layers
@@ -75,7 +76,7 @@ def build_engine_core(
     model_builder: Callable[[ExecutionPlan], tuple[torch.nn.Module, ModelSpec]] | None = None,
 ) -> EngineCore:
     """The engine core for ``model`` (a model directory), its steps run by ``executor`` (default: this
-    process; ``forwardpass/launch.py`` starts tensor-parallel ranks and passes their executor).
+    process; ``engine/frontend/launch.py`` starts tensor-parallel ranks and passes their executor).
     ``model_builder`` builds and prepares the model with the resolved plan instead of loading it from the
     directory (a probe model of a made-up shape)."""
     model_dir = Path(model)
@@ -84,7 +85,8 @@ def build_engine_core(
     if config.tensor_parallel_size != executor.size:
         raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size} but the executor has "
                           f"{executor.size} rank(s): build tensor-parallel engines with "
-                          "forwardpass.launch.build_engine_core", param="tensor_parallel_size")
+                          "forwardpass.engine.frontend.launch.build_engine_core",
+                          param="tensor_parallel_size")
     check_gguf_dir(model_dir)  # a GGUF file we cannot load: refused from its header, before compiling kernels
     config = with_checkpoint_defaults(config, model_dir)  # what `auto` means for this checkpoint
     dtype = config.torch_dtype
@@ -161,6 +163,12 @@ def build_engine_core(
         logger.warning("no FLOP/byte accounting for this model: %s", exc)
         cost = None
 
+    # refuses caches that can't roll back
+    speculator = build_speculator(SpeculativeConfig.from_value(config.speculative_config), groups,
+                                  {"target_dir": model_dir, "engine": config, "target_vocab": spec.vocab,
+                                   "target": net, "plan": plan})
+    if speculator is not None:  # verify rows stay within the rows the decode kernels take
+        speculator.limit_step_rows(decode_row_limit(net), config.max_num_batched_tokens)
     kv = KVCacheManager(groups, config.enable_prefix_caching)
     scheduler = Scheduler(
         kv,
@@ -170,13 +178,8 @@ def build_engine_core(
         eos_token_ids=eos,
         admission=lora,
         fair_share_tokens=config.fair_share_tokens,
-        # refuses caches that can't roll back
-        speculator=build_speculator(SpeculativeConfig.from_value(config.speculative_config), groups,
-                                    {"target_dir": model_dir, "engine": config, "target_vocab": spec.vocab,
-                                     "target": net, "plan": plan}),
+        speculator=speculator,
     )
-    if scheduler.speculator is not None:  # verify rows stay within the rows the decode kernels take
-        scheduler.speculator.limit_step_rows(decode_row_limit(net), config.max_num_batched_tokens)
     kernel = plan.kernels.decode
     runner = executor.make_runner(
         cast(CausalLM, net),  # every registered model class has forward + compute_logits
@@ -188,7 +191,8 @@ def build_engine_core(
         decode_kernel=kernel,
         adapters=lora,
         routing=ModelRoutingCounter(net) if has_moe else None,
-        hidden_sink=hidden_sink(scheduler.speculator.proposer) if scheduler.speculator else None,  # mtp
+        hidden_sink=hidden_sink(speculator.proposer) if speculator else None,  # mtp
+        verifier=SpeculativeVerifier() if speculator else None,  # checks the drafts the scheduler adds
         # structured output needs the vocabulary; the tokenizer is read on the first such request
         grammars=(GrammarBackend(model_dir, spec.vocab, eos) if (model_dir / "tokenizer.json").exists()
                   else None),
