@@ -36,7 +36,7 @@ class CompiledKernels:
 @dataclass(frozen=True)
 class ExecutionPlan:
     """Everything that decides which code computes a model, in one frozen record (reported by
-    :meth:`describe`)."""
+    ``layers/weight_report.py::describe_plan``)."""
 
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
@@ -74,33 +74,6 @@ class ExecutionPlan:
     @property
     def small_matmul(self) -> Any:
         return self.kernels.small_matmul
-
-    def weight_method_name(self, role: str) -> str:
-        """What a linear layer of ``role`` computes with (see layers/weight_methods.py)."""
-        from forwardpass.layers.weight_methods import method_for
-
-        return method_for(self, role).name
-
-    def describe(self) -> dict[str, Any]:
-        """The plan for people and reports (start-up log, ``/v1/models``, ``explain --json``)."""
-        from forwardpass import envs
-
-        return {
-            "device": self.device,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "checkpoint_format": self.checkpoint_format,
-            "kv_cache_dtype": str(self.kv_cache_dtype).removeprefix("torch."),
-            "weights": {role: self.weight_method_name(role) for role in ("projection", "lm_head", "dense")},
-            "decode_kernel": self.kernels.decode is not None,
-            "fused_ops": self.kernels.fused_ops is not None,
-            "small_matmul": self.kernels.small_matmul is not None,
-            "decode_stack": self.decode_stack,
-            "batch_invariant": self.batch_invariant,
-            "huge_pages": self.huge_pages,
-            "lora_slots": self.lora_slot is not None,
-            "isa": dict(self.isa),
-            "env": envs.describe(),
-        }
 
 
 PLAIN = ExecutionPlan()

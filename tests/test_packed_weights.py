@@ -16,7 +16,7 @@ from forwardpass.layers import small_matmul as sm
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.packed import PackedWeight
 from forwardpass.layers.weight_interface import matmul
-from forwardpass.layers.weight_methods import PackedFp32Method
+from forwardpass.layers.weight_methods import PackedFp32Method, method_for
 from forwardpass.models.prepare import resolve_plan
 from tests.helpers.checkpoints import random_prompts
 from tests.helpers.isa import builds
@@ -139,9 +139,9 @@ def test_packing_is_switched_off_by_the_environment(build, monkeypatch, checkpoi
         pytest.skip("no C++ toolchain: the engine uses the PyTorch path")
     path, config = checkpoint_factory("qwen3"), EngineConfig(cpu_kernels=True)
     monkeypatch.setenv("FORWARDPASS_PACKED_WEIGHTS", "0")
-    assert resolve_plan(config, path).weight_method_name("projection") == "fp32+small-matmul"
+    assert method_for(resolve_plan(config, path), "projection").name == "fp32+small-matmul"
     monkeypatch.delenv("FORWARDPASS_PACKED_WEIGHTS")
-    assert resolve_plan(config, path).weight_method_name("projection") == "fp32-packed"
+    assert method_for(resolve_plan(config, path), "projection").name == "fp32-packed"
     module = build[1]
     plan = ExecutionPlan(packed_weights=True, kernels=CompiledKernels(small_matmul=module.small_matmul,
                                                                       small_matmul_module=module))

@@ -1,16 +1,20 @@
-"""What a loaded model's weights really are, and which kernel multiplies them, in words a person reads: the
-start-up banner, ``/v1/models`` and ``explain`` show it. The execution plan names each role's *method*, but a
-GGUF file's tensors keep their own types (Q4_1 projections beside a Q8_0 head), so this reads the weights
-themselves."""
+"""The execution plan and what a loaded model's weights really are, and which kernel multiplies them, in words
+a person reads: the start-up banner, ``/v1/models`` and ``explain`` show it. The execution plan names each
+role's *method* (:func:`describe_plan`), but a GGUF file's tensors keep their own types (Q4_1 projections
+beside a Q8_0 head), so :func:`weight_formats` reads the weights themselves."""
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import torch
 from torch import nn
 
+from forwardpass import envs
 from forwardpass.layers.packed import PackedWeight
+from forwardpass.layers.weight_methods import ROLES, method_for
+from forwardpass.plan import ExecutionPlan
 from forwardpass.quant.kblock_weight import KBlockStack, KBlockWeight, RowStack
 from forwardpass.quant.weight import QuantizedWeight
 
@@ -80,10 +84,31 @@ def weight_formats(model: nn.Module) -> dict[str, str]:
     return out
 
 
-def described_plan(plan: object, model: nn.Module) -> dict:
-    """``plan.describe()`` with ``loaded_weights``: what the weights really are (the start-up banner,
+def describe_plan(plan: ExecutionPlan) -> dict[str, Any]:
+    """The plan for people and reports (start-up log, ``/v1/models``, ``explain --json``): plain JSON values,
+    each role's weight method by name (``layers/weight_methods.py``)."""
+    return {
+        "device": plan.device,
+        "dtype": str(plan.dtype).removeprefix("torch."),
+        "checkpoint_format": plan.checkpoint_format,
+        "kv_cache_dtype": str(plan.kv_cache_dtype).removeprefix("torch."),
+        "weights": {role: method_for(plan, role).name for role in ROLES},
+        "decode_kernel": plan.kernels.decode is not None,
+        "fused_ops": plan.kernels.fused_ops is not None,
+        "small_matmul": plan.kernels.small_matmul is not None,
+        "decode_stack": plan.decode_stack,
+        "batch_invariant": plan.batch_invariant,
+        "huge_pages": plan.huge_pages,
+        "lora_slots": plan.lora_slot is not None,
+        "isa": dict(plan.isa),
+        "env": envs.describe(),
+    }
+
+
+def described_plan(plan: ExecutionPlan, model: nn.Module) -> dict[str, Any]:
+    """:func:`describe_plan` with ``loaded_weights``: what the weights really are (the start-up banner,
     ``/v1/models`` and ``explain`` show it)."""
     formats = weight_formats(model)
-    if getattr(plan, "checkpoint_format", None) == "gguf":  # the file's own types, as llama.cpp names them
+    if plan.checkpoint_format == "gguf":  # the file's own types, as llama.cpp names them
         formats = {role: f"GGUF {what}" for role, what in formats.items()}
-    return {**plan.describe(), "loaded_weights": formats}  # type: ignore[attr-defined]
+    return {**describe_plan(plan), "loaded_weights": formats}

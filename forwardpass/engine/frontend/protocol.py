@@ -70,7 +70,7 @@ class EngineInfo:
     default_params: SamplingParams
     eos_token_ids: tuple[int, ...]
     max_num_seqs: int
-    #: ``ExecutionPlan.describe()`` of the engine (plain JSON values): reported by ``/v1/models``
+    #: ``layers/weight_report.py::described_plan`` of the engine (plain JSON values): reported by ``/v1/models``
     execution_plan: dict[str, Any] = field(default_factory=dict)
 
 
