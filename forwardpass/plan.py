@@ -2,11 +2,13 @@
 
 An engine resolves one :class:`ExecutionPlan` from its ``EngineConfig``, the machine (CPU flags, device) and
 the checkpoint (its format), loading the compiled kernels the plan names first
-(``models/prepare.py::resolve_plan``). The model is then built inside :func:`building_with_plan`: each layer
-reads the plan once, in its constructor, and keeps what it needs (a linear layer its weight method, a norm its
-fused op, the decoder its decode-stack switch). After the weights are loaded each module post-processes its
-own weights once (``process_weights_after_loading``: packing, quantizing); nothing assigns kernels to a model
-from outside afterwards.
+(``models/prepare.py::resolve_plan``); under tensor parallelism each rank's plan carries its group too
+(``tensor_parallel``: degree, rank, collectives), set by ``distributed/`` before the rank builds its shard.
+The model is then built inside :func:`building_with_plan`: each layer reads the plan once, in its constructor,
+and keeps what it needs (a linear layer its weight method, a norm its fused op, the decoder its decode-stack
+switch). After the weights are loaded each module post-processes its own weights once
+(``process_weights_after_loading``: packing, quantizing); nothing assigns kernels to a model from outside
+afterwards.
 
 Models built outside an engine (tests, converters) get :data:`PLAIN`: fp32 weights, the PyTorch paths.
 """
@@ -19,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from forwardpass.distributed.parallel_state import TensorParallel
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,9 @@ class ExecutionPlan:
     #: makes each adapter-capable projection's LoRA slot at construction (None: no LoRA)
     lora_slot: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
     kernels: CompiledKernels = field(default_factory=CompiledKernels, compare=False, repr=False)
+    #: this rank's tensor-parallel group (degree, rank, the collectives of its sharded layers); set per rank
+    #: by ``distributed/`` (``ParallelExecutor.rank_plan``, the worker); size 1 (no groups) for one process
+    tensor_parallel: TensorParallel = field(default_factory=TensorParallel, compare=False, repr=False)
     #: the kernel builds and GEMM path chosen from the CPU's flags (reported, not read by layers)
     isa: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -87,8 +94,7 @@ def current_plan() -> ExecutionPlan:
 
 @contextlib.contextmanager
 def building_with_plan(plan: ExecutionPlan) -> Iterator[ExecutionPlan]:
-    """Build a model's modules with ``plan`` (as ``distributed.parallel_state.building_with``
-    for tensor parallel)."""
+    """Build a model's modules with ``plan`` (tensor parallel: its ``tensor_parallel`` group's shard)."""
     _current.append(plan)
     try:
         yield plan
