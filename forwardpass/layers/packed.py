@@ -87,6 +87,10 @@ class PackedWeight(nn.Module):
         out = torch.cat([self.matmul(x2[i : i + MAX_ROWS], bias) for i in range(0, len(x2), MAX_ROWS)])
         return out.view(*x.shape[:-1], out.shape[-1])
 
+    def describe(self) -> tuple[str, str]:
+        """``(format, what multiplies it)`` for people (``layers/weight_report.py``)."""
+        return "fp32", "the small-batch kernel on panels packed once (oneDNN for large batches)"
+
     def dense(self) -> torch.Tensor:
         """The plain ``[N, K]`` weight (a copy), e.g. for tests and references."""
         return self.panels[:, : self.in_features].transpose(1, 2).reshape(self.out_features, self.in_features)

@@ -40,6 +40,10 @@ class Weight(Protocol):
         """fp32 rows ``W[ids]`` (an embedding lookup on a tied LM head's matrix)."""
         ...
 
+    def describe(self) -> tuple[str, str]:
+        """``(format, what multiplies it)`` in words a person reads (``layers/weight_report.py``)."""
+        ...
+
 
 def matmul(x: torch.Tensor, weight: torch.Tensor | Weight, bias: torch.Tensor | None = None,
            small_matmul: SmallMatmul | None = None) -> torch.Tensor:

@@ -12,41 +12,17 @@ import torch
 from torch import nn
 
 from forwardpass import envs
-from forwardpass.layers.packed import PackedWeight
+from forwardpass.layers.weight_interface import Weight
 from forwardpass.layers.weight_methods import ROLES, method_for
 from forwardpass.plan import ExecutionPlan
-from forwardpass.quant.kblock_weight import KBlockStack, KBlockWeight, RowStack
-from forwardpass.quant.weight import QuantizedWeight
 
 
-def describe_weight(w: object) -> tuple[str, str]:
-    """One weight matrix as ``(format, what multiplies it)``: ``("Q4_1", "the K-block kernel (...)")``."""
-    if isinstance(w, KBlockStack):
-        return "/".join(k.upper() for k in w.kinds), f"the K-block kernel {_kernel_words(w)}"
-    if isinstance(w, KBlockWeight):
-        return w.fmt.upper(), f"the K-block kernel {_kernel_words(w)}"
-    if isinstance(w, QuantizedWeight):
-        if w._kernel is None:
-            return w.fmt.upper(), "the PyTorch reference"
-        large = "AMX" if w._amx is not None else "VNNI GEMM" if w._vnni is not None else (
-            "the same kernel" if w._kernel_takes_all else ("bf16" if w.bf16_gemm else "fp32") + " oneDNN")
-        return w.fmt.upper(), f"the quantized-matmul kernel ({w._kernel.isa}; large batches: {large})"
-    if isinstance(w, RowStack):
-        parts = [describe_weight(p) for p in w.parts]
-        return " + ".join(f for f, _ in parts), " / ".join(dict.fromkeys(h for _, h in parts))
-    if isinstance(w, PackedWeight):
-        return "fp32", "the small-batch kernel on panels packed once (oneDNN for large batches)"
+def describe_weight(w: torch.Tensor | Weight) -> tuple[str, str]:
+    """One weight matrix as ``(format, what multiplies it)``: ``("Q4_1", "the K-block kernel (...)")``; a
+    weight in a format of its own says it itself (``describe()``)."""
     if isinstance(w, torch.Tensor):
         return str(w.dtype).removeprefix("torch."), "oneDNN"
-    return type(w).__name__, "its own matmul"
-
-
-def _kernel_words(w: KBlockWeight) -> str:
-    if w._kernel is None:
-        return "(PyTorch reference)"
-    if w._kernel_takes_all:
-        return f"({w._kernel.isa}, int8 activations, every batch size)"
-    return f"({w._kernel.isa}, int8 activations; large batches: {'bf16' if w.bf16_gemm else 'fp32'} oneDNN)"
+    return w.describe()
 
 
 def _phrase(found: Counter[tuple[str, str]]) -> str:

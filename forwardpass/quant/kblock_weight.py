@@ -162,6 +162,18 @@ class KBlockWeight(nn.Module):
             out = out + bias
         return out.view(*shape[:-1], out.shape[-1]).to(x.dtype)
 
+    def describe(self) -> tuple[str, str]:
+        """``(format, what multiplies it)`` for people (``layers/weight_report.py``)."""
+        return self.fmt.upper(), f"the K-block kernel {self._kernel_words()}"
+
+    def _kernel_words(self) -> str:
+        if self._kernel is None:
+            return "(PyTorch reference)"
+        if self._kernel_takes_all:
+            return f"({self._kernel.isa}, int8 activations, every batch size)"
+        gemm = "bf16" if self.bf16_gemm else "fp32"
+        return f"({self._kernel.isa}, int8 activations; large batches: {gemm} oneDNN)"
+
     def extra_repr(self) -> str:
         return f"{self.fmt}, shape={tuple(self.shape)}, {self.path}"
 
@@ -209,6 +221,9 @@ class KBlockStack(KBlockWeight):
         parts = kblocks.stack_parts(self.codes, self.meta)
         return torch.cat([kblocks.reference_matmul(x2, kind, c, m) for kind, c, m in parts], dim=-1)
 
+    def describe(self) -> tuple[str, str]:
+        return "/".join(k.upper() for k in self.kinds), f"the K-block kernel {self._kernel_words()}"
+
     def extra_repr(self) -> str:
         return f"stack of {'/'.join(self.kinds)}, shape={tuple(self.shape)}, {self.path}"
 
@@ -252,6 +267,11 @@ class RowStack(nn.Module):
         out = torch.cat([p.matmul_batch_invariant(x) for p in self.parts], dim=-1)
         return out if bias is None else out + bias
 
+    def describe(self) -> tuple[str, str]:
+        """The parts' formats joined, and what multiplies each (once per kind of path)."""
+        parts = [p.describe() for p in self.parts]
+        return " + ".join(f for f, _ in parts), " / ".join(dict.fromkeys(h for _, h in parts))
+
 
 class _Dense(nn.Module):
     """An fp32 part of a :class:`RowStack`."""
@@ -266,6 +286,12 @@ class _Dense(nn.Module):
 
     def dequantize(self) -> torch.Tensor:
         return self.weight
+
+    def dense(self) -> torch.Tensor:
+        return self.weight
+
+    def describe(self) -> tuple[str, str]:
+        return "float32", "oneDNN"
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return dense_matmul(x, self.weight, bias)

@@ -214,6 +214,15 @@ class QuantizedWeight(nn.Module):
             out = out + bias
         return out.view(*shape[:-1], out.shape[-1]).to(x.dtype)
 
+    def describe(self) -> tuple[str, str]:
+        """``(format, what multiplies it)`` for people (``layers/weight_report.py``)."""
+        if self._kernel is None:
+            return self.fmt.upper(), "the PyTorch reference"
+        gemm = ("bf16" if self.bf16_gemm else "fp32") + " oneDNN"
+        large = "AMX" if self._amx is not None else "VNNI GEMM" if self._vnni is not None else (
+            "the same kernel" if self._kernel_takes_all else gemm)
+        return self.fmt.upper(), f"the quantized-matmul kernel ({self._kernel.isa}; large batches: {large})"
+
     def extra_repr(self) -> str:
         path = "kernel" if self._kernel is not None else "reference"
         path += ", amx" if self._amx is not None else ", vnni gemm" if self._vnni is not None else ""
