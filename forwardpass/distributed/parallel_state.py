@@ -84,7 +84,6 @@ class TensorParallel:
         self.control.broadcast([t], opts).wait()
 
 
-
 def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
