@@ -7,13 +7,13 @@ python benchmarks/quant_gemm.py [--threads 2] [--rows 1,2,4,8,16,32,64,256,1024]
 
 For each GGUF weight type (Q8_0 and Q4_0 on the quantized-matmul kernel, our int8 / int4; the others on the
 K-block kernel), random blocks of one matrix shape, and each row count: the path the engine takes
-(``weight.matmul``), oneDNN's fp32 GEMM on the dequantized weight (``linear(x, W)``: what the engine would do
-without its kernel) and, where the CPU multiplies bf16 in hardware, oneDNN's bf16 GEMM. Alternated, medians of
-``--rounds``; GOP/s (2·M·N·K per second) and the engine's share of two roofs measured in the same run: the
-fp32 GEMM rate (2048³, the faster of MKL and oneDNN) and the int8 dot-product rate of this core type (a loop
-of independent ``maddubs`` accumulated in int16, the AVX2 kernels' inner loop; the roof of the AVX2 builds,
-also on wider CPUs). The last column says how much faster the engine's path is than the best float GEMM
-there."""
+(``weight.matmul``), oneDNN's fp32 GEMM on the dequantized weight (``dense_matmul(x, W)``: what the engine
+would do without its kernel) and, where the CPU multiplies bf16 in hardware, oneDNN's bf16 GEMM. Alternated,
+medians of ``--rounds``; GOP/s (2·M·N·K per second) and the engine's share of two roofs measured in the same
+run: the fp32 GEMM rate (2048³, the faster of MKL and oneDNN) and the int8 dot-product rate of this core type
+(a loop of independent ``maddubs`` accumulated in int16, the AVX2 kernels' inner loop; the roof of the AVX2
+builds, also on wider CPUs). The last column says how much faster the engine's path is than the best float
+GEMM there."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from forwardpass.kernel_build import cpu_flags
-    from forwardpass.layers.linear import linear
+    from forwardpass.layers.dense_matmul import dense_matmul
 
     n, k = (int(v) for v in args.shape.lower().split("x"))
     bf16 = bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
@@ -141,9 +141,9 @@ def main() -> None:
             xb = x.to(torch.bfloat16)
             # default arguments bind this iteration's weight and activations
             paths = {"engine": lambda w=w, x=x: w.matmul(x),
-                     "fp32 oneDNN": lambda x=x, deq=deq: linear(x, deq)}
+                     "fp32 oneDNN": lambda x=x, deq=deq: dense_matmul(x, deq)}
             if deq_bf16 is not None:
-                paths["bf16 oneDNN"] = lambda xb=xb, deq_bf16=deq_bf16: linear(xb, deq_bf16)
+                paths["bf16 oneDNN"] = lambda xb=xb, deq_bf16=deq_bf16: dense_matmul(xb, deq_bf16)
             flops = 2.0 * m * n * k
             rates: dict[str, list[float]] = {name: [] for name in paths}
             for _ in range(args.rounds):

@@ -66,11 +66,12 @@ def _forwardpass(threads: int, timestamps: bool, quantization: str | None):
 
     torch.set_num_threads(threads)
     from forwardpass import LLM
+    from forwardpass.layers.weight_methods import method_for
     from forwardpass.transcription import TranscribeOptions, transcribe
 
     llm = LLM("tiny.en", max_num_seqs=1, quantization=quantization)
     if quantization is not None:  # the plan took the quantized path (it refuses what it cannot do)
-        assert llm.engine.core.plan.weight_method_name("projection") == "q8_0"
+        assert method_for(llm.engine.core.plan, "projection").name == "q8_0"
     options = TranscribeOptions(without_timestamps=not timestamps, temperatures=(0.0,))
     return lambda audio: transcribe(llm, audio, 16_000, options).text
 

@@ -3,6 +3,9 @@
 * **A name per source and flags**: the build folder is
   ``NAME_<hash of the source, its headers, flags and path>``, so a changed kernel or flag never reuses (or
   silently re-versions) an old build, and "is it built?" is one file check.
+* **Shared headers in one place**: a header that kernels of two folders include lives in
+  ``forwardpass/csrc/`` (:data:`SHARED_CSRC`); each kernel names the headers it includes (``headers=``), and
+  their folders are its include path, so a source includes ``"transpose16.h"``, never a path up and across.
 * **Portable flags**: exactly the instruction sets the intrinsics need (``-mavx2 -mfma``), never
   ``-march=native``: the build cache outlives the host (a VM moves, a home folder is shared), and code
   for a newer CPU would die with an illegal instruction on an older one.
@@ -28,6 +31,8 @@ from typing import Any
 
 from forwardpass import envs
 
+#: the C++ headers shared by kernels of different folders (``layers/csrc``, ``quant/csrc``)
+SHARED_CSRC = Path(__file__).with_name("csrc")
 #: flags an AVX2-only CPU (AMD Zen 2/3, Intel before Skylake-SP) lacks: what
 #: ``FORWARDPASS_CPU_ISA=avx2`` hides
 WIDER_THAN_AVX2 = ("avx512", "amx")
@@ -76,14 +81,22 @@ class CppKernel:
     ldflags: tuple[str, ...] = ()
     what: str = "a C++ kernel"  # for people: "the C++ paged-decode kernel"
     expected_s: int = 30
-    headers: tuple[Path, ...] = ()  # local headers the source includes: part of the build's name too
+    # the headers the source includes (its own folder's and SHARED_CSRC's): part of the build's name too, and
+    # their folders its include path
+    headers: tuple[Path, ...] = ()
+
+    @property
+    def include_paths(self) -> list[str]:
+        """The folders of the headers outside the source's own (which the compiler searches anyway)."""
+        own = self.source.parent.resolve()
+        return sorted({str(h.parent.resolve()) for h in self.headers} - {str(own)})
 
     @property
     def build_name(self) -> str:
         code = self.source.read_bytes() + b"".join(h.read_bytes() for h in self.headers)
         # the source's path too: the build files name it, so two checkouts sharing one cache folder would each
         # rebuild the other's build every time they alternate (a minute of compiling per switch)
-        where = str(self.source.resolve())
+        where = " ".join((str(self.source.resolve()), *self.include_paths))
         digest = hashlib.sha256(code + " ".join((*self.cflags, *self.ldflags, where)).encode())
         return f"{self.name}_{digest.hexdigest()[:10]}"
 
@@ -105,6 +118,7 @@ class CppKernel:
             sources=[str(self.source)],
             extra_cflags=list(self.cflags),
             extra_ldflags=list(self.ldflags),
+            extra_include_paths=self.include_paths,
             verbose=False,
         )
         if self.is_built():

@@ -2,11 +2,13 @@
 
 An engine resolves one :class:`ExecutionPlan` from its ``EngineConfig``, the machine (CPU flags, device) and
 the checkpoint (its format), loading the compiled kernels the plan names first
-(``models/prepare.py::resolve_plan``). The model is then built inside :func:`building_with_plan`: each layer
-reads the plan once, in its constructor, and keeps what it needs (a linear layer its weight method, a norm its
-fused op, the decoder its decode-stack switch). After the weights are loaded each module post-processes its
-own weights once (``process_weights_after_loading``: packing, quantizing); nothing assigns kernels to a model
-from outside afterwards.
+(``models/prepare.py::resolve_plan``); under tensor parallelism each rank's plan carries its group too
+(``tensor_parallel``: degree, rank, collectives), set by ``distributed/`` before the rank builds its shard.
+The model is then built inside :func:`building_with_plan`: each layer reads the plan once, in its constructor,
+and keeps what it needs (a linear layer its weight method, a norm its fused op, the decoder its decode-stack
+switch). After the weights are loaded each module post-processes its own weights once
+(``process_weights_after_loading``: packing, quantizing); nothing assigns kernels to a model from outside
+afterwards.
 
 Models built outside an engine (tests, converters) get :data:`PLAIN`: fp32 weights, the PyTorch paths.
 """
@@ -19,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from forwardpass.distributed.parallel_state import TensorParallel
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class CompiledKernels:
 @dataclass(frozen=True)
 class ExecutionPlan:
     """Everything that decides which code computes a model, in one frozen record (reported by
-    :meth:`describe`)."""
+    ``layers/weight_report.py::describe_plan``)."""
 
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
@@ -64,6 +68,9 @@ class ExecutionPlan:
     #: makes each adapter-capable projection's LoRA slot at construction (None: no LoRA)
     lora_slot: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
     kernels: CompiledKernels = field(default_factory=CompiledKernels, compare=False, repr=False)
+    #: this rank's tensor-parallel group (degree, rank, the collectives of its sharded layers); set per rank
+    #: by ``distributed/`` (``ParallelExecutor.rank_plan``, the worker); size 1 (no groups) for one process
+    tensor_parallel: TensorParallel = field(default_factory=TensorParallel, compare=False, repr=False)
     #: the kernel builds and GEMM path chosen from the CPU's flags (reported, not read by layers)
     isa: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -74,33 +81,6 @@ class ExecutionPlan:
     @property
     def small_matmul(self) -> Any:
         return self.kernels.small_matmul
-
-    def weight_method_name(self, role: str) -> str:
-        """What a linear layer of ``role`` computes with (see layers/weight_methods.py)."""
-        from forwardpass.layers.weight_methods import method_for
-
-        return method_for(self, role).name
-
-    def describe(self) -> dict[str, Any]:
-        """The plan for people and reports (start-up log, ``/v1/models``, ``explain --json``)."""
-        from forwardpass import envs
-
-        return {
-            "device": self.device,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "checkpoint_format": self.checkpoint_format,
-            "kv_cache_dtype": str(self.kv_cache_dtype).removeprefix("torch."),
-            "weights": {role: self.weight_method_name(role) for role in ("projection", "lm_head", "dense")},
-            "decode_kernel": self.kernels.decode is not None,
-            "fused_ops": self.kernels.fused_ops is not None,
-            "small_matmul": self.kernels.small_matmul is not None,
-            "decode_stack": self.decode_stack,
-            "batch_invariant": self.batch_invariant,
-            "huge_pages": self.huge_pages,
-            "lora_slots": self.lora_slot is not None,
-            "isa": dict(self.isa),
-            "env": envs.describe(),
-        }
 
 
 PLAIN = ExecutionPlan()
@@ -114,8 +94,7 @@ def current_plan() -> ExecutionPlan:
 
 @contextlib.contextmanager
 def building_with_plan(plan: ExecutionPlan) -> Iterator[ExecutionPlan]:
-    """Build a model's modules with ``plan`` (as ``distributed.parallel_state.building_with``
-    for tensor parallel)."""
+    """Build a model's modules with ``plan`` (tensor parallel: its ``tensor_parallel`` group's shard)."""
     _current.append(plan)
     try:
         yield plan

@@ -144,6 +144,7 @@ def test_execution_plan_is_the_engines(llm):
     from rich.console import Console
 
     from forwardpass.explain.terminal import render
+    from forwardpass.layers.weight_report import describe_plan
     from forwardpass.quant.weight import QuantizedWeight
 
     q8 = LLM(None, quantization="int8", cpu_kernels=False)
@@ -151,7 +152,7 @@ def test_execution_plan_is_the_engines(llm):
         ex = explain(PROMPT, engine=engine, max_tokens=2, seed=1, hardware=None, overhead=None)
         plan = ex["execution_plan"]
         assert json.loads(json.dumps(plan)) == plan
-        assert {k: v for k, v in plan.items() if k != "loaded_weights"} == engine.core.plan.describe()
+        assert {k: v for k, v in plan.items() if k != "loaded_weights"} == describe_plan(engine.core.plan)
         assert set(plan["loaded_weights"]) == {"projections", "lm_head"}  # what the weights really are
         built = _built_methods(engine.model)
         assert {role: {plan["weights"][role]} for role in built} == built

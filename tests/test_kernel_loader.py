@@ -111,3 +111,24 @@ def test_the_package_loaders_keep_their_names():
     assert kernel.AMX_LOADER.check is not None
     with pytest.raises(RuntimeError, match="AMX tile state"):
         kernel.AMX_LOADER.check(SimpleNamespace(available=lambda: False))
+
+
+def test_shared_headers_are_named_and_searched(tmp_path):
+    """A header kernels of two folders include lives in ``forwardpass/csrc/`` (``SHARED_CSRC``): each kernel
+    that includes it names it in ``headers=`` (so a change to it rebuilds the kernel) and gets its folder as
+    an include path; no source reaches into another kernel's folder."""
+    from forwardpass.kernel_build import SHARED_CSRC, CppKernel
+    from forwardpass.layers import small_matmul
+    from forwardpass.quant import kernel
+
+    for k in (small_matmul.KERNEL, kernel.AMX_KERNEL):
+        assert SHARED_CSRC / "transpose16.h" in k.headers and str(SHARED_CSRC.resolve()) in k.include_paths
+        assert "../" not in k.source.read_text()
+    own, shared = tmp_path / "own", tmp_path / "shared"
+    own.mkdir(), shared.mkdir()
+    (own / "k.cpp").write_text('#include "h.h"\n')
+    (shared / "h.h").write_text("// one\n")
+    k = CppKernel("k", own / "k.cpp", cflags=(), headers=(shared / "h.h",))
+    before = k.build_name
+    (shared / "h.h").write_text("// two\n")
+    assert k.build_name != before and k.include_paths == [str(shared.resolve())]

@@ -13,9 +13,10 @@ import torch
 
 from forwardpass import LLM, SamplingParams
 from forwardpass.layers import small_matmul as sm
-from forwardpass.layers.linear import Linear, linear
+from forwardpass.layers.linear import Linear
 from forwardpass.layers.packed import PackedWeight
-from forwardpass.layers.weight_methods import PackedFp32Method
+from forwardpass.layers.weight_interface import matmul
+from forwardpass.layers.weight_methods import PackedFp32Method, method_for
 from forwardpass.models.prepare import resolve_plan
 from tests.helpers.checkpoints import random_prompts
 from tests.helpers.isa import builds
@@ -50,7 +51,7 @@ def test_the_panels_hold_exactly_the_weight(build, n, k):
     w = _rand(n, k, seed=n + k)
     pw = _packed(w, build[1])
     assert pw.panels.shape[0] == n // 64 and pw.panels.shape[1] >= k and pw.panels.shape[2] == 64
-    assert torch.equal(pw.unpacked(), w)
+    assert torch.equal(pw.dense(), w)
     ids = torch.tensor([[0, 63, n - 64, n - 1], [5, 5, n // 2, 1]])
     assert torch.equal(pw.rows(ids), w[ids])
     for bad in (-1, n):
@@ -90,13 +91,13 @@ def test_large_batches_take_onednn_on_the_same_buffer(build):
     w, x = _rand(128, 96, seed=4), _rand(MAX_ROWS[isa] + 40, 96, seed=5)
     pw = _packed(w, module)
     pw._kernel = CountingKernel(module)
-    out = linear(x.view(2, -1, 96), pw)  # 3-D activations, as a layer gets them
+    out = matmul(x.view(2, -1, 96), pw)  # 3-D activations, as a layer gets them
     assert pw._kernel.rows == [] and out.shape == (2, x.shape[0] // 2, 128)
     torch.testing.assert_close(out.reshape(-1, 128), x @ w.T, rtol=1e-5, atol=1e-5)
-    linear(x[:3], pw)
+    matmul(x[:3], pw)
     assert pw._kernel.rows == [3]
     with pytest.raises(ValueError, match="features"):
-        linear(x[:3, :95], pw)
+        matmul(x[:3, :95], pw)
 
 
 class CountingKernel:
@@ -138,9 +139,9 @@ def test_packing_is_switched_off_by_the_environment(build, monkeypatch, checkpoi
         pytest.skip("no C++ toolchain: the engine uses the PyTorch path")
     path, config = checkpoint_factory("qwen3"), EngineConfig(cpu_kernels=True)
     monkeypatch.setenv("FORWARDPASS_PACKED_WEIGHTS", "0")
-    assert resolve_plan(config, path).weight_method_name("projection") == "fp32+small-matmul"
+    assert method_for(resolve_plan(config, path), "projection").name == "fp32+small-matmul"
     monkeypatch.delenv("FORWARDPASS_PACKED_WEIGHTS")
-    assert resolve_plan(config, path).weight_method_name("projection") == "fp32-packed"
+    assert method_for(resolve_plan(config, path), "projection").name == "fp32-packed"
     module = build[1]
     plan = ExecutionPlan(packed_weights=True, kernels=CompiledKernels(small_matmul=module.small_matmul,
                                                                       small_matmul_module=module))
@@ -149,7 +150,7 @@ def test_packing_is_switched_off_by_the_environment(build, monkeypatch, checkpoi
     assert isinstance(layer.method, PackedFp32Method)
     layer.weight.data = _rand(128, 32, seed=6)
     layer.process_weights_after_loading()
-    assert isinstance(layer.weight, PackedWeight) and torch.equal(layer.weight.unpacked(),
+    assert isinstance(layer.weight, PackedWeight) and torch.equal(layer.weight.dense(),
                                                                   _rand(128, 32, seed=6))
     with pytest.raises(RuntimeError, match="where it was packed"):
         layer.to(torch.float64)

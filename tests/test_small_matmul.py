@@ -60,7 +60,7 @@ def test_kernel_refuses_what_it_cannot_compute(kernel):
 
 
 def test_linear_takes_it_for_small_batches_only():
-    from forwardpass.layers.linear import linear
+    from forwardpass.layers.dense_matmul import dense_matmul
 
     calls = []
 
@@ -72,7 +72,7 @@ def test_linear_takes_it_for_small_batches_only():
     for rows in (1, sm.MAX_ROWS, sm.MAX_ROWS + 1):
         x = _rand(rows, 16, seed=rows)
         with torch.no_grad():  # the engine's setting (with autograd on, linear is F.linear)
-            got = linear(x, w, small_matmul=spy)
+            got = dense_matmul(x, w, small_matmul=spy)
         torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-5)
     assert calls == [1, sm.MAX_ROWS]  # the prefill-sized batch went to oneDNN
 

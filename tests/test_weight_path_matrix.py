@@ -44,6 +44,7 @@ from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.moe import ExpertWeights
 from forwardpass.layers.packed import PANEL, PackedWeight
+from forwardpass.layers.weight_methods import method_for
 from forwardpass.models.expert_stacks import ExpertStacks
 from forwardpass.models.weight_path_checks import check_weight_path
 from forwardpass.plan import ExecutionPlan
@@ -152,14 +153,14 @@ def agreement_report(request):
 def _check_weights(model: nn.Module, plan: ExecutionPlan, path: str) -> None:
     """The plan chose ``path`` and every layer took it: methods by role, and what each weight became."""
     _, projection, head = PATHS[path]
-    assert plan.weight_method_name("projection") == projection and plan.weight_method_name("lm_head") == head
+    assert method_for(plan, "projection").name == projection and method_for(plan, "lm_head").name == head
     torch_linears = [n for n, m in model.named_modules() if type(m) is nn.Linear]
     assert not torch_linears, f"torch nn.Linear layers the plan cannot reach: {torch_linears}"
     # (name, role, outputs, weight) of each projection / LM head
     held: list[tuple[str, str, int, object]] = []
     for name, m in model.named_modules():
         if isinstance(m, Linear):
-            assert m.method.name == plan.weight_method_name(m.role), name
+            assert m.method.name == method_for(plan, m.role).name, name
             if m.role == "dense":  # routers, kv_b_proj, wo_a: plain fp32 on every path
                 assert isinstance(m.weight, nn.Parameter), name
             else:

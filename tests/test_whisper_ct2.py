@@ -185,12 +185,13 @@ def test_ct2_whisper_quantized_at_load(converted, source):
     the fp32 model's weight; convolutions, position embeddings and norms stay fp32; the engine decodes."""
     from forwardpass.layers.embedding import TokenEmbedding
     from forwardpass.layers.linear import Linear
+    from forwardpass.layers.weight_methods import method_for
     from forwardpass.quant.weight import QuantizedWeight
 
     fp32 = load_ctranslate2_whisper(resolve_model_path(converted[source]))[0]
     llm = LLM(str(converted[source]), max_num_seqs=2, num_kv_blocks=64, quantization="int8")
     plan = llm.engine.core.plan
-    assert plan.checkpoint_format == "ctranslate2" and plan.weight_method_name("projection") == "q8_0"
+    assert plan.checkpoint_format == "ctranslate2" and method_for(plan, "projection").name == "q8_0"
     model, dense = llm.engine.model, dict(fp32.named_modules())
     held = [(n, m) for n, m in model.named_modules() if isinstance(m, (Linear, TokenEmbedding))]
     assert len(held) == 2 * 6 + 2 * 10 + 1  # 2 encoder layers x 6, 2 decoder layers x 10, the tied head

@@ -112,12 +112,13 @@ def test_greedy_transcripts_equal_faster_whisper(llm, reference, spoken):
 def test_int8_word_error_rate_against_faster_whisper_int8(spoken_for_int8):
     from forwardpass.layers.embedding import TokenEmbedding
     from forwardpass.layers.linear import Linear
+    from forwardpass.layers.weight_methods import method_for
     from forwardpass.loader.ctranslate2 import packaged_model_path
     from forwardpass.quant.weight import QuantizedWeight
 
     llm = LLM("tiny.en", max_num_seqs=8, quantization="int8")
     plan, model = llm.engine.core.plan, llm.engine.model
-    assert plan.weight_method_name("projection") == plan.weight_method_name("lm_head") == "q8_0"
+    assert method_for(plan, "projection").name == method_for(plan, "lm_head").name == "q8_0"
     held = [m for m in model.modules() if isinstance(m, (Linear, TokenEmbedding))]
     assert len(held) == 4 * 6 + 4 * 10 + 1  # tiny.en: 4 encoder and 4 decoder layers, the tied LM head
     assert all(isinstance(m.weight, QuantizedWeight) and m.weight.fmt == "q8_0" for m in held)

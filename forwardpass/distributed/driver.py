@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from forwardpass.config import EngineConfig
 from forwardpass.distributed.executor import ParallelGroup, StepMessage
-from forwardpass.distributed.parallel_state import TensorParallel, building_with
+from forwardpass.distributed.parallel_state import TensorParallel
 from forwardpass.distributed.worker import WorkerSetup
 from forwardpass.engine.scheduling.batch import RunnerOutput, SchedulerOutput
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
@@ -26,6 +25,7 @@ from forwardpass.errors import ConfigError, ForwardpassError
 from forwardpass.layers.parallel_linear import even_split
 from forwardpass.loader.config import load_model_config
 from forwardpass.loader.spec import ModelSpec, model_name
+from forwardpass.plan import ExecutionPlan
 
 #: architectures whose layers are built for tensor parallelism (the Llama family and its MoE variants)
 SUPPORTED = (
@@ -102,8 +102,8 @@ class ParallelExecutor:
     def __init__(self, group: ParallelGroup):
         self.group, self.size = group, group.size
 
-    def building(self) -> AbstractContextManager[Any]:
-        return building_with(self.group.tp)
+    def rank_plan(self, plan: ExecutionPlan) -> ExecutionPlan:
+        return dataclasses.replace(plan, tensor_parallel=self.group.tp)
 
     def local_spec(self, spec: ModelSpec) -> ModelSpec:
         return local_attention_spec(spec, self.size)

@@ -95,7 +95,8 @@ def _load_experts(
 
 
 def load_sharded(model: nn.Module, source: WeightSource) -> None:
-    """Fill a model built under ``building_with(tp)`` with this rank's part of every weight."""
+    """Fill a model built under a tensor-parallel plan (``plan.tensor_parallel``) with this rank's part of
+    every weight."""
     from forwardpass.loader.weights import checkpoint_names
 
     reader = SliceReader(source)

@@ -29,9 +29,10 @@ from torch import nn
 from forwardpass.distributed.parallel_state import TensorParallel
 from forwardpass.engine.worker.routing_stats import RoutingStats
 from forwardpass.layers.activation import get_activation, silu_and_mul
-from forwardpass.layers.linear import Linear, linear
+from forwardpass.layers.linear import Linear
 from forwardpass.layers.moe import ExpertWeights, FusedMoE, route
 from forwardpass.layers.parallel_linear import Shard, even_split
+from forwardpass.layers.weight_interface import matmul
 
 
 def local_experts(
@@ -60,7 +61,7 @@ def local_experts(
     outs, start = [], 0
     for e, n in enumerate(sizes):
         if n:
-            outs.append(linear(silu_and_mul(linear(xs[start : start + n], gate_up[e]), act), down[e]))
+            outs.append(matmul(silu_and_mul(matmul(xs[start : start + n], gate_up[e]), act), down[e]))
             start += n
     y = torch.cat(outs) if len(outs) > 1 else outs[0]
     out.index_add_(0, token_of, y * weights.reshape(-1)[mine].to(y.dtype).unsqueeze(1))

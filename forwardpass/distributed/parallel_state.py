@@ -13,15 +13,13 @@ Two groups per engine:
   The driver waits ``timeout_s`` at most; a worker waits as long as the engine is idle (days), and
   still learns at once when the driver dies (its connection closes).
 
-Models read the group while they are built (:func:`building_with`); their layers keep it, so the
-forward pass never looks anything up.
+Each rank's execution plan carries its group (``ExecutionPlan.tensor_parallel``): models read it from the
+plan they are built under; their layers keep it, so the forward pass never looks anything up.
 """
 
 from __future__ import annotations
 
-import contextlib
 import pickle
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -84,26 +82,6 @@ class TensorParallel:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         self.control.broadcast([t], opts).wait()
-
-
-NO_PARALLEL = TensorParallel()
-_building: TensorParallel = NO_PARALLEL
-
-
-def tensor_parallel() -> TensorParallel:
-    """The group of the model being built in this process (``NO_PARALLEL`` outside :func:`building_with`)."""
-    return _building
-
-
-@contextlib.contextmanager
-def building_with(tp: TensorParallel) -> Iterator[TensorParallel]:
-    """Build models for ``tp`` inside this block: their layers are sharded for its rank."""
-    global _building
-    prev, _building = _building, tp
-    try:
-        yield tp
-    finally:
-        _building = prev
 
 
 def backend_for(device: str) -> str:

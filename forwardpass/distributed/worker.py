@@ -13,6 +13,7 @@ other ranks' collectives fail at once instead of waiting for their timeout.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from forwardpass import envs
 from forwardpass.config import EngineConfig
 from forwardpass.distributed.executor import PREFIX, STARTUP_TIMEOUT_S, StepMessage, WorkerLaunch, rank_device
-from forwardpass.distributed.parallel_state import building_with, create_group
+from forwardpass.distributed.parallel_state import create_group
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
 from forwardpass.engine.worker.model_runner import ModelRunner
 from forwardpass.models.prepare import prepare_model, resolve_plan
@@ -90,10 +91,9 @@ def run_worker(
             expert_parallel=config.enable_expert_parallel,
         )
         # the same plan as rank 0 (its decode-kernel decision arrives in
-        # config.cpu_kernels), the same preparation
-        plan = resolve_plan(config, model)
-        with building_with(tp):
-            net, _ = prepare_model(model, plan)
+        # config.cpu_kernels) with this rank's group, the same preparation
+        plan = dataclasses.replace(resolve_plan(config, model), tensor_parallel=tp)
+        net, _ = prepare_model(model, plan)
         store.set(f"loaded/{rank}", str(sum(t.numel() * t.element_size() for t in net.parameters())))
         setup: WorkerSetup = tp.broadcast_object()
         kernel = plan.kernels.decode

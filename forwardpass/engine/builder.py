@@ -97,8 +97,7 @@ def build_engine_core(
     if model_builder is not None:
         net, spec = model_builder(plan)
     else:
-        with executor.building():  # tensor parallel: this rank's shard
-            net, spec = prepare_model(model_dir, plan)
+        net, spec = prepare_model(model_dir, executor.rank_plan(plan))  # tensor parallel: this rank's shard
     # with the weights as loaded (their formats and kernels): what /v1/models and explain show too
     logger.info("execution plan: %s", described_plan(plan, net))
     eos, defaults = resolve_eos_token_ids(model_dir, spec)

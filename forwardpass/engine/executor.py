@@ -11,14 +11,13 @@ that imports both sides.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
 from forwardpass.engine.worker.model_runner import ModelRunner
 from forwardpass.loader.spec import ModelSpec
+from forwardpass.plan import ExecutionPlan
 
 
 class Executor(Protocol):
@@ -27,8 +26,9 @@ class Executor(Protocol):
     #: ranks the model is split over (1: this process alone)
     size: int
 
-    def building(self) -> AbstractContextManager[Any]:
-        """The context the model is built in (tensor parallel: this rank's shard of every layer)."""
+    def rank_plan(self, plan: ExecutionPlan) -> ExecutionPlan:
+        """The plan this rank builds its model with (tensor parallel: with its group, so every layer is this
+        rank's shard)."""
         ...
 
     def local_spec(self, spec: ModelSpec) -> ModelSpec:
@@ -50,8 +50,8 @@ class LocalExecutor:
 
     size = 1
 
-    def building(self) -> AbstractContextManager[Any]:
-        return contextlib.nullcontext()
+    def rank_plan(self, plan: ExecutionPlan) -> ExecutionPlan:
+        return plan
 
     def local_spec(self, spec: ModelSpec) -> ModelSpec:
         return spec

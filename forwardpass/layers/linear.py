@@ -1,12 +1,8 @@
-"""Linear layers and the matmul path they take.
+"""Linear layers: a weight held and multiplied by the layer's weight method (``layers/weight_methods.py``).
 
-On this kind of CPU (AMD, AVX2, no AVX-512) ``F.linear`` goes through MKL's generic path, which reads
-weights at ~18–29 GB/s; oneDNN's ``_linear_pointwise`` reads the same fp32 weights 2–4× faster (see
-``benchmarks/decode.py``). We use oneDNN for fp32 CPU tensors
-and fall back to ``F.linear`` everywhere else (CUDA, other dtypes, autograd). A weight the quantize pass
-replaced by a :class:`~forwardpass.quant.weight.QuantizedWeight` (``forwardpass/quant/apply.py``) computes
-through its own kernel, so every caller of :func:`linear` (layers, MoE experts, LM heads) takes it as is; so
-does an fp32 weight the engine packed for oneDNN (:class:`~forwardpass.layers.packed.PackedWeight`).
+A weight the method quantized or packed (or a GGUF file's blocks) multiplies through its own kernels
+(``layers/weight_interface.py::Weight``); a plain fp32 weight through the dense matmul
+(``layers/dense_matmul.py``: oneDNN, or the compiled small-batch kernel for decode-sized batches).
 """
 
 from __future__ import annotations
@@ -14,57 +10,18 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from forwardpass.layers.packed import PackedWeight
-from forwardpass.layers.small_matmul import MAX_ROWS
-from forwardpass.quant.kblock_weight import KBlockWeight, RowStack
-from forwardpass.quant.weight import QuantizedWeight
-
-
-class SmallMatmul(Protocol):
-    """The compiled small-batch fp32 matmul: ``x [M, K] @ weight [N, K].T (+ bias)``."""
-
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> torch.Tensor: ...
+from forwardpass.layers.dense_matmul import SmallMatmul
+from forwardpass.layers.weight_interface import dense
+from forwardpass.layers.weight_methods import method_for
+from forwardpass.plan import current_plan
 
 
 class LinearDelta(Protocol):
     """Something added to a linear layer's output, computed from its input (a LoRA adapter slot)."""
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
-
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def linear(
-    x: torch.Tensor, weight: torch.Tensor | QuantizedWeight | PackedWeight, bias: torch.Tensor | None = None,
-    small_matmul: SmallMatmul | None = None,
-) -> torch.Tensor:
-    """``x @ weight.T + bias`` through the fastest path available for these tensors.
-
-    ``small_matmul`` is the engine's compiled kernel for decode-sized batches (``layers/small_matmul.py``):
-    fp32 batches of at most ``MAX_ROWS`` rows take it, larger ones oneDNN.
-    """
-    # computes through its own kernels
-    if isinstance(weight, (QuantizedWeight, PackedWeight, KBlockWeight, RowStack)):
-        return weight.matmul(x, bias)
-    if (
-        _ONEDNN
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and not torch.is_grad_enabled()
-    ):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if small_matmul is not None and x2.shape[0] <= MAX_ROWS:
-            out = small_matmul(x2, weight, bias)
-        else:
-            out = torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
-        return out.view(*shape[:-1], weight.shape[0])
-    return F.linear(x, weight, bias)
 
 
 class Linear(nn.Module):
@@ -79,9 +36,6 @@ class Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, role: str = "projection"):
         super().__init__()
-        from forwardpass.layers.weight_methods import method_for
-        from forwardpass.plan import current_plan
-
         plan = current_plan()
         self.in_features, self.out_features, self.role = in_features, out_features, role
         self.method = method_for(plan, role)
@@ -99,9 +53,7 @@ class Linear(nn.Module):
 
     def dense_weight(self) -> torch.Tensor:
         """The weight's plain ``[N, K]`` values, whatever holds them (for code that reads it as a matrix)."""
-        from forwardpass.layers.weight_methods import dense_weight
-
-        return dense_weight(self.weight)
+        return dense(self.weight)
 
     @property
     def small_matmul(self) -> SmallMatmul | None:

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from forwardpass.layers.activation import get_activation, silu_and_mul
-from forwardpass.layers.linear import Linear, linear
+from forwardpass.layers.linear import Linear
+from forwardpass.layers.weight_interface import matmul
 from forwardpass.plan import current_plan
 from forwardpass.quant.weight import QuantizedWeight
 
@@ -73,8 +74,8 @@ def grouped_experts(
     for e, n in enumerate(sizes):
         if n == 0:
             continue
-        h = silu_and_mul(linear(xs[start : start + n], gate_up[e]), act)
-        outs.append(linear(h, down[e]))
+        h = silu_and_mul(matmul(xs[start : start + n], gate_up[e]), act)
+        outs.append(matmul(h, down[e]))
         start += n
     y = torch.cat(outs) if len(outs) > 1 else outs[0]
     y = y * weights.reshape(-1)[order].to(y.dtype).unsqueeze(1)

@@ -16,7 +16,7 @@ checked, not assumed: a weight is packed only if the panels view of oneDNN's buf
 values in those places; otherwise it stays a plain tensor on the paths it used before.
 
 A linear layer whose plan packs its weights (``layers/weight_methods.py::PackedFp32Method``) packs it once
-after loading; ``forwardpass.layers.linear.linear`` sends the matmul here. Up to ``MAX_ROWS`` rows take our
+after loading; its method then calls :meth:`PackedWeight.matmul`. Up to ``MAX_ROWS`` rows take our
 kernel (decode steps), more take oneDNN's GEMM on the same buffer (prefill chunks).
 ``FORWARDPASS_PACKED_WEIGHTS=0`` keeps every weight plain (for comparisons).
 """
@@ -78,7 +78,20 @@ class PackedWeight(nn.Module):
             out = torch.ops.mkldnn._linear_pointwise(x2, self._onednn, bias, "none", [], "")
         return out.view(*shape[:-1], self.out_features)
 
-    def unpacked(self) -> torch.Tensor:
+    def matmul_batch_invariant(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x · Wᵀ (+ bias)`` through our kernel for every batch size, ``MAX_ROWS`` rows a call: a larger
+        call would go to oneDNN's GEMM, which sums in another order (the batch-invariant plan)."""
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.shape[0] <= MAX_ROWS:
+            return self.matmul(x, bias)
+        out = torch.cat([self.matmul(x2[i : i + MAX_ROWS], bias) for i in range(0, len(x2), MAX_ROWS)])
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    def describe(self) -> tuple[str, str]:
+        """``(format, what multiplies it)`` for people (``layers/weight_report.py``)."""
+        return "fp32", "the small-batch kernel on panels packed once (oneDNN for large batches)"
+
+    def dense(self) -> torch.Tensor:
         """The plain ``[N, K]`` weight (a copy), e.g. for tests and references."""
         return self.panels[:, : self.in_features].transpose(1, 2).reshape(self.out_features, self.in_features)
 

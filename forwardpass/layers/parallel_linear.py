@@ -31,7 +31,7 @@ from torch import nn
 from forwardpass.distributed.parallel_state import TensorParallel
 from forwardpass.errors import ConfigError
 from forwardpass.layers.activation import get_activation, silu_and_mul
-from forwardpass.layers.linear import linear
+from forwardpass.layers.dense_matmul import dense_matmul
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return dense_matmul(x, self.weight, self.bias)
 
     def split(self, out: torch.Tensor) -> list[torch.Tensor]:
         return list(out.split(list(self.output_sizes.values()), dim=-1))
@@ -103,7 +103,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(linear(x, self.weight))
+        out = self.tp.all_reduce(dense_matmul(x, self.weight))
         return out if self.bias is None else out + self.bias
 
     def shards(self, param: str) -> list[Shard]:
@@ -174,7 +174,7 @@ class VocabParallelEmbedding(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[T, V]`` float32 logits on rank 0. The other ranks get zeros of that shape: what they sample
         from them is replaced by rank 0's tokens (``distributed/worker.py``)."""
-        parts = self.tp.gather_to_driver(linear(hidden, self.weight).float())
+        parts = self.tp.gather_to_driver(dense_matmul(hidden, self.weight).float())
         if parts is None:
             return hidden.new_zeros((hidden.shape[0], self.vocab), dtype=torch.float32)
         return torch.cat(parts, dim=-1)[:, : self.vocab]

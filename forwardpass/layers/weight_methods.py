@@ -6,12 +6,14 @@ A :class:`~forwardpass.layers.linear.Linear` takes its method from the execution
 * ``create_weights``: the parameters the checkpoint loader fills (an fp32 ``weight`` for every method here);
 * ``process_weights_after_loading``: once, after loading: pack the weight for oneDNN, or quantize it to
   blocks;
-* ``apply``: ``x · Wᵀ (+ bias)`` through the kernels of the weight it now holds.
+* ``apply``: ``x · Wᵀ (+ bias)``: a weight in a format of its own (quantized blocks, packed panels:
+  ``layers/weight_interface.py::Weight``) through its own matmul, a plain fp32 tensor through the dense
+  matmul (``layers/dense_matmul.py``).
 
-Code that needs a weight's values (a grouped projection, a reference) asks :func:`dense_weight`, never the
-stored object. A GGUF file's quantized tensors arrive as blocks already (``loader/gguf_weights.py``): a layer
-holding a ``QuantizedWeight`` (Q8_0, Q4_0), a ``KBlockWeight`` (Q4_1, Q5_x, K-quants) or a ``RowStack`` of
-them keeps it whatever its method, which then leaves it as stored.
+Code that needs a weight's values (a grouped projection, a reference) asks ``Linear.dense_weight()``, never
+the stored object. A GGUF file's quantized tensors arrive as blocks already (``loader/gguf_weights.py``): a
+layer holding a ``QuantizedWeight`` (Q8_0, Q4_0), a ``KBlockWeight`` (Q4_1, Q5_x, K-quants) or a
+``RowStack`` of them keeps it whatever its method, which then leaves it as stored.
 
 Roles: ``"projection"`` (attention and MLP projections), ``"lm_head"`` (a separate output matrix, 8 bits when
 quantizing), ``"dense"`` (read as a matrix or too sensitive to round: MoE routers, DeepSeek's ``kv_b_proj``
@@ -30,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from forwardpass.layers.dense_matmul import dense_matmul
 from forwardpass.layers.packed import PackedWeight
-from forwardpass.layers.small_matmul import MAX_ROWS
-from forwardpass.quant.kblock_weight import KBlockWeight, RowStack
+from forwardpass.layers.weight_interface import Weight
 from forwardpass.quant.weight import QuantizedWeight
 
 if TYPE_CHECKING:
@@ -40,23 +42,9 @@ if TYPE_CHECKING:
 
 ROLES = ("projection", "lm_head", "dense")
 #: the small-batch kernel on a plain (unpacked) weight is row-invariant up to this many rows (its transposed
-#: path for larger batches sums in another order); on packed panels up to MAX_ROWS
-#: (tests/test_batch_invariance.py)
+#: path for larger batches sums in another order); on packed panels up to MAX_ROWS (PackedWeight's own
+#: batch-invariant matmul; tests/test_batch_invariance.py)
 PLAIN_INVARIANT_ROWS = 16
-
-
-#: weights that arrive quantized from a checkpoint (a GGUF file) and are kept as stored by every method
-BlockWeight = QuantizedWeight | KBlockWeight | RowStack
-BLOCK_WEIGHTS = (QuantizedWeight, KBlockWeight, RowStack)
-
-
-def dense_weight(weight: torch.Tensor | PackedWeight | BlockWeight) -> torch.Tensor:
-    """The plain ``[N, K]`` values of a stored weight (the tensor itself when it is one; a copy otherwise)."""
-    if isinstance(weight, PackedWeight):
-        return weight.unpacked()
-    if isinstance(weight, BLOCK_WEIGHTS):
-        return weight.dequantize()
-    return weight
 
 
 @dataclass(frozen=True)
@@ -75,7 +63,7 @@ class Fp32Method:
     def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None:
         layer.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
 
-    def load_blocks(self, layer: nn.Module, weight: BlockWeight) -> None:
+    def load_blocks(self, layer: nn.Module, weight: Weight) -> None:
         """A checkpoint tensor that arrives quantized (a GGUF file's blocks, ``loader/gguf_weights.py``): the
         layer holds it as stored, whatever its method; the methods' post-processing leaves it as it is."""
         del layer.weight  # the fp32 parameter made by create_weights, never filled
@@ -85,20 +73,19 @@ class Fp32Method:
         pass
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        from forwardpass.layers.linear import linear
-
         w = layer.weight
+        # quantized or packed after loading, or a GGUF file's blocks: its own kernels
+        if not isinstance(w, torch.Tensor):
+            return w.matmul_batch_invariant(x, bias) if self.batch_invariant else w.matmul(x, bias)
         if self.batch_invariant:
-            if isinstance(w, BLOCK_WEIGHTS):  # quantized at load, or a GGUF file's blocks
-                return w.matmul_batch_invariant(x, bias)
-            rows = MAX_ROWS if isinstance(w, PackedWeight) else PLAIN_INVARIANT_ROWS
             x2 = x.reshape(-1, x.shape[-1])
+            rows = PLAIN_INVARIANT_ROWS
             if x2.shape[0] > rows:  # pieces the kernel takes: a larger batch would go to oneDNN's GEMM
-                pieces = [linear(x2[i : i + rows], w, bias, self.small_matmul)
+                pieces = [dense_matmul(x2[i : i + rows], w, bias, self.small_matmul)
                           for i in range(0, len(x2), rows)]  # fmt: skip
                 out = torch.cat(pieces)
                 return out.view(*x.shape[:-1], out.shape[-1])
-        return linear(x, w, bias, self.small_matmul)
+        return dense_matmul(x, w, bias, self.small_matmul)
 
 
 @dataclass(frozen=True)

@@ -1,48 +1,28 @@
-"""What a loaded model's weights really are, and which kernel multiplies them, in words a person reads: the
-start-up banner, ``/v1/models`` and ``explain`` show it. The execution plan names each role's *method*, but a
-GGUF file's tensors keep their own types (Q4_1 projections beside a Q8_0 head), so this reads the weights
-themselves."""
+"""The execution plan and what a loaded model's weights really are, and which kernel multiplies them, in words
+a person reads: the start-up banner, ``/v1/models`` and ``explain`` show it. The execution plan names each
+role's *method* (:func:`describe_plan`), but a GGUF file's tensors keep their own types (Q4_1 projections
+beside a Q8_0 head), so :func:`weight_formats` reads the weights themselves."""
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import torch
 from torch import nn
 
-from forwardpass.layers.packed import PackedWeight
-from forwardpass.quant.kblock_weight import KBlockStack, KBlockWeight, RowStack
-from forwardpass.quant.weight import QuantizedWeight
+from forwardpass import envs
+from forwardpass.layers.weight_interface import Weight
+from forwardpass.layers.weight_methods import ROLES, method_for
+from forwardpass.plan import ExecutionPlan
 
 
-def describe_weight(w: object) -> tuple[str, str]:
-    """One weight matrix as ``(format, what multiplies it)``: ``("Q4_1", "the K-block kernel (...)")``."""
-    if isinstance(w, KBlockStack):
-        return "/".join(k.upper() for k in w.kinds), f"the K-block kernel {_kernel_words(w)}"
-    if isinstance(w, KBlockWeight):
-        return w.fmt.upper(), f"the K-block kernel {_kernel_words(w)}"
-    if isinstance(w, QuantizedWeight):
-        if w._kernel is None:
-            return w.fmt.upper(), "the PyTorch reference"
-        large = "AMX" if w._amx is not None else "VNNI GEMM" if w._vnni is not None else (
-            "the same kernel" if w._kernel_takes_all else ("bf16" if w.bf16_gemm else "fp32") + " oneDNN")
-        return w.fmt.upper(), f"the quantized-matmul kernel ({w._kernel.isa}; large batches: {large})"
-    if isinstance(w, RowStack):
-        parts = [describe_weight(p) for p in w.parts]
-        return " + ".join(f for f, _ in parts), " / ".join(dict.fromkeys(h for _, h in parts))
-    if isinstance(w, PackedWeight):
-        return "fp32", "the small-batch kernel on panels packed once (oneDNN for large batches)"
+def describe_weight(w: torch.Tensor | Weight) -> tuple[str, str]:
+    """One weight matrix as ``(format, what multiplies it)``: ``("Q4_1", "the K-block kernel (...)")``; a
+    weight in a format of its own says it itself (``describe()``)."""
     if isinstance(w, torch.Tensor):
         return str(w.dtype).removeprefix("torch."), "oneDNN"
-    return type(w).__name__, "its own matmul"
-
-
-def _kernel_words(w: KBlockWeight) -> str:
-    if w._kernel is None:
-        return "(PyTorch reference)"
-    if w._kernel_takes_all:
-        return f"({w._kernel.isa}, int8 activations, every batch size)"
-    return f"({w._kernel.isa}, int8 activations; large batches: {'bf16' if w.bf16_gemm else 'fp32'} oneDNN)"
+    return w.describe()
 
 
 def _phrase(found: Counter[tuple[str, str]]) -> str:
@@ -80,10 +60,31 @@ def weight_formats(model: nn.Module) -> dict[str, str]:
     return out
 
 
-def described_plan(plan: object, model: nn.Module) -> dict:
-    """``plan.describe()`` with ``loaded_weights``: what the weights really are (the start-up banner,
+def describe_plan(plan: ExecutionPlan) -> dict[str, Any]:
+    """The plan for people and reports (start-up log, ``/v1/models``, ``explain --json``): plain JSON values,
+    each role's weight method by name (``layers/weight_methods.py``)."""
+    return {
+        "device": plan.device,
+        "dtype": str(plan.dtype).removeprefix("torch."),
+        "checkpoint_format": plan.checkpoint_format,
+        "kv_cache_dtype": str(plan.kv_cache_dtype).removeprefix("torch."),
+        "weights": {role: method_for(plan, role).name for role in ROLES},
+        "decode_kernel": plan.kernels.decode is not None,
+        "fused_ops": plan.kernels.fused_ops is not None,
+        "small_matmul": plan.kernels.small_matmul is not None,
+        "decode_stack": plan.decode_stack,
+        "batch_invariant": plan.batch_invariant,
+        "huge_pages": plan.huge_pages,
+        "lora_slots": plan.lora_slot is not None,
+        "isa": dict(plan.isa),
+        "env": envs.describe(),
+    }
+
+
+def described_plan(plan: ExecutionPlan, model: nn.Module) -> dict[str, Any]:
+    """:func:`describe_plan` with ``loaded_weights``: what the weights really are (the start-up banner,
     ``/v1/models`` and ``explain`` show it)."""
     formats = weight_formats(model)
-    if getattr(plan, "checkpoint_format", None) == "gguf":  # the file's own types, as llama.cpp names them
+    if plan.checkpoint_format == "gguf":  # the file's own types, as llama.cpp names them
         formats = {role: f"GGUF {what}" for role, what in formats.items()}
-    return {**plan.describe(), "loaded_weights": formats}  # type: ignore[attr-defined]
+    return {**describe_plan(plan), "loaded_weights": formats}

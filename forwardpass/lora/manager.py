@@ -30,7 +30,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from forwardpass.layers.linear import Linear, linear
+from forwardpass.layers.dense_matmul import dense_matmul
+from forwardpass.layers.linear import Linear
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.lora.adapter import LoRAAdapter, LoRAAdapterError, adapter_targets, load_adapter
 from forwardpass.lora.request import LoRARequest
@@ -72,7 +73,7 @@ class LoRALayer:
             w = self.weights.get(adapter_id)
             if w is None:
                 continue
-            delta = linear(linear(x[rows], w[0]), w[1])
+            delta = dense_matmul(dense_matmul(x[rows], w[0]), w[1])
             if isinstance(rows, slice):
                 out[rows] += delta
             else:

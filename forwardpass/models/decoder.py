@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 from forwardpass.attention.context import AttentionContext
-from forwardpass.distributed.parallel_state import tensor_parallel
 from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.parallel_linear import VocabParallelEmbedding
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.weights import WeightSource, checkpoint_names, load_into
+from forwardpass.plan import current_plan
 
 #: ``layer(spec, layer_idx)``: a family's decoder layer class (or any callable making one)
 LayerFactory = Callable[[ModelSpec, int], nn.Module]
@@ -42,7 +42,7 @@ NormFactory = Callable[[int, float], nn.Module]
 def token_embedding(spec: ModelSpec) -> nn.Module:
     """The token embedding: this rank's vocabulary rows under tensor parallelism, else the whole matrix (which
     takes the LM head's weight method where the model ties the two)."""
-    tp = tensor_parallel()
+    tp = current_plan().tensor_parallel
     if tp.enabled:
         return VocabParallelEmbedding(spec.vocab, spec.hidden, tp)
     return TokenEmbedding(spec.vocab, spec.hidden, tied=spec.tied)
@@ -106,11 +106,12 @@ class CausalLM(nn.Module):
         self.spec = spec
         self.add_module(self.decoder_attribute, self.build_decoder(spec))
         self.tie_word_embeddings = spec.tied if tied is None else tied
-        self.vocab_parallel = tensor_parallel().enabled  # logits gathered from every rank's vocabulary slice
+        tp = current_plan().tensor_parallel
+        self.vocab_parallel = tp.enabled  # logits gathered from every rank's vocabulary slice
         if self.tie_word_embeddings:
             self.lm_head = None  # logits use the embedding matrix itself: one copy in memory
         elif self.vocab_parallel:
-            self.lm_head = VocabParallelEmbedding(spec.vocab, spec.hidden, tensor_parallel())
+            self.lm_head = VocabParallelEmbedding(spec.vocab, spec.hidden, tp)
         else:
             self.lm_head = Linear(spec.hidden, spec.vocab, role="lm_head")
 

@@ -28,8 +28,9 @@ from torch import nn
 
 from forwardpass.attention.compressed import rms_norm
 from forwardpass.attention.context import AttentionContext
-from forwardpass.layers.linear import Linear, linear
+from forwardpass.layers.linear import Linear
 from forwardpass.layers.rotary import RotaryEmbedding
+from forwardpass.layers.weight_interface import matmul
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.weights import WeightSource
 from forwardpass.models.decoder import CausalLM, DecoderModel
@@ -73,8 +74,8 @@ def clamped_glu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Ten
 
 def swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, limit: float) -> torch.Tensor:
     """``w2 · (silu(min(gate, L)) · clamp(up, ±L))`` with ``gate, up = w13 · x``."""
-    gate, up = linear(x, w13).chunk(2, dim=-1)
-    return linear(clamped_glu(gate, up, limit), w2)
+    gate, up = matmul(x, w13).chunk(2, dim=-1)
+    return matmul(clamped_glu(gate, up, limit), w2)
 
 
 class SharedExpert(nn.Module):

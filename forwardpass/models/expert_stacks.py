@@ -4,8 +4,8 @@
 They take the plan's block format after loading, as ``FusedMoE``'s ``ExpertWeights`` do (``quant/apply.py``:
 MoE expert stacks are quantized like the projections): without this an int8 / int4 engine kept these models'
 routed experts, most of their weights, in fp32 while its plan said ``q8_0`` / ``q4_0``. A quantized stack is
-indexed per expert (``QuantizedWeight.__getitem__``) and multiplied through ``layers/linear.py::linear`` like
-a tensor.
+indexed per expert (``QuantizedWeight.__getitem__``) and multiplied through its own matmul, a tensor's
+matrix through the dense one (``layers/weight_interface.py::matmul``).
 """
 
 from __future__ import annotations

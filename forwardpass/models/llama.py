@@ -19,7 +19,6 @@ from torch import nn
 
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
-from forwardpass.distributed.parallel_state import tensor_parallel
 from forwardpass.layers.linear import Linear, MergedLinear
 from forwardpass.layers.mlp import GatedMLP
 from forwardpass.layers.norm import RMSNorm
@@ -39,7 +38,8 @@ class DecoderAttention(nn.Module):
         super().__init__()
         d = spec.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = spec.heads, spec.kv_heads, d
-        if (tp := tensor_parallel()).enabled:  # this rank's heads: q/k/v column-split, o_proj row-split
+        # tensor parallel: this rank's heads, q/k/v column-split, o_proj row-split
+        if (tp := current_plan().tensor_parallel).enabled:
             self.qkv_proj, self.num_heads, self.num_kv_heads = qkv_parallel(
                 spec.hidden, spec.heads, spec.kv_heads, d, tp, bias=spec.qkv_bias)
             self.o_proj = RowParallelLinear(spec.q_dim, spec.hidden, tp, bias=spec.o_bias,
@@ -88,7 +88,7 @@ class DecoderLayer(nn.Module):
         self.mlp = self.build_mlp(spec, layer_idx)
 
     def build_mlp(self, spec: ModelSpec, layer_idx: int) -> nn.Module:
-        if (tp := tensor_parallel()).enabled:
+        if (tp := current_plan().tensor_parallel).enabled:
             return ParallelGatedMLP(spec.hidden, spec.intermediate, spec.hidden_act, tp, bias=spec.mlp_bias)
         return GatedMLP(spec.hidden, spec.intermediate, spec.hidden_act, bias=spec.mlp_bias)
 

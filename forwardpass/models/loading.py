@@ -13,16 +13,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from forwardpass.distributed.parallel_state import tensor_parallel
 from forwardpass.errors import MissingFileError
 from forwardpass.loader.config import load_model_config
 from forwardpass.loader.spec import ModelSpec, model_name
 from forwardpass.loader.weights import WeightSource, checkpoint_names, find_weight_files, load_into
 from forwardpass.models.registry import resolve_model_class
+from forwardpass.plan import current_plan
 
 
 def load_weights(model: nn.Module, source: WeightSource) -> None:
-    if tensor_parallel().enabled:  # this rank's slices only, read with safetensors' get_slice
+    # tensor parallel (the plan the model is built under): this rank's slices only, read with get_slice
+    if current_plan().tensor_parallel.enabled:
         from forwardpass.distributed.loading import load_sharded
 
         load_sharded(model, source)

@@ -32,9 +32,10 @@ from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.kv_cache_interface import KVCacheSpec, StateSpec
 from forwardpass.attention.layer import CachedAttention
 from forwardpass.layers.activation import get_activation
-from forwardpass.layers.linear import Linear, MergedLinear, linear
+from forwardpass.layers.linear import Linear, MergedLinear
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.ssd import causal_conv, causal_conv_step, gated_rms_norm, ssd_scan, ssm_step
+from forwardpass.layers.weight_interface import matmul
 from forwardpass.loader.spec import MIXER_ATTENTION, MIXER_MAMBA, MIXER_MOE, ModelSpec, SSMSpec
 from forwardpass.loader.weights import WeightSource
 from forwardpass.models.decoder import CausalLM, DecoderModel
@@ -183,8 +184,8 @@ class NemotronHMoE(nn.Module):
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for e in ids.unique().tolist():
             rows, slot = torch.where(ids == e)
-            h = self.act(linear(x[rows], self.experts.up_proj[e]))
-            out.index_add_(0, rows, linear(h, self.experts.down_proj[e]).float() * weights[rows, slot, None])
+            h = self.act(matmul(x[rows], self.experts.up_proj[e]))
+            out.index_add_(0, rows, matmul(h, self.experts.down_proj[e]).float() * weights[rows, slot, None])
         return out.to(x.dtype) + self.shared_experts(x, ctx)
 
 

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 from torch import nn
 
-from forwardpass.distributed.parallel_state import tensor_parallel
 from forwardpass.layers.moe import FusedMoE
 from forwardpass.loader.spec import ModelSpec
 from forwardpass.models.llama import DecoderLayer
+from forwardpass.plan import current_plan
 
 
 class MoEDecoderLayer(DecoderLayer):
     def build_mlp(self, spec: ModelSpec, layer_idx: int) -> nn.Module:
         if layer_idx not in spec.moe_layer_ids:
             return super().build_mlp(spec, layer_idx)
-        if (tp := tensor_parallel()).enabled:  # experts partitioned (expert parallel) or each one split
+        # experts partitioned (expert parallel) or each one split
+        if (tp := current_plan().tensor_parallel).enabled:
             from forwardpass.distributed.moe import ParallelFusedMoE
 
             return ParallelFusedMoE(spec.hidden, spec.num_experts, spec.expert_intermediate,

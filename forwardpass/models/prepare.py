@@ -138,7 +138,7 @@ def process_weights_after_loading(model: nn.Module) -> None:
 def prepare_model(model_dir: str | Path, plan: ExecutionPlan) -> tuple[nn.Module, ModelSpec]:
     """``(model, spec)``: built with ``plan``, weights loaded (a Hugging Face directory or a GGUF file's),
     each module's weights post-processed once, the whole on 2 MB pages where the plan says so. Tensor
-    parallel: call it inside ``distributed.parallel_state.building_with`` (each rank loads its shard)."""
+    parallel: a plan with the rank's group (``plan.tensor_parallel``): each rank builds, loads its shard."""
     from forwardpass.huge_pages import move_model_to_huge_pages
     from forwardpass.loader.ctranslate2 import is_converted_dir
     from forwardpass.loader.gguf import is_gguf_dir, load_gguf_model

@@ -3,7 +3,8 @@ multiplies activations; ``KBlockStack``: K-block matrices of different kinds sta
 one kernel call; ``RowStack``: matrices of any formats stacked along the output rows, each on its own kernel.
 
 Like :class:`~forwardpass.quant.weight.QuantizedWeight` it takes the place of a layer's fp32 weight and
-``layers/linear.py::linear`` sends ``x · Wᵀ`` to :meth:`KBlockWeight.matmul`:
+multiplies activations through its own kernels (:meth:`KBlockWeight.matmul`; the weight interface of
+``layers/weight_interface.py``):
 
 * fewer than ``gemm_rows`` activation rows (decode): the K-block kernel (``csrc/kblock_matmul.cpp``), int8
   activations times the codes, reading the file's bits per weight;
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from forwardpass.kernel_build import cpu_flags
+from forwardpass.layers.dense_matmul import dense_matmul
 from forwardpass.quant import kblocks
 from forwardpass.quant.kernel import gemm_path, load_kblock_kernel
 
@@ -101,6 +103,10 @@ class KBlockWeight(nn.Module):
     def dequantize(self) -> torch.Tensor:
         return self._dequantized_rows(0, self.shape[0])
 
+    def dense(self) -> torch.Tensor:
+        """The plain fp32 values (the weight interface's name for :meth:`dequantize`)."""
+        return self.dequantize()
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """fp32 rows ``W[ids]`` (a tied embedding's lookup)."""
         flat = ids.reshape(-1)
@@ -145,11 +151,9 @@ class KBlockWeight(nn.Module):
         if self._kernel is not None and x2.is_cpu and x2.shape[0] < self.gemm_rows:
             out = self._kernel_matmul(x2)
         elif self._kernel is not None and x2.is_cpu:
-            from forwardpass.layers.linear import linear
-
             dtype = torch.bfloat16 if self.bf16_gemm else torch.float32
             xg, n = x2.to(dtype), self.shape[0]
-            outs = [linear(xg, self._dequantized_rows(s, min(n, s + GEMM_SLAB), dtype))
+            outs = [dense_matmul(xg, self._dequantized_rows(s, min(n, s + GEMM_SLAB), dtype))
                     for s in range(0, n, GEMM_SLAB)]  # fmt: skip
             out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).float()
         else:
@@ -157,6 +161,18 @@ class KBlockWeight(nn.Module):
         if bias is not None:
             out = out + bias
         return out.view(*shape[:-1], out.shape[-1]).to(x.dtype)
+
+    def describe(self) -> tuple[str, str]:
+        """``(format, what multiplies it)`` for people (``layers/weight_report.py``)."""
+        return self.fmt.upper(), f"the K-block kernel {self._kernel_words()}"
+
+    def _kernel_words(self) -> str:
+        if self._kernel is None:
+            return "(PyTorch reference)"
+        if self._kernel_takes_all:
+            return f"({self._kernel.isa}, int8 activations, every batch size)"
+        gemm = "bf16" if self.bf16_gemm else "fp32"
+        return f"({self._kernel.isa}, int8 activations; large batches: {gemm} oneDNN)"
 
     def extra_repr(self) -> str:
         return f"{self.fmt}, shape={tuple(self.shape)}, {self.path}"
@@ -205,6 +221,9 @@ class KBlockStack(KBlockWeight):
         parts = kblocks.stack_parts(self.codes, self.meta)
         return torch.cat([kblocks.reference_matmul(x2, kind, c, m) for kind, c, m in parts], dim=-1)
 
+    def describe(self) -> tuple[str, str]:
+        return "/".join(k.upper() for k in self.kinds), f"the K-block kernel {self._kernel_words()}"
+
     def extra_repr(self) -> str:
         return f"stack of {'/'.join(self.kinds)}, shape={tuple(self.shape)}, {self.path}"
 
@@ -234,6 +253,9 @@ class RowStack(nn.Module):
     def dequantize(self) -> torch.Tensor:
         return torch.cat([p.dequantize() for p in self.parts])
 
+    def dense(self) -> torch.Tensor:
+        return self.dequantize()
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.dequantize()[ids]
 
@@ -244,6 +266,11 @@ class RowStack(nn.Module):
     def matmul_batch_invariant(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         out = torch.cat([p.matmul_batch_invariant(x) for p in self.parts], dim=-1)
         return out if bias is None else out + bias
+
+    def describe(self) -> tuple[str, str]:
+        """The parts' formats joined, and what multiplies each (once per kind of path)."""
+        parts = [p.describe() for p in self.parts]
+        return " + ".join(f for f, _ in parts), " / ".join(dict.fromkeys(h for _, h in parts))
 
 
 class _Dense(nn.Module):
@@ -260,10 +287,14 @@ class _Dense(nn.Module):
     def dequantize(self) -> torch.Tensor:
         return self.weight
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        from forwardpass.layers.linear import linear
+    def dense(self) -> torch.Tensor:
+        return self.weight
 
-        return linear(x, self.weight, bias)
+    def describe(self) -> tuple[str, str]:
+        return "float32", "oneDNN"
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return dense_matmul(x, self.weight, bias)
 
     def matmul_batch_invariant(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # each row alone (a matrix-vector product per row): nothing in common between rows

@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from forwardpass import envs
-from forwardpass.kernel_build import CppKernel, KernelLoader, cpu_flags, pick_isa
+from forwardpass.kernel_build import SHARED_CSRC, CppKernel, KernelLoader, cpu_flags, pick_isa
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ GEMM_HEADER = SOURCE.with_name("vnni_gemm.h")  # the VNNI build's GEMM for many 
 # the tile layout of the weights, and the small-batch matmul on it of each build
 TILES_HEADERS = tuple(SOURCE.with_name(n) for n in ("tile_layout.h", "tiles.h", "tiles_avx2.h"))
 # the AMX kernel's stores
-TRANSPOSE_HEADER = Path(__file__).parent.parent / "layers" / "csrc" / "transpose16.h"
+TRANSPOSE_HEADER = SHARED_CSRC / "transpose16.h"
 # no -ffast-math: the activation quantization must round exactly like the reference's float ops.
 AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 # VNNI's vpdpbusd does 64 int8 products per instruction (AVX2: 32 in three): chosen when this CPU has it

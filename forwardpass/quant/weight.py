@@ -1,9 +1,10 @@
 """``QuantizedWeight``: a block-quantized weight matrix (or a stack of them) that multiplies activations.
 
 It takes the place of a layer's fp32 ``weight`` parameter (``Linear.weight``, an MoE layer's expert stacks,
-the LM head / tied embedding); ``forwardpass.layers.linear.linear`` sends ``x · Wᵀ`` here when it sees one,
-so model code stays unchanged. It is a module holding its tensors as buffers, so ``.to()`` and
-``state_dict`` see them and ``named_parameters`` no longer lists the fp32 weight it replaced.
+the LM head / tied embedding) and multiplies activations through its own kernels (:meth:`matmul`; the
+weight interface of ``layers/weight_interface.py``), so model code stays unchanged. It is a module holding
+its tensors as buffers, so ``.to()`` and ``state_dict`` see them and ``named_parameters`` no longer lists
+the fp32 weight it replaced.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from forwardpass.kernel_build import cpu_flags
+from forwardpass.layers.dense_matmul import dense_matmul
 from forwardpass.quant import reference
 from forwardpass.quant.formats import dequantize, quantize
 from forwardpass.quant.kernel import gemm_path, load_amx_kernel, load_quant_kernel
@@ -131,6 +133,10 @@ class QuantizedWeight(nn.Module):
     def dequantize(self) -> torch.Tensor:
         return dequantize(*self.gguf_layout(), self.fmt, self.in_features)
 
+    def dense(self) -> torch.Tensor:
+        """The plain fp32 values (the weight interface's name for :meth:`dequantize`)."""
+        return self.dequantize()
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """fp32 rows ``W[ids]`` (an embedding lookup on a tied, quantized embedding matrix)."""
         if self.tiles:
@@ -193,12 +199,10 @@ class QuantizedWeight(nn.Module):
             # prefill-sized batches are compute bound: a float GEMM (oneDNN) on the weights dequantized a slab
             # at a time beats the int8 dot products (measured: ~55 GFLOP/s per core for the kernel, 80-130 for
             # fp32 oneDNN, ~300-400 for bf16 on AMX), and the dequantization is paid once per GEMM_SLAB rows
-            from forwardpass.layers.linear import linear
-
             dtype = torch.bfloat16 if self.bf16_gemm and x2.is_cpu else torch.float32
             xg, n = x2.to(dtype), self.d.shape[0]
             outs = [
-                linear(xg, self._dequantized_rows(s, min(n, s + GEMM_SLAB), dtype))
+                dense_matmul(xg, self._dequantized_rows(s, min(n, s + GEMM_SLAB), dtype))
                 for s in range(0, n, GEMM_SLAB)
             ]
             out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).float()
@@ -209,6 +213,15 @@ class QuantizedWeight(nn.Module):
         if bias is not None:
             out = out + bias
         return out.view(*shape[:-1], out.shape[-1]).to(x.dtype)
+
+    def describe(self) -> tuple[str, str]:
+        """``(format, what multiplies it)`` for people (``layers/weight_report.py``)."""
+        if self._kernel is None:
+            return self.fmt.upper(), "the PyTorch reference"
+        gemm = ("bf16" if self.bf16_gemm else "fp32") + " oneDNN"
+        large = "AMX" if self._amx is not None else "VNNI GEMM" if self._vnni is not None else (
+            "the same kernel" if self._kernel_takes_all else gemm)
+        return self.fmt.upper(), f"the quantized-matmul kernel ({self._kernel.isa}; large batches: {large})"
 
     def extra_repr(self) -> str:
         path = "kernel" if self._kernel is not None else "reference"

@@ -95,7 +95,8 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
     @app.get("/models", response_model=None, include_in_schema=False)
     async def models() -> dict[str, Any]:
         # vLLM-style extra fields, which OpenAI clients ignore; "forwardpass" carries how the engine computes
-        # (``ExecutionPlan.describe()``: weight methods, kernels, ISA, FORWARDPASS_* variables in force)
+        # (``layers/weight_report.py::described_plan``: weight methods, kernels, ISA, FORWARDPASS_* variables
+        # in force)
         plan = engine.info.execution_plan if engine.info is not None else {}
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "forwardpass",

@@ -52,8 +52,9 @@ struct Projection {
     }
   }
 
-  // as forwardpass/layers/linear.py::linear: the dense kernel adds the bias itself; a quantized weight's
-  // output gets it added after, and from gemm_rows rows on it multiplies with its GEMM (QuantizedWeight.matmul)
+  // as a linear layer's weight method (layers/weight_methods.py): the dense kernel adds the bias itself; a
+  // quantized weight's output gets it added after, and from gemm_rows rows on it multiplies with its GEMM
+  // (QuantizedWeight.matmul)
   torch::Tensor operator()(const torch::Tensor& x) const {
     if (dense) return dense(x, a, bias);
     torch::Tensor out = gemm && x.size(0) >= gemm_rows ? gemm(x, a, b) : quant(x, a, b);

@@ -70,7 +70,8 @@ class EngineInfo:
     default_params: SamplingParams
     eos_token_ids: tuple[int, ...]
     max_num_seqs: int
-    #: ``ExecutionPlan.describe()`` of the engine (plain JSON values): reported by ``/v1/models``
+    #: the engine's plan and weights (``layers/weight_report.py::described_plan``, plain JSON values):
+    #: reported by ``/v1/models``
     execution_plan: dict[str, Any] = field(default_factory=dict)
 
 

@@ -221,7 +221,7 @@ void matmul(const float* x, const float* w, const float* bias, float* y, int64_t
 }  // namespace panel
 
 #if defined(__AVX512F__)
-#include "transpose16.h"
+#include "transpose16.h"  // forwardpass/csrc/
 
 // ---- batches of 17+ rows (AVX-512 build): activations transposed, weights broadcast ---------------------
 //

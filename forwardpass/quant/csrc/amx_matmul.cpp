@@ -29,7 +29,7 @@
 
 #include "amx_state.h"
 #include "block_weights.h"
-#include "../../layers/csrc/transpose16.h"
+#include "transpose16.h"  // forwardpass/csrc/
 
 #include <algorithm>
 #include <cstdint>

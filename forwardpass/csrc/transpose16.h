@@ -1,5 +1,6 @@
 // A 16×16 fp32 transpose in AVX-512 registers, shared by the kernels that lay 16 rows across a vector's lanes
-// (layers/csrc/small_matmul.cpp's broadcast kernel, quant/csrc/amx_matmul.cpp's tile stores).
+// (layers/csrc/small_matmul.cpp's broadcast kernel, quant/csrc/amx_matmul.cpp's tile stores); in forwardpass/csrc/,
+// the folder of headers kernels of two folders include (kernel_build.py: SHARED_CSRC, an include path of both).
 #pragma once
 #include <immintrin.h>
 
