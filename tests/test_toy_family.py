@@ -28,9 +28,9 @@ from forwardpass.engine.scheduling.kv_cache_spec import layer_specs
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary
-from forwardpass.loader.spec import ModelSpec, decoder_spec, load_model_spec
 from forwardpass.loader.weights import WeightSource, load_into
 from forwardpass.models.registry import register_model, unregister_model
+from forwardpass.models.spec import ModelSpec, decoder_spec, load_model_spec
 
 ARCH = "ToyForCausalLM"
 CONFIG = {

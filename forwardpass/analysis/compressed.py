@@ -23,7 +23,8 @@ layer kind (sliding / CSA / HCA, each op summed over the layers of that kind):
 from __future__ import annotations
 
 from forwardpass.analysis.ops import MATMUL, VECTOR, OpCost, elementwise, linear
-from forwardpass.loader.spec import DSV4_CSA, DSV4_HCA, DSV4_SLIDING, ModelSpec
+from forwardpass.models.deepseek_v4_spec import DSV4_CSA, DSV4_HCA, DSV4_SLIDING
+from forwardpass.models.spec import ModelSpec
 
 NORM_FLOPS = 4.0
 SOFTMAX_FLOPS = 5.0

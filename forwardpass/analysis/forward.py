@@ -1,11 +1,11 @@
 """Every operation of one forward pass of a decoder, from its ``ModelSpec``: what ``roofline.analyze``
 evaluates against a device (the accounting assumptions are listed in ``roofline.py``). Parameter counts, cache
-bytes and attention pairs are ``loader/accounting.py``'s, as the engine's cost model counts them."""
+bytes and attention pairs are ``models/accounting.py``'s, as the engine's cost model counts them."""
 
 from __future__ import annotations
 
 from forwardpass.analysis.ops import MATMUL, OpCost, elementwise, linear
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.spec import ModelSpec
 
 NORM_FLOPS = 4.0  # per element: square, accumulate, scale by rsqrt, scale by weight
 SOFTMAX_FLOPS = 5.0  # per score: max, subtract, exp, accumulate, divide

@@ -9,7 +9,7 @@ is first multiplied by ``W_UK`` (``q_absorb``) and each head's output by ``W_UV`
 from __future__ import annotations
 
 from forwardpass.analysis.ops import MATMUL, OpCost, elementwise, linear
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.spec import ModelSpec
 
 SOFTMAX_FLOPS = 5.0
 

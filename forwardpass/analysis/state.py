@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from forwardpass.analysis.ops import MATMUL, VECTOR, OpCost, elementwise, linear
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.spec import ModelSpec
 
 NORM_FLOPS = 4.0
 SCAN_FLOPS = {"mamba": 6.0, "gdn": 8.0}  # per state value per token (spec.state_flops_per_token)

@@ -31,9 +31,9 @@ import torch
 from torch import nn
 
 from forwardpass.layers.linear import Linear, linear
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.lora.adapter import LoRAAdapter, LoRAAdapterError, adapter_targets, load_adapter
 from forwardpass.lora.request import LoRARequest
+from forwardpass.models.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import ModelSpec, architecture, decoder_spec, require
+from forwardpass.models.spec import ModelSpec, architecture, decoder_spec, require
 
 
 def deepseek_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:

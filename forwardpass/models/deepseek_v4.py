@@ -30,12 +30,12 @@ from forwardpass.attention.compressed import rms_norm
 from forwardpass.attention.context import AttentionContext
 from forwardpass.layers.linear import Linear, linear
 from forwardpass.layers.rotary import RotaryEmbedding
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.weights import WeightSource
 from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.models.deepseek_v4_attention import DeepseekV4Attention, Norm
 from forwardpass.models.expert_stacks import ExpertStacks
 from forwardpass.models.moe_loading import ExpertCheckpointLayout, load_moe_parameter
+from forwardpass.models.spec import ModelSpec
 
 
 def _f32(*shape: int) -> nn.Parameter:

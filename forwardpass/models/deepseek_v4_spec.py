@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import ModelSpec, decoder_spec, require
+from forwardpass.models.spec import ModelSpec, decoder_spec, require
 
 DSV4_SLIDING = "sliding_attention"
 # compressed every m tokens, an indexer picks top-k entries per query

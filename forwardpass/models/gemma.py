@@ -1,6 +1,6 @@
 """Gemma 2 and Gemma 3 (text): the Llama decoder with interleaved local (sliding-window) and global layers.
 
-What differs from ``llama.py``, all resolved into the :class:`~forwardpass.loader.spec.ModelSpec`:
+What differs from ``llama.py``, all resolved into the :class:`~forwardpass.models.spec.ModelSpec`:
 
 * RMSNorm scales by ``1 + weight`` (weights are stored as offsets from 1), in fp32;
 * four norms per layer: before and after attention, before and after the MLP (sandwich norms);
@@ -23,9 +23,9 @@ from torch import nn
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
 from forwardpass.layers.rotary import RotaryEmbedding
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.models.decoder import DecoderModel
 from forwardpass.models.llama import DecoderAttention, DecoderLayer, LlamaForCausalLM
+from forwardpass.models.spec import ModelSpec
 
 
 class GemmaRMSNorm(nn.Module):

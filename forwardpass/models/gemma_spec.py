@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from forwardpass.loader.spec import (
+from forwardpass.models.spec import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
     ModelSpec,

@@ -35,12 +35,13 @@ from forwardpass.layers.activation import get_activation
 from forwardpass.layers.linear import Linear, MergedLinear, linear
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.ssd import causal_conv, causal_conv_step, gated_rms_norm, ssd_scan, ssm_step
-from forwardpass.loader.spec import MIXER_ATTENTION, MIXER_MAMBA, MIXER_MOE, ModelSpec, SSMSpec
 from forwardpass.loader.weights import WeightSource
 from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.models.deepseek import DeepseekMoE
 from forwardpass.models.expert_stacks import ExpertStacks
+from forwardpass.models.mamba_spec import SSMSpec
 from forwardpass.models.moe_loading import ExpertCheckpointLayout, load_moe_parameter
+from forwardpass.models.spec import MIXER_ATTENTION, MIXER_MAMBA, MIXER_MOE, ModelSpec
 
 
 class Conv1d(nn.Module):

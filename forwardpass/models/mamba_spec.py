@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import (
+from forwardpass.models.deepseek_spec import deepseek_moe_fields
+from forwardpass.models.spec import (
     MIXER_ATTENTION,
     MIXER_MAMBA,
     MIXER_MLP,
@@ -25,7 +26,6 @@ from forwardpass.loader.spec import (
     json_float,
     require,
 )
-from forwardpass.models.deepseek_spec import deepseek_moe_fields
 
 
 @dataclass(frozen=True)

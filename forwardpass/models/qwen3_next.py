@@ -36,11 +36,12 @@ from forwardpass.layers.mlp import GatedMLP
 from forwardpass.layers.moe import FusedMoE
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary
 from forwardpass.layers.ssd import causal_conv, causal_conv_step
-from forwardpass.loader.spec import MIXER_GDN, GDNSpec, ModelSpec
 from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.models.gemma import GemmaRMSNorm
 from forwardpass.models.mamba import Conv1d
 from forwardpass.models.moe_loading import QWEN_EXPERT_LAYOUT, MoECausalLMMixin
+from forwardpass.models.qwen3_next_spec import GDNSpec
+from forwardpass.models.spec import MIXER_GDN, ModelSpec
 
 
 class GatedDeltaNet(nn.Module):

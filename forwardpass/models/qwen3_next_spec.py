@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import MIXER_ATTENTION, MIXER_GDN, ModelSpec, decoder_spec, require
+from forwardpass.models.spec import MIXER_ATTENTION, MIXER_GDN, ModelSpec, decoder_spec, require
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import ModelSpec, eos_token_ids
+from forwardpass.loader.config import eos_token_ids
+from forwardpass.models.spec import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from forwardpass.audio import AudioError, duration_seconds, read_wav
 from forwardpass.engine.frontend.async_engine import AsyncLLMEngine
 from forwardpass.errors import ForwardpassError, ValidationError
-from forwardpass.loader.spec import ModelSpec, load_model_spec
+from forwardpass.models.spec import ModelSpec, load_model_spec
 from forwardpass.server.errors import error_response
 from forwardpass.server.serving import Serving
 from forwardpass.transcription import (

@@ -17,7 +17,7 @@ import torch
 
 from forwardpass.audio import SAMPLE_RATE, AudioError, log_mel_spectrogram, to_mono_16k
 from forwardpass.errors import ValidationError
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.spec import ModelSpec
 
 
 def encoder_input_for(spec: ModelSpec, multi_modal_data: dict[str, Any] | None) -> torch.Tensor | None:

@@ -19,7 +19,7 @@ from forwardpass.engine.scheduling.batch import ScheduledChunk
 from forwardpass.engine.scheduling.cross_attention_spec import CrossAttentionSpec
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
 from forwardpass.errors import ValidationError
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.spec import ModelSpec
 
 
 class EncoderDecoderModel(Protocol):

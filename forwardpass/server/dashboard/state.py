@@ -99,7 +99,7 @@ def engine_peaks(engine: AsyncLLMEngine) -> tuple[Peaks | None, int | None]:
     device, dtype = _device_dtype(engine)
     layers = None
     try:
-        from forwardpass.loader.spec import load_model_spec
+        from forwardpass.models.spec import load_model_spec
 
         layers = load_model_spec(engine.model_dir).layers
     except Exception as exc:  # noqa: BLE001 - only the overhead term needs the layer count

@@ -12,24 +12,24 @@ and the checks every spec passes (``__post_init__``). Each family that reads key
 spec in a module next to its model (``models/*_spec.py``: Gemma's scales and soft-caps, DeepSeek's MLA
 and routing, Mamba2 / Nemotron-H's ``SSMSpec``, Qwen3-Next's ``GDNSpec``, DeepSeek-V4's ``DeepseekV4Spec``,
 Whisper's ``WhisperSpec``, ...), registered by architecture and model_type in ``models/registry.py``;
-``ModelSpec.from_config`` asks that registry first. The family sub-spec classes are importable from here too.
+``ModelSpec.from_config`` asks that registry first.
 
 Parameter and byte counts (``spec.params``, ``spec.kv_bytes_per_token(b)``, ...) are
-``loader/accounting.py``'s, shared by the cost model and the analyzer. Field names are short (``hidden``,
+``models/accounting.py``'s, shared by the cost model and the analyzer. Field names are short (``hidden``,
 ``layers``, ``heads``) because those formulas read like the equations they implement.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader import accounting
+from forwardpass.loader.config import eos_token_ids, load_model_config
 from forwardpass.loader.validate import validate_config
+from forwardpass.models import accounting
 
 if TYPE_CHECKING:
     from forwardpass.models.deepseek_v4_spec import DeepseekV4Spec
@@ -52,18 +52,6 @@ LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 #: a family's derivation: (config.json mapping, display name) -> its ModelSpec
 #: (registered in models/registry.py)
 SpecDerivation = Callable[[Mapping[str, Any], str], "ModelSpec"]
-
-# family names that live next to their model now, still importable from here
-_MOVED = {"SSMSpec": "mamba_spec", "GDNSpec": "qwen3_next_spec", "DeepseekV4Spec": "deepseek_v4_spec",
-          "DSV4_SLIDING": "deepseek_v4_spec", "DSV4_CSA": "deepseek_v4_spec", "DSV4_HCA": "deepseek_v4_spec",
-          "WhisperSpec": "whisper_spec"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return getattr(importlib.import_module(f"forwardpass.models.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -214,7 +202,7 @@ class ModelSpec:
         shared rotary key."""
         return self.kv_lora_rank + self.qk_rope_head_dim
 
-    # ---- parameter and byte counts: loader/accounting.py (shared by the cost model and the analyzer) -----
+    # ---- parameter and byte counts: models/accounting.py (shared by the cost model and the analyzer) -----
     dense_layers = property(accounting.dense_layers)
     attention_params = property(accounting.attention_params)
     norm_params = property(accounting.norm_params)
@@ -384,21 +372,6 @@ def layer_windows(cfg: Mapping[str, Any], n: int) -> tuple[int | None, ...]:
     return (None,) * n
 
 
-def eos_token_ids(cfg: Mapping[str, Any]) -> tuple[int, ...]:
-    """config.json's ``eos_token_id`` (an int, a list of ints, or absent) as a tuple.
-
-    Public because ``generation_config`` also reads it from config.json files that are not complete
-    decoder configs (and so have no spec)."""
-    value = cfg.get("eos_token_id")
-    if value is None:
-        return ()
-    values = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise ConfigError(f"eos_token_id in config.json must be an int or a list of ints, got {value!r}",
-                          param="eos_token_id")
-    return tuple(values)
-
-
 def json_float(value: Any) -> float:
     """A float, also transformers' ``{"__float__": "Infinity"}`` encoding of a non-finite one."""
     if isinstance(value, Mapping):
@@ -414,8 +387,6 @@ def opt_float(value: Any) -> float | None:
 def load_model_spec(path: str | Path) -> ModelSpec:
     """The spec of the model in directory ``path`` (or of the config.json file ``path``), named after
     the directory."""
-    from forwardpass.loader.config import load_model_config
-
     return ModelSpec.from_config(load_model_config(path), name=model_name(path))
 
 

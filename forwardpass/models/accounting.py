@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from forwardpass.loader.spec import ModelSpec
+    from forwardpass.models.spec import ModelSpec
 
 _MLP = "mlp"  # spec.MIXER_MLP (not imported: spec.py imports this module)
 
