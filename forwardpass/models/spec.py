@@ -56,8 +56,8 @@ SpecDerivation = Callable[[Mapping[str, Any], str], "ModelSpec"]
 @dataclass(frozen=True)
 class ModelSpec:
     """The model as every reader sees it: the common core of a decoder (sizes, heads, rope, windows, MoE
-    routing, dtypes) plus each family's own sub-spec (``ssm``, ``gdn``, ``dsv4``, ``whisper``; ``family`` for
-    one registered from outside)."""
+    routing, dtypes) plus its family's own sub-spec (``family``), which also gives the terms where families
+    differ (``models/family.py``)."""
 
     name: str
     architecture: str
@@ -111,16 +111,14 @@ class ModelSpec:
     routed_scaling_factor: float = 1.0
     # state-space / hybrid models: what each layer mixes with (MIXER_*); () = attention + MLP everywhere
     layer_mixers: tuple[str, ...] = ()
-    ssm: SSMSpec | None = None  # the Mamba2 mixer's sizes when some layer is MIXER_MAMBA
     mlp_gated: bool = True  # False: up -> act -> down (Nemotron-H, relu2)
-    gdn: GDNSpec | None = None  # Gated DeltaNet sizes when some layer is MIXER_GDN (Qwen3-Next)
     attn_output_gate: bool = False  # attention output times sigmoid(a per-head gate from q_proj) (Qwen3-Next)
     partial_rotary: float = 1.0  # fraction of head_dim that is rotated (Qwen3-Next 0.25)
     # BERT-style encoders: learned absolute positions, segment (token type) embeddings, post-LayerNorm
     type_vocab_size: int = 0  # segment embeddings (BERT 2); 0 = none
-    dsv4: DeepseekV4Spec | None = None  # DeepSeek-V4 compressed attention, hyper-connections, routing
-    whisper: WhisperSpec | None = None  # encoder–decoder speech model: the audio encoder's sizes
-    # the sub-spec of a family registered from outside forwardpass/ (docs/adding-a-model.md)
+    # the family's own sub-spec and its terms (models/family.py: a ModelFamily; None or any other object: the
+    # ordinary decoder's terms): SSMSpec, GDNSpec, DeepseekV4Spec, WhisperSpec, MLAFamily, or one registered
+    # from outside forwardpass/ (docs/adding-a-model.md)
     family: Any = None
 
     def __post_init__(self) -> None:
@@ -152,6 +150,30 @@ class ModelSpec:
 
         derive = spec_derivation(architecture(cfg), str(cfg.get("model_type") or ""))
         return (derive or decoder_spec)(cfg, name)
+
+    # ---- the family's sub-spec, typed, for the family's own model code (nothing outside models/ reads these)
+    def _family_as(self, attribute: str) -> Any:
+        return self.family if getattr(self.family, "spec_attribute", None) == attribute else None
+
+    @property
+    def ssm(self) -> SSMSpec | None:
+        """The Mamba2 mixer's sizes (Mamba2, Nemotron-H)."""
+        return self._family_as("ssm")
+
+    @property
+    def gdn(self) -> GDNSpec | None:
+        """The Gated DeltaNet sizes (Qwen3-Next)."""
+        return self._family_as("gdn")
+
+    @property
+    def dsv4(self) -> DeepseekV4Spec | None:
+        """DeepSeek-V4's compressed attention, hyper-connections and routing."""
+        return self._family_as("dsv4")
+
+    @property
+    def whisper(self) -> WhisperSpec | None:
+        """An encoder–decoder speech model's audio encoder."""
+        return self._family_as("whisper")
 
     # ---- attention layout ------------------------------------------------------------------------
     def mixer(self, layer: int) -> str:

@@ -8,13 +8,16 @@ sent in lists, one list per loop turn, so a step's outputs cost one message.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forwardpass.engine.scheduling.batch import TokenDelta
 from forwardpass.engine.scheduling.stats import StepRecord
 from forwardpass.errors import ForwardpassError
 from forwardpass.lora.request import LoRARequest
 from forwardpass.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from forwardpass.models.spec import ModelSpec
 
 
 # ----- front end -> engine loop ---------------------------------------------------------------------
@@ -72,6 +75,8 @@ class EngineInfo:
     max_num_seqs: int
     #: ``ExecutionPlan.describe()`` of the engine (plain JSON values): reported by ``/v1/models``
     execution_plan: dict[str, Any] = field(default_factory=dict)
+    #: the model as the engine loaded it: the server reads it here, not again from config.json
+    model_spec: ModelSpec | None = None
 
 
 @dataclass(frozen=True)
