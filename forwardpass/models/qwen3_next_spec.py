@@ -34,6 +34,7 @@ class GDNSpec(ModelFamily):
     conv_kernel: int
     chunk: int = 64  # the chunked delta rule's block length (HF's torch_chunk_gated_delta_rule default)
     hidden_in: int = 0
+    partial_rotary: float = 1.0  # fraction of the attention layers' head_dim that is rotated (0.25)
 
     @property
     def conv_dim(self) -> int:
@@ -56,8 +57,8 @@ class GDNSpec(ModelFamily):
 
     # ---- the family's terms (models/family.py) ------------------------------------------------------
     def attention_params(self, s: ModelSpec) -> int:
-        gate = s.hidden * s.q_dim if s.attn_output_gate else 0  # q_proj gives a gate too
-        return 2 * s.hidden * s.q_dim + 2 * s.hidden * s.kv_dim + gate
+        """Gated attention: q_proj gives a per-head output gate too."""
+        return 2 * s.hidden * s.q_dim + 2 * s.hidden * s.kv_dim + s.hidden * s.q_dim
 
     def mixer_params(self, s: ModelSpec) -> int:
         return s.attention_layers * self.attention_params(s) + s.gdn_layers * self.params
@@ -116,5 +117,5 @@ def gdn_fields(cfg: Mapping[str, Any], hidden: int) -> dict[str, Any]:
     if not 0 < partial <= 1:
         raise ConfigError(f"partial_rotary_factor must be in (0, 1], got {partial}",
                           param="partial_rotary_factor")
-    return {"layer_mixers": tuple(kinds[t] for t in types), "family": GDNSpec(**sizes, hidden_in=hidden),
-            "attn_output_gate": True, "partial_rotary": partial}
+    return {"layer_mixers": tuple(kinds[t] for t in types),
+            "family": GDNSpec(**sizes, hidden_in=hidden, partial_rotary=partial)}

@@ -90,12 +90,6 @@ class ModelSpec:
     renormalize_topk: bool = False  # renormalize the chosen experts' weights (Mixtral, Qwen norm_topk_prob)
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None  # the checkpoint's dtype as config.json states it
-    # Gemma 2 / 3
-    # query scale (Gemma: query_pre_attn_scalar ** -0.5); None = head_dim ** -0.5
-    attn_scale: float | None = None
-    attn_logit_softcap: float | None = None  # tanh-cap of attention scores (Gemma 2)
-    final_logit_softcap: float | None = None  # tanh-cap of the output logits (Gemma 2)
-    local_rope_theta: float | None = None  # rope base of sliding layers when it differs (Gemma 3)
     # multi-latent attention (DeepSeek-V2/V3); kv_lora_rank == 0 means ordinary attention
     q_lora_rank: int = 0  # 0: q is one projection (no LoRA)
     kv_lora_rank: int = 0
@@ -112,8 +106,6 @@ class ModelSpec:
     # state-space / hybrid models: what each layer mixes with (MIXER_*); () = attention + MLP everywhere
     layer_mixers: tuple[str, ...] = ()
     mlp_gated: bool = True  # False: up -> act -> down (Nemotron-H, relu2)
-    attn_output_gate: bool = False  # attention output times sigmoid(a per-head gate from q_proj) (Qwen3-Next)
-    partial_rotary: float = 1.0  # fraction of head_dim that is rotated (Qwen3-Next 0.25)
     # BERT-style encoders: learned absolute positions, segment (token type) embeddings, post-LayerNorm
     type_vocab_size: int = 0  # segment embeddings (BERT 2); 0 = none
     # the family's own sub-spec and its terms (models/family.py: a ModelFamily; None or any other object: the
