@@ -206,7 +206,7 @@ def test_engine_files_stay_small():
 
 
 def test_only_the_spec_reads_model_config_keys():
-    """Models, engine, analyzer read ``ModelSpec``; config.json keys are resolved in models/spec.py and in the
+    """Models, engine, analyzer read ``ModelSpec``; config.json keys are resolved in loader/spec.py and in the
     spec modules of the families (``models/*_spec.py``), nowhere else."""
     for sub in ("engine", "models", "analysis", "layers", "attention"):
         for path in (PACKAGE / sub).glob("*.py"):

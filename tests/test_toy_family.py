@@ -36,8 +36,8 @@ from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary
 from forwardpass.loader.weights import WeightSource, load_into
 from forwardpass.models import accounting
 from forwardpass.models.family import ModelFamily
+from forwardpass.models.model_spec import ModelSpec, decoder_spec, load_model_spec
 from forwardpass.models.registry import register_model, unregister_model
-from forwardpass.models.spec import ModelSpec, decoder_spec, load_model_spec
 
 ARCH = "ToyForCausalLM"
 CONFIG = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from forwardpass.analysis.ops import MATMUL, OpCost, elementwise, linear
 from forwardpass.models.family import family_of
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 NORM_FLOPS = 4.0  # per element: square, accumulate, scale by rsqrt, scale by weight
 SOFTMAX_FLOPS = 5.0  # per score: max, subtract, exp, accumulate, divide

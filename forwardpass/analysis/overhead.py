@@ -89,13 +89,13 @@ def _tiny_step_time(layers: int, device: str, steps: int) -> float:
     from forwardpass.engine.frontend.llm_engine import LLMEngine
     from forwardpass.engine.scheduling.builder import build_engine_core
     from forwardpass.models.llama import LlamaForCausalLM
+    from forwardpass.models.model_spec import load_model_spec
     from forwardpass.models.prepare import process_weights_after_loading
-    from forwardpass.models.spec import load_model_spec
     from forwardpass.plan import building_with_plan
     from forwardpass.sampling.params import SamplingParams
 
     # The probe is the embedded model's spec shrunk to nothing but its layers (no config keys are read
-    # here: only models/spec.py does that); its directory supplies tokenizer and generation config.
+    # here: only models/model_spec.py does that); its directory supplies tokenizer and generation config.
     home = default_llm_path()
     base = load_model_spec(home)
     spec = dataclasses.replace(base, name=f"overhead-probe-{layers}", hidden=64, intermediate=128, heads=2,

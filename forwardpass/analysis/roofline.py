@@ -50,7 +50,7 @@ from forwardpass.analysis.ops import MATMUL, OpCost, StageTotals, json_number, t
 from forwardpass.analysis.presets import PRESETS
 from forwardpass.errors import ConfigError, ModelNotFoundError
 from forwardpass.models import accounting
-from forwardpass.models.spec import ModelSpec, model_name
+from forwardpass.models.model_spec import ModelSpec, model_name
 
 WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 ACT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")

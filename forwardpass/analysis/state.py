@@ -26,7 +26,7 @@ from forwardpass.analysis.ops import MATMUL, VECTOR, OpCost, elementwise, linear
 from forwardpass.models.family import family_of
 
 if TYPE_CHECKING:
-    from forwardpass.models.spec import ModelSpec
+    from forwardpass.models.model_spec import ModelSpec
 
 NORM_FLOPS = 4.0
 SCAN_FLOPS = {"mamba": 6.0, "gdn": 8.0}  # per state value per token (spec.state_flops_per_token)

@@ -76,8 +76,8 @@ def check_model(model_dir: str, engine_config: Any) -> dict[str, Any]:
     in one line) and return what the banner shows."""
     from forwardpass.errors import MissingFileError
     from forwardpass.loader.config import load_model_config
+    from forwardpass.models.model_spec import ModelSpec, model_name
     from forwardpass.models.registry import resolve_model_class
-    from forwardpass.models.spec import ModelSpec, model_name
 
     cfg = load_model_config(model_dir)
     if not cfg.architecture:

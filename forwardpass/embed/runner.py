@@ -26,7 +26,7 @@ from forwardpass.errors import ConfigError, UnsupportedArchitectureError
 from forwardpass.loader.jsonfile import read_json_object
 from forwardpass.loader.paths import model_file
 from forwardpass.loader.tokenizer import Tokenizer
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """config.json → ``ModelConfig``: the raw Hugging Face fields, read with clear errors.
 
-Nothing but :class:`forwardpass.models.spec.ModelSpec` should read these keys: it resolves what HF
+Nothing but :class:`forwardpass.models.model_spec.ModelSpec` should read these keys: it resolves what HF
 leaves implicit (``head_dim``, ``num_key_value_heads``, sliding-window layers, MoE layout, rope) once.
-Use :func:`forwardpass.models.spec.load_model_spec` to read a model directory.
+Use :func:`forwardpass.models.model_spec.load_model_spec` to read a model directory.
 """
 
 from __future__ import annotations

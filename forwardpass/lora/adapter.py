@@ -30,7 +30,7 @@ from forwardpass.layers.linear import Linear, MergedLinear
 from forwardpass.loader.jsonfile import read_json_object
 from forwardpass.loader.paths import model_file
 from forwardpass.lora.errors import LoRAAdapterError
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

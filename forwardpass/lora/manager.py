@@ -33,7 +33,7 @@ from torch import nn
 from forwardpass.layers.linear import Linear, linear
 from forwardpass.lora.adapter import LoRAAdapter, LoRAAdapterError, adapter_targets, load_adapter
 from forwardpass.lora.request import LoRARequest
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 

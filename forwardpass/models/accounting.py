@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from forwardpass.models.family import family_of
 
 if TYPE_CHECKING:
-    from forwardpass.models.spec import ModelSpec
+    from forwardpass.models.model_spec import ModelSpec
 
 
 # ---- parameters ----------------------------------------------------------------------------------

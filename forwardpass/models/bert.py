@@ -21,7 +21,7 @@ from forwardpass.attention import attention
 from forwardpass.errors import UnsupportedArchitectureError, ValidationError
 from forwardpass.layers.activation import get_activation
 from forwardpass.loader.weights import WeightSource, load_into
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 
 class BertEmbeddings(nn.Module):

@@ -31,7 +31,7 @@ from forwardpass.layers.linear import Linear
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.parallel_linear import VocabParallelEmbedding
 from forwardpass.loader.weights import WeightSource, checkpoint_names, load_into
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 #: ``layer(spec, layer_idx)``: a family's decoder layer class (or any callable making one)
 LayerFactory = Callable[[ModelSpec, int], nn.Module]

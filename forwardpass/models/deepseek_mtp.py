@@ -33,8 +33,8 @@ from forwardpass.layers.linear import Linear
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.loader.weights import WeightSource
 from forwardpass.models.deepseek import DeepseekDecoderLayer, DeepseekV2ForCausalLM
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.models.moe_loading import load_moe_weights
-from forwardpass.models.spec import ModelSpec
 
 
 def mtp_prefix(spec: ModelSpec) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from forwardpass.analysis.ops import MATMUL, OpCost, elementwise, linear
 
 if TYPE_CHECKING:
-    from forwardpass.models.spec import ModelSpec
+    from forwardpass.models.model_spec import ModelSpec
 
 SOFTMAX_FLOPS = 5.0
 

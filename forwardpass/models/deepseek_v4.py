@@ -34,8 +34,8 @@ from forwardpass.loader.weights import WeightSource
 from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.models.deepseek_v4_attention import DeepseekV4Attention, Norm
 from forwardpass.models.expert_stacks import ExpertStacks
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.models.moe_loading import ExpertCheckpointLayout, load_moe_parameter
-from forwardpass.models.spec import ModelSpec
 
 
 def _f32(*shape: int) -> nn.Parameter:

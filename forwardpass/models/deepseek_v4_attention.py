@@ -40,7 +40,7 @@ from forwardpass.layers.linear import Linear
 from forwardpass.layers.rotary import RotaryEmbedding
 from forwardpass.models.deepseek_v4_cache_spec import layer_cache_specs
 from forwardpass.models.deepseek_v4_spec import DeepseekV4Spec
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 
 def _f32(*shape: int) -> nn.Parameter:

@@ -29,7 +29,7 @@ from forwardpass.analysis.ops import MATMUL, VECTOR, OpCost, elementwise, linear
 
 if TYPE_CHECKING:
     from forwardpass.models.deepseek_v4_spec import DeepseekV4Spec
-    from forwardpass.models.spec import ModelSpec
+    from forwardpass.models.model_spec import ModelSpec
 
 NORM_FLOPS = 4.0
 SOFTMAX_FLOPS = 5.0

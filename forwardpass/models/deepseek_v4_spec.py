@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from forwardpass.errors import ConfigError
 from forwardpass.models.family import ModelFamily
-from forwardpass.models.spec import ModelSpec, decoder_spec, require
+from forwardpass.models.model_spec import ModelSpec, decoder_spec, require
 
 if TYPE_CHECKING:
     from forwardpass.analysis.ops import OpCost

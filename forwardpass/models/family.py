@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from forwardpass.analysis.ops import OpCost
-    from forwardpass.models.spec import ModelSpec
+    from forwardpass.models.model_spec import ModelSpec
 
 
 class ModelFamily:
@@ -74,7 +74,7 @@ class ModelFamily:
 
     def state_bytes_per_sequence(self, s: ModelSpec, state_bytes: float) -> float:
         """The fixed-size state one request keeps, whatever its length (none here)."""
-        return 0.0
+        return 0 * state_bytes  # zero, of the caller's type as a family's count is
 
     def kv_positions(self, s: ModelSpec, context: int) -> float:
         """Positions one layer attends to at ``context``, averaged over the layers (sliding layers see

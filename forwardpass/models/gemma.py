@@ -1,6 +1,6 @@
 """Gemma 2 and Gemma 3 (text): the Llama decoder with interleaved local (sliding-window) and global layers.
 
-What differs from ``llama.py``, all resolved into the :class:`~forwardpass.models.spec.ModelSpec`:
+What differs from ``llama.py``, all resolved into the :class:`~forwardpass.models.model_spec.ModelSpec`:
 
 * RMSNorm scales by ``1 + weight`` (weights are stored as offsets from 1), in fp32;
 * four norms per layer: before and after attention, before and after the MLP (sandwich norms);
@@ -27,7 +27,7 @@ from forwardpass.layers.rotary import RotaryEmbedding
 from forwardpass.models.decoder import DecoderModel
 from forwardpass.models.gemma_spec import GemmaSpec
 from forwardpass.models.llama import DecoderAttention, DecoderLayer, LlamaForCausalLM
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 
 class GemmaRMSNorm(nn.Module):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forwardpass.models.family import ModelFamily
-from forwardpass.models.spec import (
+from forwardpass.models.model_spec import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
     ModelSpec,

@@ -129,7 +129,7 @@ def load_gguf_model(
     from forwardpass.loader.config import load_model_config
     from forwardpass.loader.gguf import gguf_file
     from forwardpass.models.loading import build_model
-    from forwardpass.models.spec import ModelSpec
+    from forwardpass.models.model_spec import ModelSpec
 
     if dtype != torch.float32 or not str(device).startswith("cpu"):
         raise ConfigError(

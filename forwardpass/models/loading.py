@@ -17,8 +17,8 @@ from forwardpass.distributed.parallel_state import tensor_parallel
 from forwardpass.errors import MissingFileError
 from forwardpass.loader.config import load_model_config
 from forwardpass.loader.weights import WeightSource, checkpoint_names, find_weight_files, load_into
+from forwardpass.models.model_spec import ModelSpec, model_name
 from forwardpass.models.registry import resolve_model_class
-from forwardpass.models.spec import ModelSpec, model_name
 
 
 def load_weights(model: nn.Module, source: WeightSource) -> None:

@@ -40,8 +40,8 @@ from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.models.deepseek import DeepseekMoE
 from forwardpass.models.expert_stacks import ExpertStacks
 from forwardpass.models.mamba_spec import SSMSpec
+from forwardpass.models.model_spec import MIXER_ATTENTION, MIXER_MAMBA, MIXER_MOE, ModelSpec
 from forwardpass.models.moe_loading import ExpertCheckpointLayout, load_moe_parameter
-from forwardpass.models.spec import MIXER_ATTENTION, MIXER_MAMBA, MIXER_MOE, ModelSpec
 
 
 class Conv1d(nn.Module):

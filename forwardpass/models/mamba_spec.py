@@ -19,7 +19,7 @@ from forwardpass.models.family import ModelFamily
 
 if TYPE_CHECKING:
     from forwardpass.analysis.ops import OpCost
-from forwardpass.models.spec import (
+from forwardpass.models.model_spec import (
     MIXER_ATTENTION,
     MIXER_MAMBA,
     MIXER_MLP,

@@ -15,7 +15,7 @@ from torch import nn
 from forwardpass.distributed.parallel_state import tensor_parallel
 from forwardpass.layers.moe import FusedMoE
 from forwardpass.models.llama import DecoderLayer
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 
 class MoEDecoderLayer(DecoderLayer):

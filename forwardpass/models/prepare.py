@@ -21,7 +21,7 @@ from torch import nn
 from forwardpass import envs
 from forwardpass.config import EngineConfig
 from forwardpass.errors import ConfigError
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.plan import CompiledKernels, ExecutionPlan, building_with_plan
 
 logger = logging.getLogger(__name__)

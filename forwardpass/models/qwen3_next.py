@@ -39,9 +39,9 @@ from forwardpass.layers.ssd import causal_conv, causal_conv_step
 from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.models.gemma import GemmaRMSNorm
 from forwardpass.models.mamba import Conv1d
+from forwardpass.models.model_spec import MIXER_GDN, ModelSpec
 from forwardpass.models.moe_loading import QWEN_EXPERT_LAYOUT, MoECausalLMMixin
 from forwardpass.models.qwen3_next_spec import GDNSpec
-from forwardpass.models.spec import MIXER_GDN, ModelSpec
 
 
 class GatedDeltaNet(nn.Module):

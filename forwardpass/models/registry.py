@@ -1,8 +1,8 @@
 """config.json ``architectures`` name → model class, and → the derivation of its ``ModelSpec``.
 
 Both are looked up by name and imported on first use, so listing an architecture costs nothing. A family whose
-config keys differ from the common core's (``models/spec.py::decoder_spec``) names its derivation, in a module
-next to its model (``models/*_spec.py``); ``ModelSpec.from_config`` asks :func:`spec_derivation` by
+config keys differ from the common core's (``models/model_spec.py::decoder_spec``) names its derivation, in a
+module next to its model (``models/*_spec.py``); ``ModelSpec.from_config`` asks :func:`spec_derivation` by
 architecture, then by ``model_type`` (configs name the family there too), and falls back to the common core.
 
 An architecture defined outside ``forwardpass/`` registers itself with :func:`register_model` (its class, and
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from forwardpass.errors import UnsupportedArchitectureError
 
-if TYPE_CHECKING:  # type-only: models/spec.py asks this registry (no import cycle)
-    from forwardpass.models.spec import SpecDerivation
+if TYPE_CHECKING:  # type-only: models/model_spec.py asks this registry (no import cycle)
+    from forwardpass.models.model_spec import SpecDerivation
 
 #: a model class, or ``"module:Class"`` imported on first use
 Target = type | str

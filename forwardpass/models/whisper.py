@@ -33,7 +33,7 @@ from forwardpass.attention.layer import CachedAttention
 from forwardpass.errors import ConfigError
 from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.models.whisper_spec import WhisperSpec
 
 #: A decoder step of at most this many tokens runs its layers on one thread: their ops ([T, d] rows through

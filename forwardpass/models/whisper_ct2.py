@@ -257,7 +257,7 @@ def load_ctranslate2_whisper(model_dir: str | Path, dtype: torch.dtype = torch.f
     """``(model, spec)`` for a directory made by :func:`ctranslate2_model_dir`."""
     from forwardpass.loader.config import load_model_config
     from forwardpass.models.loading import build_model
-    from forwardpass.models.spec import ModelSpec
+    from forwardpass.models.model_spec import ModelSpec
 
     src = source_dir(model_dir)
     header = read_header(src / "model.bin")  # again: the file may have changed since the directory was made

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from forwardpass.errors import ConfigError
 from forwardpass.loader.config import eos_token_ids
 from forwardpass.models.family import ModelFamily
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 if TYPE_CHECKING:
     import torch

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from forwardpass.audio import AudioError, duration_seconds, read_wav
 from forwardpass.engine.frontend.async_engine import AsyncLLMEngine
 from forwardpass.errors import ForwardpassError, ValidationError
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.server.errors import error_response
 from forwardpass.server.serving import Serving
 from forwardpass.transcription import (

@@ -26,7 +26,7 @@ from forwardpass.launch import build_engine_core
 from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.lora.manager import LoRAManager
 from forwardpass.lora.request import LoRARequest
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.sampling.params import SamplingParams
 
 

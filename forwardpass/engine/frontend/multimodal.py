@@ -18,7 +18,7 @@ import torch
 from forwardpass.audio import SAMPLE_RATE, AudioError
 from forwardpass.errors import ValidationError
 from forwardpass.models.family import family_of
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 
 def encoder_input_for(spec: ModelSpec, multi_modal_data: dict[str, Any] | None) -> torch.Tensor | None:

@@ -17,7 +17,7 @@ from forwardpass.lora.request import LoRARequest
 from forwardpass.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
-    from forwardpass.models.spec import ModelSpec
+    from forwardpass.models.model_spec import ModelSpec
 
 
 # ----- front end -> engine loop ---------------------------------------------------------------------

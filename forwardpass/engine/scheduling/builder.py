@@ -46,8 +46,8 @@ from forwardpass.loader.generation_config import GenerationDefaults, load_genera
 from forwardpass.loader.gguf import check_gguf_dir
 from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.lora.manager import LoRABatch, LoRAManager
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.models.prepare import prepare_model, resolve_plan
-from forwardpass.models.spec import ModelSpec
 from forwardpass.plan import ExecutionPlan
 from forwardpass.structured.backend import GrammarBackend
 

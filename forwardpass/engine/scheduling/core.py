@@ -31,7 +31,7 @@ from forwardpass.errors import ContextLengthError, ForwardpassError, SamplingPar
 from forwardpass.loader.generation_config import GenerationDefaults
 from forwardpass.lora.manager import LoRAManager
 from forwardpass.lora.request import LoRARequest
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.plan import PLAIN, ExecutionPlan
 from forwardpass.sampling.params import SamplingParams
 

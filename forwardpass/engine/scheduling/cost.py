@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from forwardpass.models import accounting
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 
 class StepCost(Protocol):

@@ -20,7 +20,7 @@ from forwardpass.engine.scheduling.cross_attention_spec import CrossAttentionSpe
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
 from forwardpass.errors import ValidationError
 from forwardpass.models.family import family_of
-from forwardpass.models.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 
 class EncoderDecoderModel(Protocol):
