@@ -146,7 +146,7 @@ def main() -> None:
         path = default_llm_path()
     else:
         path = Path(args.model)
-    from forwardpass.loader.spec import load_model_spec
+    from forwardpass.models.model_spec import load_model_spec
 
     vocab = load_model_spec(path).vocab
     g = torch.Generator().manual_seed(0)

@@ -50,7 +50,7 @@ class LLM:
 
             model = default_llm_path()
         else:
-            from forwardpass.loader.hub import resolve_model_path
+            from forwardpass.registry import resolve_model_path
 
             model = resolve_model_path(model, revision=revision)
         from forwardpass.embed.task import resolve_task

@@ -145,6 +145,12 @@ def resolve_model(name: str | os.PathLike[str] | None, revision: str | None = No
     return hub.snapshot(text, revision)
 
 
+
+def resolve_model_path(model: str | os.PathLike[str], revision: str | None = None) -> Path:
+    """A local model directory for ``model``: any name :func:`resolve_model` resolves (embedded and
+    packaged models, directories, ``.gguf`` files, Hugging Face ids at ``revision``; default ``main``)."""
+    return resolve_model(model, revision)
+
 def packaged_path(name: str) -> Path | None:
     """The file or directory of an installed packaged model called ``name``, else None."""
     from forwardpass.loader.ctranslate2 import packaged_model_path
@@ -160,7 +166,8 @@ def local_model_dir(path: Path) -> Path:
         from forwardpass.loader.gguf import gguf_model_dir
 
         return gguf_model_dir(path)
-    from forwardpass.loader.ctranslate2 import ctranslate2_model_dir, is_ctranslate2_dir
+    from forwardpass.loader.ctranslate2 import is_ctranslate2_dir
+    from forwardpass.models.whisper_ct2 import ctranslate2_model_dir
 
     if is_ctranslate2_dir(path):
         return ctranslate2_model_dir(path)

@@ -32,7 +32,7 @@ from forwardpass.whisper_longform import (
 
 if TYPE_CHECKING:
     from forwardpass.llm import LLM
-    from forwardpass.loader.spec import ModelSpec
+    from forwardpass.models.model_spec import ModelSpec
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 GRANULARITIES = ("segment",)  # word timestamps (alignment heads + DTW) are not implemented

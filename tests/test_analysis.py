@@ -19,7 +19,7 @@ from forwardpass.analysis.hardware import Hardware, get_hardware
 from forwardpass.analysis.presets import PRESETS
 from forwardpass.analysis.roofline import analyze, causal_pairs
 from forwardpass.errors import ConfigError, ForwardpassError, MissingFileError, ModelNotFoundError
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 MiB = 2**20
 FAKE_MEASUREMENT = {

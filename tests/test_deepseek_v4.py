@@ -13,7 +13,7 @@ from forwardpass import LLM, SamplingParams
 from forwardpass.engine.scheduling.compressed_spec import CompressedSpec, SharedKVSlidingSpec
 from forwardpass.engine.scheduling.kv_cache_spec import StateSpec, layer_specs, plan_groups
 from forwardpass.errors import ForwardpassError
-from forwardpass.loader.spec import ModelSpec, load_model_spec
+from forwardpass.models.model_spec import ModelSpec, load_model_spec
 from tests.helpers.checkpoints import random_prompts
 from tests.helpers.deepseek_v4_checkpoints import make_deepseek_v4_checkpoint
 from tests.helpers.oracle import hf_greedy, hf_model

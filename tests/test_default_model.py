@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from forwardpass.assets import default_llm_heldout_text_path, default_llm_path
-from forwardpass.loader.spec import load_model_spec
+from forwardpass.models.model_spec import load_model_spec
 
 MODEL_DIR = default_llm_path()
 PROMPT = "Once upon a time"

@@ -6,7 +6,7 @@ import pytest
 
 from forwardpass.analysis.parallel import INTERCONNECTS, get_interconnect, step_communication
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 LLAMA_8B = {
     "architectures": ["LlamaForCausalLM"],

@@ -242,7 +242,7 @@ def test_unsupported_pooling_is_refused(tmp_path, pooling, extra, match):
 
 @pytest.mark.parametrize("kind", ["relative_key", "relative_key_query"])
 def test_relative_positions_are_refused(kind):
-    from forwardpass.loader.spec import ModelSpec
+    from forwardpass.models.model_spec import ModelSpec
 
     cfg = json.loads((MINILM / "config.json").read_text())
     with pytest.raises(ConfigError, match="position_embedding_type"):
@@ -266,7 +266,7 @@ def test_pooling_modes_against_sentence_transformers():
 
 def test_bert_config_checks(random_bert, tmp_path):
     from forwardpass.errors import WeightShapeError
-    from forwardpass.loader.spec import ModelSpec, load_model_spec
+    from forwardpass.models.model_spec import ModelSpec, load_model_spec
 
     cfg = json.loads((MINILM / "config.json").read_text())
     with pytest.raises(ConfigError, match="layer_norm_eps"):

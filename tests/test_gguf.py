@@ -61,7 +61,8 @@ def _transformers(directory: Path, name: str):
 
 
 def _our_model(path: Path):
-    from forwardpass.loader.gguf import gguf_model_dir, load_gguf_model
+    from forwardpass.loader.gguf import gguf_model_dir
+    from forwardpass.models.gguf_weights import load_gguf_model
 
     return load_gguf_model(gguf_model_dir(path))[0]
 

@@ -75,7 +75,8 @@ def test_an_engine_refuses_the_file_before_any_kernel(tq_file, kernel_loads, tmp
 
 def test_a_directory_made_before_the_check_is_refused_too(tq_file, kernel_loads, monkeypatch):
     from forwardpass import LLM
-    from forwardpass.loader.gguf import gguf_model_dir, load_gguf_model
+    from forwardpass.loader.gguf import gguf_model_dir
+    from forwardpass.models.gguf_weights import load_gguf_model
 
     # a directory from a release without the check (or the file replaced since)
     with monkeypatch.context() as m:

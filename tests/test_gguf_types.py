@@ -77,7 +77,8 @@ def _logits(model, ids):
 def test_every_type_computes_transformers_logits(files, preset, monkeypatch):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from forwardpass.loader.gguf import gguf_model_dir, load_gguf_model
+    from forwardpass.loader.gguf import gguf_model_dir
+    from forwardpass.models.gguf_weights import load_gguf_model
     from forwardpass.quant.kernel import load_kblock_kernel
 
     name = f"embedded-{preset}.gguf"

@@ -12,7 +12,8 @@ import pytest
 from forwardpass.assets import default_llm_path
 from forwardpass.cli import main
 from forwardpass.errors import ModelNotFoundError
-from forwardpass.loader.hub import cached_models, resolve_model_path
+from forwardpass.loader.hub import cached_models
+from forwardpass.registry import resolve_model_path
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -30,9 +30,9 @@ from forwardpass.errors import (
 from forwardpass.loader.config import load_model_config
 from forwardpass.loader.detokenizer import _WINDOW, _SpaceCleanupStream
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.tokenizer import IncrementalDetokenizer, Tokenizer, _clean_up_tokenization
 from forwardpass.loader.weights import WeightSource, find_weight_files, load_into
+from forwardpass.models.model_spec import ModelSpec
 from tests.helpers.tokenizer_factory import CHATML_TEMPLATE, make_test_tokenizer
 
 transformers = pytest.importorskip("transformers")

@@ -12,7 +12,7 @@ from forwardpass import LLM, SamplingParams
 from forwardpass.attention.mla import absorbed_attention, expanded_attention, gather_latent, write_latent
 from forwardpass.engine.scheduling.kv_cache_spec import MLASpec, layer_specs
 from forwardpass.errors import ForwardpassError
-from forwardpass.loader.spec import ModelSpec, load_model_spec
+from forwardpass.models.model_spec import ModelSpec, load_model_spec
 from tests.helpers.attention_checkpoints import make_attention_checkpoint
 from tests.helpers.checkpoints import random_prompts
 from tests.helpers.oracle import hf_greedy, hf_model

@@ -475,7 +475,7 @@ def test_step_cost_counts_quantized_bytes():
     from forwardpass.config import EngineConfig
     from forwardpass.engine.builder import _weight_bytes
     from forwardpass.engine.scheduling.cost import StepCostModel
-    from forwardpass.loader.spec import ModelSpec
+    from forwardpass.models.model_spec import ModelSpec
 
     spec = ModelSpec.from_config({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
                                   "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,

@@ -179,7 +179,7 @@ def test_break3_symlink_out_of_the_model_dir_is_refused(model_dir, tmp_path):
     (evil / "chat_template.jinja").unlink()
     (evil / "config.json").unlink()
     (evil / "config.json").symlink_to(model_dir / "config.json")  # a real config, but outside
-    from forwardpass.loader.spec import load_model_spec
+    from forwardpass.models.model_spec import load_model_spec
 
     with pytest.raises(UnsafeModelFileError):
         load_model_spec(evil)
@@ -270,7 +270,7 @@ def test_break7_config_sizes_are_validated_before_allocation(model_dir, tmp_path
 
 def test_break7_deeply_nested_config_is_a_clear_error(model_dir, tmp_path):
     from forwardpass.errors import ModelLoadError
-    from forwardpass.loader.spec import load_model_spec
+    from forwardpass.models.model_spec import load_model_spec
 
     bad = tmp_path / "deep"
     bad.mkdir()

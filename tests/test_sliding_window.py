@@ -21,7 +21,7 @@ from forwardpass.engine.scheduling.kv_cache_spec import (
 )
 from forwardpass.engine.scheduling.sequence import Sequence
 from forwardpass.errors import ConfigError, ForwardpassError
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.sampling.params import SamplingParams as SP
 from tests.helpers.attention_checkpoints import make_attention_checkpoint
 from tests.helpers.checkpoints import random_prompts

@@ -42,8 +42,9 @@ def hf_model():
 
 @pytest.fixture(scope="module")
 def ours():
-    from forwardpass.loader.gguf import gguf_model_dir, load_gguf_model
+    from forwardpass.loader.gguf import gguf_model_dir
     from forwardpass.loader.tokenizer import Tokenizer
+    from forwardpass.models.gguf_weights import load_gguf_model
 
     model_dir = gguf_model_dir(PATH)
     return Tokenizer.from_dir(model_dir), load_gguf_model(model_dir)[0]
@@ -190,7 +191,7 @@ def test_listed_and_found_by_name(capsys):
     import argparse
 
     from forwardpass.commands import models
-    from forwardpass.loader.hub import resolve_model_path
+    from forwardpass.registry import resolve_model_path
 
     models.run(argparse.Namespace(json=True))
     rows = {r["model"]: r for r in json.loads(capsys.readouterr().out)["models"]}

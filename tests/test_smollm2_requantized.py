@@ -30,7 +30,8 @@ def test_requantized_file_agrees_with_its_dequantization(preset, tmp_path, monke
     from gguf import GGUFReader
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from forwardpass.loader.gguf import gguf_model_dir, load_gguf_model
+    from forwardpass.loader.gguf import gguf_model_dir
+    from forwardpass.models.gguf_weights import load_gguf_model
     from forwardpass.quant.kblock_weight import KBlockWeight
     from forwardpass.quant.weight import QuantizedWeight
 

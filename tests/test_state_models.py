@@ -23,7 +23,7 @@ from forwardpass.engine.scheduling.kv_cache_spec import (
 from forwardpass.engine.scheduling.sequence import Sequence
 from forwardpass.layers.gdn import gated_delta_chunked, gated_delta_step
 from forwardpass.layers.ssd import ssd_scan, ssm_step
-from forwardpass.loader.spec import load_model_spec
+from forwardpass.models.model_spec import load_model_spec
 from forwardpass.sampling.params import SamplingParams as SP
 from tests.helpers.checkpoints import random_prompts
 from tests.helpers.oracle import hf_greedy, hf_model
@@ -311,7 +311,7 @@ MAMBA2_CFG = {"architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2", "h
 ])
 def test_bad_state_configs_name_the_field(cfg, param):
     from forwardpass.errors import ForwardpassError
-    from forwardpass.loader.spec import ModelSpec
+    from forwardpass.models.model_spec import ModelSpec
 
     with pytest.raises(ForwardpassError) as err:
         ModelSpec.from_config(cfg)

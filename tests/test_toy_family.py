@@ -3,7 +3,9 @@ derivation, its model with a layer and a cache kind of its own, that kind's meta
 through the public registry, writes a random checkpoint (config.json + safetensors) and generates through
 ``forwardpass.LLM``. No file of the package is edited for it: the engine asks the family's derivation for the
 spec, the model's layers for their caches, and each cache kind for its metadata builder
-(docs/adding-a-model.md walks through the same steps).
+(docs/adding-a-model.md walks through the same steps). A second toy family keeps a state of its own per
+request: the accounting, the engine's cost model and the roofline analyzer count it through the family's
+terms (``models/family.py``), again without an edit to the package.
 """
 
 from __future__ import annotations
@@ -20,16 +22,21 @@ from safetensors.torch import save_file
 from torch import nn
 
 from forwardpass import LLM, SamplingParams
+from forwardpass.analysis.roofline import analyze
+from forwardpass.analysis.state import state_layer_ops
 from forwardpass.attention.context import AttentionContext, GroupMetadata
 from forwardpass.attention.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 from forwardpass.attention.layer import CachedAttention
 from forwardpass.attention.metadata import GroupMetadataBuilder
+from forwardpass.engine.scheduling.cost import StepCostModel
 from forwardpass.engine.scheduling.kv_cache_spec import layer_specs
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary
-from forwardpass.loader.spec import ModelSpec, decoder_spec, load_model_spec
 from forwardpass.loader.weights import WeightSource, load_into
+from forwardpass.models import accounting
+from forwardpass.models.family import ModelFamily
+from forwardpass.models.model_spec import ModelSpec, decoder_spec, load_model_spec
 from forwardpass.models.registry import register_model, unregister_model
 
 ARCH = "ToyForCausalLM"
@@ -183,3 +190,69 @@ def test_a_toy_family_registered_from_a_test_module_runs_through_the_engine(toy_
     assert isinstance(core.model, ToyForCausalLM) and core.spec.family == ToySpec(0.5)
     for prompt, out in zip(prompts, outs):
         assert list(out.outputs[0].token_ids) == reference_greedy(core.model, prompt, 6)
+
+
+# ----- a family with a cache of its own: a state per request, counted by its own terms ----------------------
+STATE_ARCH = "ToyStateForCausalLM"
+TOY_STATE = "toy_state"  # its mixer: a fixed-size state per request (no K/V)
+
+
+@dataclass(frozen=True)
+class ToyStateSpec(ModelFamily):
+    """Layers after the first mix tokens through a ``[width, width]`` state per request (like linear
+    attention): the family says what that costs; the ordinary decoder's terms cover the rest."""
+
+    width: int
+
+    def mixer_params(self, s: ModelSpec) -> int:
+        return super().mixer_params(s) + self.state_layers(s) * 3 * s.hidden * self.width
+
+    def state_bytes_per_sequence(self, s: ModelSpec, state_bytes: float) -> float:
+        return self.state_layers(s) * self.width * self.width * state_bytes
+
+    def state_flops_per_token(self, s: ModelSpec) -> float:
+        return 8.0 * self.state_layers(s) * self.width * self.width
+
+    def mixer_ops(self, s, stage, *, tokens, batch, wb, ab):
+        w = self.width
+        return state_layer_ops("gdn", self.state_layers(s), stage, tokens=tokens, batch=batch,
+                               hidden=s.hidden, proj_out=3 * w, conv_dim=w, inner=w, conv_kernel=1,
+                               values=w * w, state_values=w * w, wb=wb, ab=ab)
+
+    @staticmethod
+    def state_layers(s: ModelSpec) -> int:
+        return sum(1 for m in s.layer_mixers if m == TOY_STATE)
+
+
+def toy_state_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
+    layers = int(cfg["num_hidden_layers"])
+    return decoder_spec(cfg, name, layer_mixers=("attention",) + (TOY_STATE,) * (layers - 1),
+                        family=ToyStateSpec(int(cfg["toy_state_width"])))
+
+
+def test_a_family_with_its_own_state_is_counted_by_its_terms_through_accounting_cost_and_roofline():
+    register_model(STATE_ARCH, ToyForCausalLM, spec=toy_state_spec)
+    try:
+        cfg = {**CONFIG, "architectures": [STATE_ARCH], "num_hidden_layers": 3, "toy_state_width": 8}
+        spec = ModelSpec.from_config(cfg, "toy-state")
+        plain = ModelSpec.from_config({**CONFIG, "num_hidden_layers": 3}, "plain")  # the ordinary decoder
+        assert isinstance(spec.family, ToyStateSpec) and spec.attention_layers == 1
+        # the accounting: K/V of the one attention layer, the family's state, its parameters
+        assert spec.kv_bytes_per_token(2) == 2 * 1 * spec.kv_dim * 2
+        assert spec.state_bytes_per_sequence(4) == 2 * 8 * 8 * 4
+        assert accounting.cache_bytes_per_sequence(spec, 100, 2) == (spec.kv_bytes_per_token(2) * 100
+                                                                      + 2 * 8 * 8 * 4)
+        assert spec.params - plain.params == 2 * 3 * 32 * 8 - 2 * spec.attention_params
+        assert spec.state_flops_per_token == 8.0 * 2 * 8 * 8
+        # the engine's cost model reads the state once and writes it once per sequence and step
+        cost = StepCostModel(spec, 4)
+        (flops, one), (_, two) = cost.step([(10, 1)], 1), cost.step([(10, 1), (10, 1)], 1)
+        assert flops > 0 and two - one >= 2 * spec.state_bytes_per_sequence(4)
+        # the roofline: the family's ops in the table, its state as KV traffic
+        report = analyze(spec, "h100", prefill_tokens=16, context=64, batches=(1,))
+        names = {op.name for op in report.decode[0].ops}
+        assert {"gdn.in_proj", "gdn.scan", "gdn.out_proj"} <= names and "q_proj" in names
+        scan = next(op for op in report.decode[0].ops if op.name == "gdn.scan")
+        assert scan.count == 2 and scan.kv_read_bytes == spec.state_bytes_per_sequence(4)  # batch 1
+    finally:
+        unregister_model(STATE_ARCH)

@@ -14,7 +14,7 @@ from forwardpass.audio import log_mel_spectrogram, resample
 from forwardpass.engine.scheduling.cross_attention_spec import CrossAttentionSpec
 from forwardpass.engine.scheduling.kv_cache_spec import FullAttentionSpec, layer_specs
 from forwardpass.errors import ValidationError
-from forwardpass.loader.spec import load_model_spec
+from forwardpass.models.model_spec import load_model_spec
 from tests.helpers.whisper_checkpoints import (
     PROMPT_TEXT,
     hf_greedy,

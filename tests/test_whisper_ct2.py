@@ -18,9 +18,9 @@ import torch
 from forwardpass import LLM, SamplingParams
 from forwardpass.errors import ConfigError, CorruptWeightsError
 from forwardpass.loader import ctranslate2 as ct2
-from forwardpass.loader.hub import resolve_model_path
 from forwardpass.models.loading import load_model
 from forwardpass.models.whisper_ct2 import load_ctranslate2_whisper
+from forwardpass.registry import resolve_model_path
 from tests.helpers.ct2_files import model_bin, write_dir
 from tests.helpers.whisper_checkpoints import hf_greedy, make_clip, make_whisper_checkpoint, prompt_ids
 

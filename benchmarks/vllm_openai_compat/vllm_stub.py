@@ -99,7 +99,7 @@ class ModelConfig:
         self.model = model
 
     def get_vocab_size(self) -> int:
-        from forwardpass.loader.spec import load_model_spec
+        from forwardpass.models.model_spec import load_model_spec
         from forwardpass.registry import resolve_model
 
         return load_model_spec(resolve_model(_answering(self.model))).vocab

@@ -1,11 +1,13 @@
 """Every operation of one forward pass of a decoder, from its ``ModelSpec``: what ``roofline.analyze``
 evaluates against a device (the accounting assumptions are listed in ``roofline.py``). Parameter counts, cache
-bytes and attention pairs are ``loader/accounting.py``'s, as the engine's cost model counts them."""
+bytes and attention pairs are ``models/accounting.py``'s, as the engine's cost model counts them; where a
+family's layers differ from attention + MLP, its family gives their ops (``models/family.py``)."""
 
 from __future__ import annotations
 
 from forwardpass.analysis.ops import MATMUL, OpCost, elementwise, linear
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.family import family_of
+from forwardpass.models.model_spec import ModelSpec
 
 NORM_FLOPS = 4.0  # per element: square, accumulate, scale by rsqrt, scale by weight
 SOFTMAX_FLOPS = 5.0  # per score: max, subtract, exp, accumulate, divide
@@ -75,28 +77,25 @@ def forward_ops(
     layer += [scores, softmax, values]
 
     layer.append(linear(stage, "o_proj", T, qd, H, wb=wb, ab=ab))
-    if shape.is_mla:  # multi-latent attention: its own projections, absorbed attention over the latent
-        from forwardpass.analysis.mla import mla_attention_ops
-
-        layer = layer[:1] + mla_attention_ops(shape, stage, tokens=T, batch=batch, kv_len=kv_len,
-                                              pairs=batch * pairs_per_seq, wb=wb, ab=ab, kvb=kvb)
+    family = family_of(shape)
+    own = family.attention_ops(shape, stage, tokens=T, batch=batch, kv_len=kv_len,
+                               pairs=batch * pairs_per_seq, wb=wb, ab=ab, kvb=kvb)
+    if own is not None:  # the family's own attention (multi-latent: absorbed attention over the latent)
+        layer = layer[:1] + own
     layer.append(
         elementwise(
             stage, "post_attention_norm", T * H, flops_per_element=NORM_FLOPS, ab=ab, weight_bytes=H * wb
         )
     )
-    La = shape.attention_layers  # the others are Mamba2 / Gated DeltaNet layers (analysis/state.py) or MLPs
+    La = shape.attention_layers  # the others are the family's state layers (Mamba2, Gated DeltaNet) or MLPs
     ops = [op.times(La, count=La) for op in layer] if La else []
     if La < L:
-        from forwardpass.analysis.state import state_mixer_ops
-
-        ops += state_mixer_ops(shape, stage, tokens=T, batch=batch, wb=wb, ab=ab)
-    # DeepSeek-V4: window + compressed attention, hyper-connections (kv_len = context)
-    if shape.dsv4 is not None:
-        from forwardpass.analysis.compressed import dsv4_layer_ops
-
-        ops = dsv4_layer_ops(shape, stage, batch=batch, new_tokens=new_tokens, context=kv_len, wb=wb, ab=ab,
+        ops += family.mixer_ops(shape, stage, tokens=T, batch=batch, wb=wb, ab=ab)
+    # a family whose layers are neither (DeepSeek-V4: window + compressed attention, hyper-connections)
+    whole = family.layer_ops(shape, stage, batch=batch, new_tokens=new_tokens, context=kv_len, wb=wb, ab=ab,
                              kvb=kvb)
+    if whole is not None:
+        ops = whole
 
     # feed-forward: dense layers
     if shape.dense_layers:

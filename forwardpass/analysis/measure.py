@@ -120,7 +120,7 @@ def measure(
         )
     factory = llm_factory or _engine_factory()
 
-    from forwardpass.loader.spec import load_model_spec
+    from forwardpass.models.model_spec import load_model_spec
 
     spec = load_model_spec(path)
     kv_per_token = spec.kv_bytes_per_token(4)  # fp32 at most

@@ -88,14 +88,14 @@ def _tiny_step_time(layers: int, device: str, steps: int) -> float:
     from forwardpass.config import EngineConfig
     from forwardpass.engine.builder import build_engine_core
     from forwardpass.engine.frontend.llm_engine import LLMEngine
-    from forwardpass.loader.spec import load_model_spec
     from forwardpass.models.llama import LlamaForCausalLM
+    from forwardpass.models.model_spec import load_model_spec
     from forwardpass.models.prepare import process_weights_after_loading
     from forwardpass.plan import building_with_plan
     from forwardpass.sampling.params import SamplingParams
 
     # The probe is the embedded model's spec shrunk to nothing but its layers (no config keys are read
-    # here: only loader/spec.py does that); its directory supplies tokenizer and generation config.
+    # here: only models/model_spec.py does that); its directory supplies tokenizer and generation config.
     home = default_llm_path()
     base = load_model_spec(home)
     spec = dataclasses.replace(base, name=f"overhead-probe-{layers}", hidden=64, intermediate=128, heads=2,

@@ -29,7 +29,7 @@ from typing import Any
 
 from forwardpass.analysis.hardware import Hardware, get_hardware
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 GB = 1e9
 

@@ -49,8 +49,8 @@ from forwardpass.analysis.hardware import Hardware, get_hardware
 from forwardpass.analysis.ops import MATMUL, OpCost, StageTotals, json_number, totals
 from forwardpass.analysis.presets import PRESETS
 from forwardpass.errors import ConfigError, ModelNotFoundError
-from forwardpass.loader import accounting
-from forwardpass.loader.spec import ModelSpec, model_name
+from forwardpass.models import accounting
+from forwardpass.models.model_spec import ModelSpec, model_name
 
 WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 ACT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
@@ -83,7 +83,7 @@ _ATTENTION_NOTES = {
 }
 
 
-# Attention pairs and cache bytes: loader/accounting.py (the engine's cost model counts
+# Attention pairs and cache bytes: models/accounting.py (the engine's cost model counts
 # with the same functions)
 causal_pairs = accounting.causal_pairs
 prefill_pairs = accounting.prefill_pairs

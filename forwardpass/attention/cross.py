@@ -10,31 +10,25 @@ prefill chunk with its own slot. No mask: every decoder position sees every enco
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from forwardpass.attention import attention
 from forwardpass.attention.context import AttentionContext
-from forwardpass.attention.kv_cache_interface import CrossAttentionSpec, KVCacheSpec
-
-if TYPE_CHECKING:
-    from forwardpass.loader.spec import ModelSpec
+from forwardpass.attention.kv_cache_interface import AttentionShape, CrossAttentionSpec, KVCacheSpec
 
 
 class CachedCrossAttention(nn.Module):
-    def __init__(self, cache_id: int, scale: float):
+    def __init__(self, cache_id: int, scale: float, encoder_len: int):
         super().__init__()
         self.cache_id = cache_id  # index of this layer's cross-attention cache in ctx.kv_caches
         self.scale = scale
+        self.encoder_len = encoder_len  # the encoder's output positions (Whisper: max_source_positions)
 
-    def kv_cache_spec(self, spec: ModelSpec, block_size: int,
+    def kv_cache_spec(self, spec: AttentionShape, block_size: int,
                       dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
-        """One slot per request holding its cross K and V over the encoder's
-        ``max_source_positions`` outputs."""
-        assert spec.whisper is not None, "cross-attention reads an encoder's output"
-        enc, heads, d = spec.whisper.max_source_positions, spec.heads, spec.head_dim
+        """One slot per request holding its cross K and V over the encoder's ``encoder_len`` outputs."""
+        enc, heads, d = self.encoder_len, spec.heads, spec.head_dim
         return {self.cache_id: CrossAttentionSpec(block_size=block_size, state_size=2 * enc * heads * d,
                                                   dtype=dtype, encoder_len=enc, num_heads=heads, head_dim=d)}
 

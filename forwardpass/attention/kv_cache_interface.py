@@ -26,7 +26,7 @@ its own defines its kind next to its model (DeepSeek-V4: ``models/deepseek_v4_ca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -41,6 +41,15 @@ from forwardpass.attention.metadata import (
 def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
+
+
+class AttentionShape(Protocol):
+    """What a layer reads of the model's spec to declare its cache (``ModelSpec`` has these; it lives in
+    ``models/``, above this package)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
 
 @dataclass(frozen=True)
 class KVCacheSpec:

@@ -12,19 +12,16 @@ rounded when stored and widened when read.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from forwardpass.attention import attention
 from forwardpass.attention.context import AttentionContext, GroupMetadata
-from forwardpass.attention.kv_cache_interface import KVCacheSpec, attention_spec
+from forwardpass.attention.kv_cache_interface import AttentionShape, KVCacheSpec, attention_spec
 from forwardpass.attention.paged import paged_decode_attention, paged_prefill_attention, write_kv
 from forwardpass.plan import current_plan
-
-if TYPE_CHECKING:
-    from forwardpass.loader.spec import ModelSpec
 
 #: the caches the compiled K/V store and decode kernel read and write (attention/csrc/paged_decode.cpp)
 KERNEL_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -46,7 +43,7 @@ class CachedAttention(nn.Module):
         # kernel (None: per step kind)
         self.per_query_kernel: Any = plan.kernels.decode if plan.batch_invariant else None
 
-    def kv_cache_spec(self, spec: ModelSpec, block_size: int,
+    def kv_cache_spec(self, spec: AttentionShape, block_size: int,
                       dtype: torch.dtype) -> dict[int, KVCacheSpec | None]:
         """This layer's K/V pages (freed behind its window when it has one), for the model's KV heads."""
         return {self.layer_idx: attention_spec(block_size, spec.kv_heads, spec.head_dim, dtype,

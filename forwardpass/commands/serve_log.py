@@ -50,7 +50,7 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 def spec_parameters(spec: Any) -> int:
     """Parameters of a model from its spec (the analyzer's accounting), for a GGUF file's banner."""
-    from forwardpass.loader.accounting import params
+    from forwardpass.models.accounting import params
 
     return int(params(spec))
 
@@ -76,7 +76,7 @@ def check_model(model_dir: str, engine_config: Any) -> dict[str, Any]:
     in one line) and return what the banner shows."""
     from forwardpass.errors import MissingFileError
     from forwardpass.loader.config import load_model_config
-    from forwardpass.loader.spec import ModelSpec, model_name
+    from forwardpass.models.model_spec import ModelSpec, model_name
     from forwardpass.models.registry import resolve_model_class
 
     cfg = load_model_config(model_dir)

@@ -24,7 +24,7 @@ from forwardpass.engine.worker.model_runner import ModelRunner
 from forwardpass.errors import ConfigError, ForwardpassError
 from forwardpass.layers.parallel_linear import even_split
 from forwardpass.loader.config import load_model_config
-from forwardpass.loader.spec import ModelSpec, model_name
+from forwardpass.models.model_spec import ModelSpec, model_name
 from forwardpass.plan import ExecutionPlan
 
 #: architectures whose layers are built for tensor parallelism (the Llama family and its MoE variants)

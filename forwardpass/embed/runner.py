@@ -25,8 +25,8 @@ from forwardpass.embed.pooling import PoolingConfig, normalize, pool, read_pooli
 from forwardpass.errors import ConfigError, UnsupportedArchitectureError
 from forwardpass.loader.jsonfile import read_json_object
 from forwardpass.loader.paths import model_file
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.tokenizer import Tokenizer
+from forwardpass.models.model_spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 

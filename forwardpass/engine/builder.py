@@ -45,9 +45,9 @@ from forwardpass.layers.moe import moe_layers
 from forwardpass.layers.weight_report import described_plan
 from forwardpass.loader.generation_config import GenerationDefaults, load_generation_config
 from forwardpass.loader.gguf import check_gguf_dir
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.lora.manager import LoRABatch, LoRAManager
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.models.prepare import prepare_model, resolve_plan
 from forwardpass.plan import ExecutionPlan
 from forwardpass.structured.backend import GrammarBackend

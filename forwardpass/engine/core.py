@@ -29,9 +29,9 @@ from forwardpass.engine.worker.model_runner import ModelRunner
 from forwardpass.engine.worker.routing_stats import RoutingRecord, RoutingStats
 from forwardpass.errors import ContextLengthError, ForwardpassError, SamplingParamsError, ValidationError
 from forwardpass.loader.generation_config import GenerationDefaults
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.lora.manager import LoRAManager
 from forwardpass.lora.request import LoRARequest
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.plan import PLAIN, ExecutionPlan
 from forwardpass.sampling.params import SamplingParams
 

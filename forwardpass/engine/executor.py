@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
 from forwardpass.engine.worker.model_runner import ModelRunner
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.plan import ExecutionPlan
 
 

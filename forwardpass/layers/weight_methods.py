@@ -11,7 +11,7 @@ A :class:`~forwardpass.layers.linear.Linear` takes its method from the execution
   matmul (``layers/dense_matmul.py``).
 
 Code that needs a weight's values (a grouped projection, a reference) asks ``Linear.dense_weight()``, never
-the stored object. A GGUF file's quantized tensors arrive as blocks already (``loader/gguf_weights.py``): a
+the stored object. A GGUF file's quantized tensors arrive as blocks already (``models/gguf_weights.py``): a
 layer holding a ``QuantizedWeight`` (Q8_0, Q4_0), a ``KBlockWeight`` (Q4_1, Q5_x, K-quants) or a
 ``RowStack`` of them keeps it whatever its method, which then leaves it as stored.
 
@@ -64,7 +64,7 @@ class Fp32Method:
         layer.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
 
     def load_blocks(self, layer: nn.Module, weight: Weight) -> None:
-        """A checkpoint tensor that arrives quantized (a GGUF file's blocks, ``loader/gguf_weights.py``): the
+        """A checkpoint tensor that arrives quantized (a GGUF file's blocks, ``models/gguf_weights.py``): the
         layer holds it as stored, whatever its method; the methods' post-processing leaves it as it is."""
         del layer.weight  # the fp32 parameter made by create_weights, never filled
         layer.weight = weight

@@ -1,16 +1,17 @@
 """config.json → ``ModelConfig``: the raw Hugging Face fields, read with clear errors.
 
-Nothing but :class:`forwardpass.loader.spec.ModelSpec` should read these keys: it resolves what HF
+Nothing but :class:`forwardpass.models.model_spec.ModelSpec` should read these keys: it resolves what HF
 leaves implicit (``head_dim``, ``num_key_value_heads``, sliding-window layers, MoE layout, rope) once.
-Use :func:`forwardpass.loader.spec.load_model_spec` to read a model directory.
+Use :func:`forwardpass.models.model_spec.load_model_spec` to read a model directory.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from forwardpass.errors import MissingFileError, ModelNotFoundError
+from forwardpass.errors import ConfigError, MissingFileError, ModelNotFoundError
 from forwardpass.loader.jsonfile import read_json_object
 from forwardpass.loader.paths import model_file
 
@@ -52,3 +53,18 @@ def load_model_config(path: str | Path) -> ModelConfig:
     cfg = ModelConfig(raw)
     cfg.source_dir = cfg_path.parent  # lets validate_config compare the checkpoint's shapes before allocation
     return cfg
+
+
+def eos_token_ids(cfg: Mapping[str, Any]) -> tuple[int, ...]:
+    """config.json's ``eos_token_id`` (an int, a list of ints, or absent) as a tuple.
+
+    ``ModelSpec`` reads it, and ``generation_config`` too, also from config.json files that are not
+    complete decoder configs (and so have no spec)."""
+    value = cfg.get("eos_token_id")
+    if value is None:
+        return ()
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ConfigError(f"eos_token_id in config.json must be an int or a list of ints, got {value!r}",
+                          param="eos_token_id")
+    return tuple(values)

@@ -6,11 +6,12 @@ Reading one has two halves, as for GGUF files (``loader/gguf.py``):
   and revision, then every variable's name, shape, dtype and where its bytes lie, then the aliases. It refuses
   a spec other than ``WhisperSpec``, a file that ends before its last variable, and a dtype we do not read,
   each with one error naming the problem, before anything is built or allocated;
-* :func:`ctranslate2_model_dir` turns the directory into a small Hugging Face-style directory in the cache (a
-  Whisper config.json derived from the variables' shapes, generation_config.json with the suppress ids,
-  alignment heads and language ids of the CTranslate2 config.json, the tokenizer, and ``ctranslate2.json``
-  naming the source), so everything that reads a model directory (the spec, tokenizer, plan, server) works
-  unchanged. The weights are read from ``model.bin`` by ``models/whisper_ct2.py``.
+* ``models/whisper_ct2.py::ctranslate2_model_dir`` turns the directory into a small Hugging Face-style
+  directory in the cache (a Whisper config.json derived from the variables' shapes, generation_config.json
+  with the suppress ids, alignment heads and language ids of the CTranslate2 config.json, the tokenizer, and
+  ``ctranslate2.json`` naming the source), so everything that reads a model directory (the spec, tokenizer,
+  plan, server) works unchanged. The weights are read from ``model.bin`` by ``models/whisper_ct2.py`` too
+  (this module reads the format only).
 
 The layout (CTranslate2's ``specs/model_spec.py`` writes it, ``src/models/model.cc`` reads it),
 little-endian::
@@ -24,12 +25,10 @@ A directory is recognised by its files: ``model.bin`` next to a ``config.json`` 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import mmap
 import os
-import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,7 +233,8 @@ def is_ctranslate2_dir(path: str | os.PathLike[str]) -> bool:
 
 
 def is_converted_dir(model_dir: str | os.PathLike[str]) -> bool:
-    """A directory made by :func:`ctranslate2_model_dir` (its weights are in the source's model.bin)."""
+    """A directory made by ``models/whisper_ct2.py::ctranslate2_model_dir`` (its weights are in the
+    source's model.bin)."""
     return (Path(model_dir) / MARKER).is_file()
 
 
@@ -256,43 +256,3 @@ def packaged_model_path(name: str) -> Path | None:
 def installed_packaged() -> list[tuple[str, Path, str]]:
     """``(name, directory, note)`` of each packaged CTranslate2 model installed here."""
     return [(n, p, PACKAGED[n][2]) for n in PACKAGED if (p := packaged_model_path(n)) is not None]
-
-
-def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "forwardpass" / "ctranslate2"
-
-
-def ctranslate2_model_dir(path: str | os.PathLike[str]) -> Path:
-    """A model directory standing for the CTranslate2 directory ``path`` (made once per version of
-    its files)."""
-    from forwardpass.models.whisper_ct2 import whisper_configs
-
-    src = Path(path).expanduser().resolve()
-    files = [src / MODEL_FILE, src / "config.json", src / "tokenizer.json"]
-    stamp = "|".join(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files if f.exists())
-    out = _cache_root() / f"{src.name}-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}"
-    if (out / MARKER).exists():
-        return out
-    header = read_header(model_file(src, MODEL_FILE))  # refuses another spec, a truncated file, a bad dtype
-    ct2_config = read_json_object(model_file(src, "config.json"), fix="convert the model again")
-    tokenizer = model_file(src, "tokenizer.json")
-    if not tokenizer.is_file():
-        raise MissingFileError(
-            f"{tokenizer} is missing: forwardpass reads a CTranslate2 Whisper model's vocabulary "
-            "from tokenizer.json (faster-whisper directories have one)"
-        )
-    config, generation = whisper_configs(header, ct2_config, tokenizer)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "config.json").write_text(json.dumps(config, indent=1))
-    (tmp / "generation_config.json").write_text(json.dumps(generation, indent=1))
-    shutil.copyfile(tokenizer, tmp / "tokenizer.json")
-    (tmp / MARKER).write_text(
-        json.dumps({"source": str(src), "spec": header.spec, "revision": header.revision})
-    )
-    if out.exists():
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        tmp.replace(out)
-    return out

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from forwardpass.errors import ConfigError, ModelLoadError
-from forwardpass.loader.config import load_model_config
+from forwardpass.loader.config import eos_token_ids, load_model_config
 from forwardpass.loader.jsonfile import read_json_object
 from forwardpass.loader.paths import model_file
-from forwardpass.loader.spec import ModelSpec, eos_token_ids
 
 GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+class StopTokens(Protocol):
+    """What is read of a model's spec (``ModelSpec``, which lives above this format reader)."""
+
+    eos_token_ids: tuple[int, ...]
 
 # field name -> accepted JSON type(s); ints are accepted where floats are expected (temperature: 1).
 _FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -49,7 +55,7 @@ def _eos_list(value: object, where: str) -> list[int]:
     return list(values)
 
 
-def load_generation_config(model_dir: str | Path, spec: ModelSpec | None = None) -> GenerationDefaults:
+def load_generation_config(model_dir: str | Path, spec: StopTokens | None = None) -> GenerationDefaults:
     """Read ``generation_config.json`` (optional) and merge its stop tokens with the model's
     (``spec.eos_token_ids``; without a spec, those of ``model_dir/config.json`` if there is one)."""
     model_dir = Path(model_dir)

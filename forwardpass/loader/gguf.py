@@ -8,9 +8,10 @@ two halves:
   tokenizer.json built from the GGUF vocabulary and merges, tokenizer_config.json with the chat template,
   generation_config.json, and ``gguf.json`` naming the file), so everything that reads a model directory
   (the spec, tokenizer, chat template, stop tokens, structured output) works unchanged;
-* :func:`load_gguf_model` (``gguf_weights.py``): the weights, read from the memory-mapped file into the model
-  built from that spec. Float tensors become fp32 parameters; quantized ones go to the quantized kernels
-  (``forwardpass/quant``) with their codes and scales as they are, no requantization.
+* ``models/gguf_weights.py::load_gguf_model``: the weights, read from the memory-mapped file into the model
+  built from that spec (model-side: it builds the model; this module reads the format only). Float tensors
+  become fp32 parameters; quantized ones go to the quantized kernels (``forwardpass/quant``) with their codes
+  and scales as they are, no requantization.
 
 Before either, ``gguf_checks.py`` refuses a file it cannot load (unreadable, unknown architecture, a tensor
 type we do not compute with, a tensor whose bytes do not match its shape) from its header alone.
@@ -25,8 +26,6 @@ import hashlib
 import json
 import os
 from pathlib import Path
-
-import torch
 
 from forwardpass.errors import ConfigError
 from forwardpass.loader import gguf_checks
@@ -199,12 +198,3 @@ def check_gguf_dir(model_dir: str | os.PathLike[str]) -> None:
 def gguf_file(model_dir: str | os.PathLike[str]) -> Path:
     """The GGUF file a directory made by :func:`gguf_model_dir` stands for."""
     return Path(json.loads((Path(model_dir) / MARKER).read_text())["file"])
-
-
-def load_gguf_model(
-    model_dir: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: str = "cpu"
-):
-    """``(model, spec)`` for a directory made by :func:`gguf_model_dir`, weights read from its GGUF file."""
-    from forwardpass.loader.gguf_weights import load_weights
-
-    return load_weights(model_dir, dtype, device)

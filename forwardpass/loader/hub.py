@@ -44,14 +44,6 @@ def looks_like_hub_id(name: str) -> bool:
     return bool(_ID.match(name)) and ".." not in name and not Path(name).expanduser().exists()
 
 
-def resolve_model_path(model: str | os.PathLike[str], revision: str | None = None) -> Path:
-    """A local model directory for ``model``: any name ``forwardpass/registry.py`` resolves (embedded and
-    packaged models, directories, ``.gguf`` files, Hugging Face ids at ``revision``; default ``main``)."""
-    from forwardpass.registry import resolve_model
-
-    return resolve_model(model, revision)
-
-
 def is_cached(repo_id: str, revision: str | None = None) -> bool:
     """Whether the Hugging Face cache holds a snapshot of ``repo_id`` at ``revision`` (nothing is fetched)."""
     from huggingface_hub import snapshot_download

@@ -29,8 +29,8 @@ from torch import nn
 from forwardpass.layers.linear import Linear, MergedLinear
 from forwardpass.loader.jsonfile import read_json_object
 from forwardpass.loader.paths import model_file
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.lora.errors import LoRAAdapterError
+from forwardpass.models.model_spec import ModelSpec
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

@@ -32,9 +32,9 @@ from torch import nn
 
 from forwardpass.layers.dense_matmul import dense_matmul
 from forwardpass.layers.linear import Linear
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.lora.adapter import LoRAAdapter, LoRAAdapterError, adapter_targets, load_adapter
 from forwardpass.lora.request import LoRARequest
+from forwardpass.models.model_spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 

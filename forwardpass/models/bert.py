@@ -20,8 +20,8 @@ from torch import nn
 from forwardpass.attention import attention
 from forwardpass.errors import UnsupportedArchitectureError, ValidationError
 from forwardpass.layers.activation import get_activation
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.weights import WeightSource, load_into
+from forwardpass.models.model_spec import ModelSpec
 
 
 class BertEmbeddings(nn.Module):

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import ModelSpec, decoder_spec
+from forwardpass.models.model_spec import ModelSpec, decoder_spec
 
 
 def bert_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:

@@ -29,8 +29,8 @@ from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.parallel_linear import VocabParallelEmbedding
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.weights import WeightSource, checkpoint_names, load_into
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.plan import current_plan
 
 #: ``layer(spec, layer_idx)``: a family's decoder layer class (or any callable making one)

@@ -39,8 +39,8 @@ from forwardpass.layers.mlp import GatedMLP
 from forwardpass.layers.moe import EXPERT_IMPLS, FusedMoE
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_interleaved, yarn_mscale
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.models.decoder import CausalLM, DecoderModel
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.models.moe_loading import QWEN_EXPERT_LAYOUT, MoECausalLMMixin
 
 

@@ -31,9 +31,9 @@ from torch import nn
 from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.norm import RMSNorm
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.weights import WeightSource
 from forwardpass.models.deepseek import DeepseekDecoderLayer, DeepseekV2ForCausalLM
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.models.moe_loading import load_moe_weights
 
 

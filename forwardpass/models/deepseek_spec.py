@@ -12,10 +12,38 @@ V2's softmax greedy / group-limited routing or V3's sigmoid ``noaux_tc`` (also N
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import ModelSpec, architecture, decoder_spec, require
+from forwardpass.models.family import ModelFamily
+from forwardpass.models.model_spec import ModelSpec, architecture, decoder_spec, require
+
+if TYPE_CHECKING:
+    from forwardpass.analysis.ops import OpCost
+
+
+@dataclass(frozen=True)
+class MLAFamily(ModelFamily):
+    """Multi-latent attention (DeepSeek-V2/V3 with a ``kv_lora_rank``): q (LoRA or not), the KV down- and
+    up-projections, one latent vector cached per token and layer (the sizes are the spec's MLA fields)."""
+
+    def attention_params(self, s: ModelSpec) -> int:
+        qk = s.qk_nope_head_dim + s.qk_rope_head_dim
+        q = (s.hidden * s.q_lora_rank + s.q_lora_rank * s.heads * qk if s.q_lora_rank
+             else s.hidden * s.heads * qk)
+        kv = s.hidden * s.kv_latent_dim + s.kv_lora_rank * s.heads * (s.qk_nope_head_dim + s.v_head_dim)
+        return q + kv + s.heads * s.v_head_dim * s.hidden
+
+    def kv_bytes_per_token(self, s: ModelSpec, kv_bytes: float) -> float:
+        return s.layers * s.kv_latent_dim * kv_bytes
+
+    def attention_ops(self, s: ModelSpec, stage: str, *, tokens: int, batch: int, kv_len: int, pairs: float,
+                      wb: float, ab: float, kvb: float) -> list[OpCost] | None:
+        from forwardpass.models.deepseek_roofline import mla_attention_ops
+
+        return mla_attention_ops(s, stage, tokens=tokens, batch=batch, kv_len=kv_len, pairs=pairs, wb=wb,
+                                 ab=ab, kvb=kvb)
 
 
 def deepseek_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
@@ -23,7 +51,7 @@ def deepseek_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     given = mla_fields(cfg)
     if given:  # every head has its own K/V expanded from one latent; head_dim is the q·k width
         given.update(kv_heads=int(require(cfg, "num_attention_heads", name)),
-                     head_dim=given["qk_nope_head_dim"] + given["qk_rope_head_dim"])
+                     head_dim=given["qk_nope_head_dim"] + given["qk_rope_head_dim"], family=MLAFamily())
     if cfg.get("n_routed_experts"):
         given.update(deepseek_moe_fields(cfg, int(require(cfg, "num_hidden_layers", name)),
                                          architecture(cfg)))

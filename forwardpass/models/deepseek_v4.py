@@ -31,11 +31,11 @@ from forwardpass.attention.context import AttentionContext
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.rotary import RotaryEmbedding
 from forwardpass.layers.weight_interface import matmul
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.weights import WeightSource
 from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.models.deepseek_v4_attention import DeepseekV4Attention, Norm
 from forwardpass.models.expert_stacks import ExpertStacks
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.models.moe_loading import ExpertCheckpointLayout, load_moe_parameter
 
 

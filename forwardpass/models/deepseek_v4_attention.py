@@ -38,8 +38,9 @@ from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.kv_cache_interface import KVCacheSpec
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.rotary import RotaryEmbedding
-from forwardpass.loader.spec import DeepseekV4Spec, ModelSpec
 from forwardpass.models.deepseek_v4_cache_spec import layer_cache_specs
+from forwardpass.models.deepseek_v4_spec import DeepseekV4Spec
+from forwardpass.models.model_spec import ModelSpec
 
 
 def _f32(*shape: int) -> nn.Parameter:

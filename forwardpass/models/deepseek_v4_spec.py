@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import ModelSpec, decoder_spec, require
+from forwardpass.models.family import ModelFamily
+from forwardpass.models.model_spec import ModelSpec, decoder_spec, require
+
+if TYPE_CHECKING:
+    from forwardpass.analysis.ops import OpCost
 
 DSV4_SLIDING = "sliding_attention"
 # compressed every m tokens, an indexer picks top-k entries per query
@@ -23,14 +27,17 @@ DSV4_HCA = "heavily_compressed_attention"  # compressed every m' tokens, every e
 
 
 @dataclass(frozen=True)
-class DeepseekV4Spec:
+class DeepseekV4Spec(ModelFamily):
     """DeepSeek-V4's compressed attention, hyper-connections and routing (``_deepseek_v4_fields``).
 
     Every layer attends to its last ``window`` tokens (one shared K=V head); a CSA / HCA layer also
     reads the compressed entries emitted so far: one per ``compress_rates[layer]`` tokens, pooled with
     learned softmax gates (CSA: over two overlapping windows, and only the indexer's top
     ``index_topk`` entries per query). The entries grow with the sequence (paged, one entry dim per
-    compressed position); the tokens of the open window(s) are a fixed-size per-request state."""
+    compressed position); the tokens of the open window(s) are a fixed-size per-request state. The family's
+    terms (``models/family.py``) are below its sizes; its roofline ops: ``deepseek_v4_roofline.py``."""
+
+    spec_attribute: ClassVar[str] = "dsv4"  # read as ``spec.dsv4`` by the family's model
 
     layers: int
     head_dim: int
@@ -72,7 +79,13 @@ class DeepseekV4Spec:
     def state_size(self, layer: int) -> int:
         return max(1, self.tail_tokens(layer) * self.proj_width(layer)) if self.compress_rates[layer] else 0
 
-    def attention_params(self, layer: int, hidden: int, heads: int, q_lora_rank: int) -> int:
+    def layers_by_kind(self) -> list[tuple[str, list[int]]]:
+        """(short name, layers) of each attention kind present: sliding ("swa"), CSA, HCA, in that order."""
+        kinds = ((DSV4_SLIDING, "swa"), (DSV4_CSA, "csa"), (DSV4_HCA, "hca"))
+        found = [(tag, [i for i, t in enumerate(self.layer_types) if t == kind]) for kind, tag in kinds]
+        return [(tag, layers) for tag, layers in found if layers]
+
+    def layer_attention_params(self, layer: int, hidden: int, heads: int, q_lora_rank: int) -> int:
         """q (LoRA + norm), the K=V projection and norm, the grouped output projection, the sinks, and
         the compressor (and the indexer with its own compressor) of one layer."""
         d, m = self.head_dim, self.compress_rates[layer]
@@ -99,6 +112,44 @@ class DeepseekV4Spec:
         window = self.layers * min(context, self.window) * self.head_dim
         entries = sum(context // m * self.entry_dim(i) for i, m in enumerate(self.compress_rates) if m)
         return (window + entries) * hidden_bytes
+
+    # ---- the family's terms (models/family.py) ------------------------------------------------------
+    def model_params(self, s: ModelSpec) -> int:
+        """Per-layer attention kinds, hyper-connections, routers without a shared gate."""
+        h = s.hidden
+        moe = s.num_experts * (s.expert_params + h) + s.shared_expert_params
+        attention = sum(self.layer_attention_params(i, h, s.heads, s.q_lora_rank) for i in range(s.layers))
+        head = self.hc_mult * (self.hc_mult * h + 1) + 1
+        return (attention + s.layers * (2 * h + self.hyper_params(h) + moe) + s.embedding_params
+                + s.lm_head_params + h + head)
+
+    def kv_bytes_per_token(self, s: ModelSpec, kv_bytes: float) -> float:
+        """What the cache grows by per token: its compressed entries (the sliding window is bounded)."""
+        return sum(self.entry_dim(i) / m for i, m in enumerate(self.compress_rates) if m) * kv_bytes
+
+    def state_bytes_per_sequence(self, s: ModelSpec, state_bytes: float) -> float:
+        return sum(self.state_size(i) for i in range(s.layers)) * state_bytes
+
+    def kv_positions(self, s: ModelSpec, context: int) -> float:
+        return float(context)  # its entries cover the whole context
+
+    def cache_bytes_per_sequence(self, s: ModelSpec, context: int, kv_bytes: float,
+                                 state_bytes: float) -> float:
+        """Its window is bounded, its entries grow as L / m."""
+        return self.cache_bytes(context, kv_bytes) + self.state_bytes_per_sequence(s, state_bytes)
+
+    def layer_ops(self, s: ModelSpec, stage: str, *, batch: int, new_tokens: int, context: int, wb: float,
+                  ab: float, kvb: float) -> list[OpCost] | None:
+        from forwardpass.models.deepseek_v4_roofline import dsv4_layer_ops
+
+        return dsv4_layer_ops(self, s, stage, batch=batch, new_tokens=new_tokens, context=context, wb=wb,
+                              ab=ab, kvb=kvb)
+
+    def decode_attention_cost(self, s: ModelSpec, context: int,
+                              kv_bytes: float) -> tuple[float, float] | None:
+        from forwardpass.models.deepseek_v4_roofline import dsv4_decode_cost
+
+        return dsv4_decode_cost(self, s, context, kv_bytes)
 
     def entries_cache_id(self, layer: int) -> int:
         """Cache index of a compressed layer's entries (sliding K=V pages use the layer's own index)."""
@@ -211,6 +262,6 @@ def deepseek_v4_fields(cfg: Mapping[str, Any], layers: int, heads: int, head_dim
            "expert_intermediate": inter, "shared_expert_intermediate": inter, "renormalize_topk": True,
            "router_scoring": scoring, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
            "routed_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0)}
-    return {"dsv4": dsv4, "moe": moe, "layer_windows": (window,) * layers,
+    return {"family": dsv4, "moe": moe, "layer_windows": (window,) * layers,
             "q_lora_rank": sizes["q_lora_rank"], "qk_rope_head_dim": rope_dim, "rope_theta": main_theta,
             "rope_interleave": True}

@@ -1,17 +1,18 @@
 """Gemma 2 and Gemma 3 (text): the Llama decoder with interleaved local (sliding-window) and global layers.
 
-What differs from ``llama.py``, all resolved into the :class:`~forwardpass.loader.spec.ModelSpec`:
+What differs from ``llama.py``, all resolved into the :class:`~forwardpass.models.model_spec.ModelSpec`:
 
 * RMSNorm scales by ``1 + weight`` (weights are stored as offsets from 1), in fp32;
 * four norms per layer: before and after attention, before and after the MLP (sandwich norms);
 * the token embedding is multiplied by ``sqrt(hidden)``; the LM head is tied to it;
-* queries are scaled by ``query_pre_attn_scalar ** -0.5`` (``spec.attn_scale``), not ``head_dim ** -0.5``;
+* queries are scaled by ``query_pre_attn_scalar ** -0.5`` (``GemmaSpec.attn_scale``), not
+  ``head_dim ** -0.5``;
 * ``layer_types`` alternates sliding-window and full layers (``spec.layer_windows``); the KV cache puts
   them in two groups, and the sliding group frees its blocks behind the window;
 * Gemma 2 caps attention scores and output logits with ``tanh(x / c) · c``
   (``attn_logit_softcapping``, ``final_logit_softcapping``);
 * Gemma 3 adds per-head q/k RMSNorm (``1 + weight``) and rotates sliding layers with their own rope base
-  (``rope_local_base_freq`` / ``rope_parameters["sliding_attention"]``, ``spec.local_rope_theta``); its
+  (``rope_local_base_freq`` / ``rope_parameters["sliding_attention"]``, ``GemmaSpec.local_rope_theta``); its
   global layers may use ``rope_scaling``.
 """
 
@@ -23,9 +24,10 @@ from torch import nn
 from forwardpass.attention.context import AttentionContext
 from forwardpass.attention.layer import CachedAttention
 from forwardpass.layers.rotary import RotaryEmbedding
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.models.decoder import DecoderModel
+from forwardpass.models.gemma_spec import GemmaSpec
 from forwardpass.models.llama import DecoderAttention, DecoderLayer, LlamaForCausalLM
+from forwardpass.models.model_spec import ModelSpec
 
 
 class GemmaRMSNorm(nn.Module):
@@ -48,9 +50,10 @@ class GemmaAttention(DecoderAttention):
         if spec.qk_norm:
             self.q_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps)
             self.k_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps)
-        scale = spec.attn_scale if spec.attn_scale is not None else spec.head_dim**-0.5
+        gemma = GemmaSpec.of(spec)
+        scale = gemma.attn_scale if gemma.attn_scale is not None else spec.head_dim**-0.5
         self.attn = CachedAttention(layer_idx, scale=scale, sliding_window=spec.layer_windows[layer_idx],
-                                    softcap=spec.attn_logit_softcap)
+                                    softcap=gemma.attn_logit_softcap)
 
 
 class GemmaDecoderLayer(DecoderLayer):
@@ -77,10 +80,8 @@ class GemmaModel(DecoderModel):
     def __init__(self, spec: ModelSpec):
         super().__init__(spec, GemmaDecoderLayer, norm=GemmaRMSNorm,
                          rotary=RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling))
-        self.local_rotary = (
-            RotaryEmbedding(spec.head_dim, spec.local_rope_theta) if spec.local_rope_theta is not None
-            else None
-        )
+        local_theta = GemmaSpec.of(spec).local_rope_theta
+        self.local_rotary = RotaryEmbedding(spec.head_dim, local_theta) if local_theta is not None else None
         self.embed_scale = spec.hidden**0.5
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -105,7 +106,7 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)
-        cap = self.spec.final_logit_softcap
+        cap = GemmaSpec.of(self.spec).final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
 

@@ -1,9 +1,10 @@
 """The Llama family decoder: embedding → N × (RMSNorm, attention, RMSNorm, gated MLP) → RMSNorm → LM head.
 
-Llama, Mistral, Qwen2 and Qwen3 differ only in switches of their :class:`~forwardpass.loader.spec.ModelSpec`:
-q/k/v and o biases (``qkv_bias``/``o_bias``: Qwen2, Llama's ``attention_bias``), per-head q/k RMSNorm
-(``qk_norm``: Qwen3), sliding-window layers (``layer_windows``: Mistral, Qwen2/3 ``layer_types``), explicit
-``head_dim``, tied embeddings, ``rope_scaling``. The spec resolves all of them from config.json, so the
+Llama, Mistral, Qwen2 and Qwen3 differ only in switches of their
+:class:`~forwardpass.models.model_spec.ModelSpec`: q/k/v and o biases (``qkv_bias``/``o_bias``: Qwen2,
+Llama's ``attention_bias``), per-head q/k RMSNorm (``qk_norm``: Qwen3), sliding-window layers
+(``layer_windows``: Mistral, Qwen2/3 ``layer_types``), explicit ``head_dim``, tied embeddings,
+``rope_scaling``. The spec resolves all of them from config.json, so the
 model classes of those architectures are this one class; the MoE architectures only replace the MLP.
 
 Forward takes the engine's flattened batch: ``input_ids`` and ``positions`` are ``[T]`` and the
@@ -28,8 +29,8 @@ from forwardpass.layers.parallel_linear import (
     qkv_parallel,
 )
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.models.decoder import CausalLM, DecoderModel
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.plan import current_plan
 
 

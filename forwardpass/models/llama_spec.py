@@ -1,5 +1,5 @@
 """The specs of the Llama family (``models/llama.py``: Llama, Mistral, Qwen2, Qwen3 and their MoE variants):
-the common core (``loader/spec.py::decoder_spec``) plus each architecture's few differences."""
+the common core (``models/model_spec.py::decoder_spec``) plus each architecture's few differences."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from forwardpass.loader.spec import ModelSpec, decoder_spec
+from forwardpass.models.model_spec import ModelSpec, decoder_spec
 
 
 def mistral_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:

@@ -15,8 +15,8 @@ from torch import nn
 
 from forwardpass.errors import MissingFileError
 from forwardpass.loader.config import load_model_config
-from forwardpass.loader.spec import ModelSpec, model_name
 from forwardpass.loader.weights import WeightSource, checkpoint_names, find_weight_files, load_into
+from forwardpass.models.model_spec import ModelSpec, model_name
 from forwardpass.models.registry import resolve_model_class
 from forwardpass.plan import current_plan
 

@@ -36,11 +36,12 @@ from forwardpass.layers.linear import Linear, MergedLinear
 from forwardpass.layers.norm import RMSNorm
 from forwardpass.layers.ssd import causal_conv, causal_conv_step, gated_rms_norm, ssd_scan, ssm_step
 from forwardpass.layers.weight_interface import matmul
-from forwardpass.loader.spec import MIXER_ATTENTION, MIXER_MAMBA, MIXER_MOE, ModelSpec, SSMSpec
 from forwardpass.loader.weights import WeightSource
 from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.models.deepseek import DeepseekMoE
 from forwardpass.models.expert_stacks import ExpertStacks
+from forwardpass.models.mamba_spec import SSMSpec
+from forwardpass.models.model_spec import MIXER_ATTENTION, MIXER_MAMBA, MIXER_MOE, ModelSpec
 from forwardpass.models.moe_loading import ExpertCheckpointLayout, load_moe_parameter
 
 

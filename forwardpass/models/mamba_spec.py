@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import (
+from forwardpass.models.deepseek_spec import deepseek_moe_fields
+from forwardpass.models.family import ModelFamily
+
+if TYPE_CHECKING:
+    from forwardpass.analysis.ops import OpCost
+from forwardpass.models.model_spec import (
     MIXER_ATTENTION,
     MIXER_MAMBA,
     MIXER_MLP,
@@ -25,13 +30,15 @@ from forwardpass.loader.spec import (
     json_float,
     require,
 )
-from forwardpass.models.deepseek_spec import deepseek_moe_fields
 
 
 @dataclass(frozen=True)
-class SSMSpec:
+class SSMSpec(ModelFamily):
     """A Mamba2 mixer's sizes (Mamba2 ``num_heads`` / ``head_dim`` / ``state_size``; Nemotron-H
-    ``mamba_num_heads`` / ``mamba_head_dim`` / ``ssm_state_size``)."""
+    ``mamba_num_heads`` / ``mamba_head_dim`` / ``ssm_state_size``), the family of Mamba2 and Nemotron-H:
+    each layer one mixer (Mamba2, attention, MLP or MoE) after one norm."""
+
+    spec_attribute: ClassVar[str] = "ssm"  # read as ``spec.ssm`` by the family's model
 
     heads: int
     head_dim: int
@@ -77,6 +84,39 @@ class SSMSpec:
 
     hidden_in: int = 0  # the model's hidden size (for ``params``)
 
+    # ---- the family's terms (models/family.py) ------------------------------------------------------
+    def dense_layers(self, s: ModelSpec) -> int:
+        return sum(1 for m in s.layer_mixers if m == MIXER_MLP)
+
+    def norm_params(self, s: ModelSpec) -> int:
+        """One norm per block (the mixer's own gated norm is in ``params``)."""
+        return s.hidden
+
+    def total_norm_params(self, s: ModelSpec) -> int:
+        return s.layers * self.norm_params(s)
+
+    def router_params(self, s: ModelSpec) -> int:
+        return s.hidden * s.num_experts  # Nemotron-H's shared expert has no gate
+
+    def mixer_params(self, s: ModelSpec) -> int:
+        return s.attention_layers * self.attention_params(s) + s.mamba_layers * self.params
+
+    def state_bytes_per_sequence(self, s: ModelSpec, state_bytes: float) -> float:
+        return s.mamba_layers * self.state_size * state_bytes
+
+    def state_flops_per_token(self, s: ModelSpec) -> float:
+        """Mamba2 decays the state, adds ``dt·x⊗B`` and reads it with ``C``: ~6 per state value."""
+        return float(6 * s.mamba_layers * self.ssm_state_size)
+
+    def mixer_ops(self, s: ModelSpec, stage: str, *, tokens: int, batch: int, wb: float,
+                  ab: float) -> list[OpCost]:
+        from forwardpass.analysis.state import state_layer_ops
+
+        return state_layer_ops("mamba", s.mamba_layers, stage, tokens=tokens, batch=batch, hidden=s.hidden,
+                               proj_out=self.inner + self.conv_dim + self.heads, conv_dim=self.conv_dim,
+                               inner=self.inner, conv_kernel=self.conv_kernel, values=self.ssm_state_size,
+                               state_values=self.state_size, wb=wb, ab=ab)
+
 
 def mamba_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     """Mamba2 / Nemotron-H: layers, their mixers and the SSM sizes from the family's keys; attention sizes
@@ -85,7 +125,7 @@ def mamba_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
         cfg = {**cfg, "model_type": "nemotron_h" if architecture(cfg) == "NemotronHForCausalLM" else "mamba2"}
     hidden = int(require(cfg, "hidden_size", name))
     fields = ssm_fields(cfg, hidden)
-    mixers, ssm = fields["layer_mixers"], fields["ssm"]
+    mixers, ssm = fields["layer_mixers"], fields["family"]
     heads = int(cfg.get("num_attention_heads") or ssm.heads)
     head_dim = int(cfg.get("head_dim") or hidden // heads) if MIXER_ATTENTION in mixers else ssm.head_dim
     fields.setdefault("moe_layer_ids", ())
@@ -151,7 +191,7 @@ def ssm_fields(cfg: Mapping[str, Any], hidden: int) -> dict[str, Any]:
                   bias=bool(cfg.get("use_bias", False)),
                   norm_eps=float(cfg.get("layer_norm_epsilon") or 1e-5), dt_min=lo, dt_max=hi,
                   hidden_in=hidden)
-    out: dict[str, Any] = {"layer_mixers": mixers, "ssm": ssm, "mlp_gated": mlp_gated}
+    out: dict[str, Any] = {"layer_mixers": mixers, "family": ssm, "mlp_gated": mlp_gated}
     if MIXER_MOE in mixers:  # DeepSeek-V3 routing (sigmoid, bias-corrected groups), non-gated relu² experts
         moe = deepseek_moe_fields({**cfg, "model_type": "deepseek_v3",
                                     "n_shared_experts": 0, "first_k_dense_replace": 0}, len(mixers), "")

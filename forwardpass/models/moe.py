@@ -13,8 +13,8 @@ from __future__ import annotations
 from torch import nn
 
 from forwardpass.layers.moe import FusedMoE
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.models.llama import DecoderLayer
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.plan import current_plan
 
 

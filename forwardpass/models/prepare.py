@@ -21,7 +21,7 @@ from torch import nn
 from forwardpass import envs
 from forwardpass.config import EngineConfig
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.plan import CompiledKernels, ExecutionPlan, building_with_plan
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,8 @@ def prepare_model(model_dir: str | Path, plan: ExecutionPlan) -> tuple[nn.Module
     parallel: a plan with the rank's group (``plan.tensor_parallel``): each rank builds, loads its shard."""
     from forwardpass.huge_pages import move_model_to_huge_pages
     from forwardpass.loader.ctranslate2 import is_converted_dir
-    from forwardpass.loader.gguf import is_gguf_dir, load_gguf_model
+    from forwardpass.loader.gguf import is_gguf_dir
+    from forwardpass.models.gguf_weights import load_gguf_model
     from forwardpass.models.loading import load_model
     from forwardpass.models.whisper_ct2 import load_ctranslate2_whisper
 

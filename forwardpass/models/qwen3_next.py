@@ -11,7 +11,7 @@ gated shared expert.
   window + one ``[k_dim, v_dim]`` matrix per value head) lives in the layer's state slot
   (``StateSpec``, ``ctx.for_state``);
 * **gated attention** (``MIXER_ATTENTION``, ``self_attn``): ``q_proj`` gives each head's query and an
-  output gate side by side; q/k RMSNorm (``1 + weight``); rotary on the first ``partial_rotary`` of
+  output gate side by side; q/k RMSNorm (``1 + weight``); rotary on the first ``GDNSpec.partial_rotary`` of
   each head; paged KV; output times ``sigmoid(gate)``.
 
 Every layer then has its MLP: a sparse MoE (softmax top-k, renormalized with ``norm_topk_prob``) plus
@@ -36,11 +36,12 @@ from forwardpass.layers.mlp import GatedMLP
 from forwardpass.layers.moe import FusedMoE
 from forwardpass.layers.rotary import RotaryEmbedding, apply_rotary
 from forwardpass.layers.ssd import causal_conv, causal_conv_step
-from forwardpass.loader.spec import MIXER_GDN, GDNSpec, ModelSpec
 from forwardpass.models.decoder import CausalLM, DecoderModel
 from forwardpass.models.gemma import GemmaRMSNorm
 from forwardpass.models.mamba import Conv1d
+from forwardpass.models.model_spec import MIXER_GDN, ModelSpec
 from forwardpass.models.moe_loading import QWEN_EXPERT_LAYOUT, MoECausalLMMixin
+from forwardpass.models.qwen3_next_spec import GDNSpec
 
 
 class GatedDeltaNet(nn.Module):
@@ -122,7 +123,8 @@ class GatedAttention(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, spec.head_dim
-        self.rot = int(spec.head_dim * spec.partial_rotary)
+        assert spec.gdn is not None
+        self.rot = int(spec.head_dim * spec.gdn.partial_rotary)
         self.qkv_proj = MergedLinear(spec.hidden, {"q_proj": 2 * spec.q_dim, "k_proj": spec.kv_dim,
                                                    "v_proj": spec.kv_dim}, bias=spec.qkv_bias)
         self.o_proj = Linear(spec.q_dim, spec.hidden, bias=spec.qkv_bias)
@@ -177,7 +179,9 @@ class Qwen3NextDecoderLayer(nn.Module):
 
 class Qwen3NextModel(DecoderModel):
     def __init__(self, spec: ModelSpec):
-        rotary = RotaryEmbedding(int(spec.head_dim * spec.partial_rotary), spec.rope_theta, spec.rope_scaling)
+        assert spec.gdn is not None
+        rotary = RotaryEmbedding(int(spec.head_dim * spec.gdn.partial_rotary), spec.rope_theta,
+                                 spec.rope_scaling)
         super().__init__(spec, Qwen3NextDecoderLayer, norm=GemmaRMSNorm, rotary=rotary)
 
 

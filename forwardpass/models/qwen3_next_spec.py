@@ -9,16 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import MIXER_ATTENTION, MIXER_GDN, ModelSpec, decoder_spec, require
+from forwardpass.models.family import ModelFamily
+from forwardpass.models.model_spec import MIXER_ATTENTION, MIXER_GDN, ModelSpec, decoder_spec, require
+
+if TYPE_CHECKING:
+    from forwardpass.analysis.ops import OpCost
 
 
 @dataclass(frozen=True)
-class GDNSpec:
+class GDNSpec(ModelFamily):
     """A Gated DeltaNet layer's sizes (Qwen3-Next ``linear_*``): q/k heads of ``k_dim``, v heads of
-    ``v_dim`` (a multiple of the k heads), a short causal conv over q, k, v."""
+    ``v_dim`` (a multiple of the k heads), a short causal conv over q, k, v; the family of Qwen3-Next
+    (DeltaNet layers, and gated attention layers)."""
+
+    spec_attribute: ClassVar[str] = "gdn"  # read as ``spec.gdn`` by the family's model
 
     k_heads: int
     v_heads: int
@@ -27,6 +34,7 @@ class GDNSpec:
     conv_kernel: int
     chunk: int = 64  # the chunked delta rule's block length (HF's torch_chunk_gated_delta_rule default)
     hidden_in: int = 0
+    partial_rotary: float = 1.0  # fraction of the attention layers' head_dim that is rotated (0.25)
 
     @property
     def conv_dim(self) -> int:
@@ -46,6 +54,31 @@ class GDNSpec:
         qkvz = 2 * self.k_heads * self.k_dim + 2 * self.v_heads * self.v_dim
         return (self.hidden_in * (qkvz + 2 * self.v_heads) + self.conv_dim * self.conv_kernel
                 + 2 * self.v_heads + self.v_dim + self.v_heads * self.v_dim * self.hidden_in)
+
+    # ---- the family's terms (models/family.py) ------------------------------------------------------
+    def attention_params(self, s: ModelSpec) -> int:
+        """Gated attention: q_proj gives a per-head output gate too."""
+        return 2 * s.hidden * s.q_dim + 2 * s.hidden * s.kv_dim + s.hidden * s.q_dim
+
+    def mixer_params(self, s: ModelSpec) -> int:
+        return s.attention_layers * self.attention_params(s) + s.gdn_layers * self.params
+
+    def state_bytes_per_sequence(self, s: ModelSpec, state_bytes: float) -> float:
+        return s.gdn_layers * self.state_size * state_bytes
+
+    def state_flops_per_token(self, s: ModelSpec) -> float:
+        """The delta rule decays, predicts ``Sᵀk``, writes and reads with ``q``: ~8 per state value."""
+        return float(8 * s.gdn_layers * self.v_heads * self.k_dim * self.v_dim)
+
+    def mixer_ops(self, s: ModelSpec, stage: str, *, tokens: int, batch: int, wb: float,
+                  ab: float) -> list[OpCost]:
+        from forwardpass.analysis.state import state_layer_ops
+
+        proj_out = 2 * self.k_heads * self.k_dim + 2 * self.v_heads * self.v_dim + 2 * self.v_heads
+        return state_layer_ops("gdn", s.gdn_layers, stage, tokens=tokens, batch=batch, hidden=s.hidden,
+                               proj_out=proj_out, conv_dim=self.conv_dim, inner=self.v_heads * self.v_dim,
+                               conv_kernel=self.conv_kernel, values=self.v_heads * self.k_dim * self.v_dim,
+                               state_values=self.state_size, wb=wb, ab=ab)
 
 
 def qwen3_next_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
@@ -84,5 +117,5 @@ def gdn_fields(cfg: Mapping[str, Any], hidden: int) -> dict[str, Any]:
     if not 0 < partial <= 1:
         raise ConfigError(f"partial_rotary_factor must be in (0, 1], got {partial}",
                           param="partial_rotary_factor")
-    return {"layer_mixers": tuple(kinds[t] for t in types), "gdn": GDNSpec(**sizes, hidden_in=hidden),
-            "attn_output_gate": True, "partial_rotary": partial}
+    return {"layer_mixers": tuple(kinds[t] for t in types),
+            "family": GDNSpec(**sizes, hidden_in=hidden, partial_rotary=partial)}

@@ -1,8 +1,8 @@
 """config.json ``architectures`` name → model class, and → the derivation of its ``ModelSpec``.
 
 Both are looked up by name and imported on first use, so listing an architecture costs nothing. A family whose
-config keys differ from the common core's (``loader/spec.py::decoder_spec``) names its derivation, in a module
-next to its model (``models/*_spec.py``); ``ModelSpec.from_config`` asks :func:`spec_derivation` by
+config keys differ from the common core's (``models/model_spec.py::decoder_spec``) names its derivation, in a
+module next to its model (``models/*_spec.py``); ``ModelSpec.from_config`` asks :func:`spec_derivation` by
 architecture, then by ``model_type`` (configs name the family there too), and falls back to the common core.
 
 An architecture defined outside ``forwardpass/`` registers itself with :func:`register_model` (its class, and
@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forwardpass.errors import UnsupportedArchitectureError
-from forwardpass.loader.spec import SpecDerivation
+
+if TYPE_CHECKING:  # type-only: models/model_spec.py asks this registry (no import cycle)
+    from forwardpass.models.model_spec import SpecDerivation
 
 #: a model class, or ``"module:Class"`` imported on first use
 Target = type | str
 #: ``derive(config mapping, display name) -> ModelSpec``, or ``"module:function"``
-Derivation = SpecDerivation | str
+Derivation = "SpecDerivation | str"
 
 # name → "module:Class", imported on first use
 _REGISTRY: dict[str, Target] = {

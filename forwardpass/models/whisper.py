@@ -33,7 +33,8 @@ from forwardpass.attention.layer import CachedAttention
 from forwardpass.errors import ConfigError
 from forwardpass.layers.embedding import TokenEmbedding
 from forwardpass.layers.linear import Linear
-from forwardpass.loader.spec import ModelSpec, WhisperSpec
+from forwardpass.models.model_spec import ModelSpec
+from forwardpass.models.whisper_spec import WhisperSpec
 
 #: A decoder step of at most this many tokens runs its layers on one thread: their ops ([T, d] rows through
 #: d x 4d weights, one query row against the encoder's K/V) are too small to split, and waiting at each op's
@@ -122,7 +123,10 @@ class _DecoderLayer(nn.Module):
         self.fc2 = Linear(spec.intermediate, d, bias=True)
         self.final_layer_norm = nn.LayerNorm(d)
         self.attn = CachedAttention(i, scale=scale)
-        self.cross = CachedCrossAttention(spec.layers + i, scale=scale)  # cache id: cross_attention_spec.py
+        # cache id: cross_attention_spec.py
+        assert spec.whisper is not None
+        self.cross = CachedCrossAttention(spec.layers + i, scale=scale,
+                                          encoder_len=spec.whisper.max_source_positions)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         t = x.shape[0]

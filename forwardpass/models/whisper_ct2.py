@@ -29,7 +29,11 @@ checkpoint.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +41,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from forwardpass.errors import ConfigError
-from forwardpass.loader.ctranslate2 import Header, read_header, read_tensor, scalar, source_dir
+from forwardpass.errors import ConfigError, MissingFileError
+from forwardpass.loader.ctranslate2 import (
+    MARKER,
+    MODEL_FILE,
+    Header,
+    read_header,
+    read_tensor,
+    scalar,
+    source_dir,
+)
+from forwardpass.loader.jsonfile import read_json_object
+from forwardpass.loader.paths import model_file
 
 GELU = 3  # CTranslate2's Activation enum: RELU, GELUTanh, SWISH, GELU, ...
 _REQUIRED = (
@@ -240,10 +254,10 @@ def load_weights(model: nn.Module, header: Header) -> None:
 
 
 def load_ctranslate2_whisper(model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """``(model, spec)`` for a directory made by ``loader/ctranslate2.py::ctranslate2_model_dir``."""
+    """``(model, spec)`` for a directory made by :func:`ctranslate2_model_dir`."""
     from forwardpass.loader.config import load_model_config
-    from forwardpass.loader.spec import ModelSpec
     from forwardpass.models.loading import build_model
+    from forwardpass.models.model_spec import ModelSpec
 
     src = source_dir(model_dir)
     header = read_header(src / "model.bin")  # again: the file may have changed since the directory was made
@@ -253,3 +267,41 @@ def load_ctranslate2_whisper(model_dir: str | Path, dtype: torch.dtype = torch.f
     with torch.no_grad():
         load_weights(model, header)
     return model, spec
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "forwardpass" / "ctranslate2"
+
+
+def ctranslate2_model_dir(path: str | os.PathLike[str]) -> Path:
+    """A model directory standing for the CTranslate2 directory ``path`` (made once per version of
+    its files)."""
+    src = Path(path).expanduser().resolve()
+    files = [src / MODEL_FILE, src / "config.json", src / "tokenizer.json"]
+    stamp = "|".join(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files if f.exists())
+    out = _cache_root() / f"{src.name}-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}"
+    if (out / MARKER).exists():
+        return out
+    header = read_header(model_file(src, MODEL_FILE))  # refuses another spec, a truncated file, a bad dtype
+    ct2_config = read_json_object(model_file(src, "config.json"), fix="convert the model again")
+    tokenizer = model_file(src, "tokenizer.json")
+    if not tokenizer.is_file():
+        raise MissingFileError(
+            f"{tokenizer} is missing: forwardpass reads a CTranslate2 Whisper model's vocabulary "
+            "from tokenizer.json (faster-whisper directories have one)"
+        )
+    config, generation = whisper_configs(header, ct2_config, tokenizer)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "config.json").write_text(json.dumps(config, indent=1))
+    (tmp / "generation_config.json").write_text(json.dumps(generation, indent=1))
+    shutil.copyfile(tokenizer, tmp / "tokenizer.json")
+    (tmp / MARKER).write_text(
+        json.dumps({"source": str(src), "spec": header.spec, "revision": header.revision})
+    )
+    if out.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.replace(out)
+    return out

@@ -6,19 +6,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader.spec import ModelSpec, eos_token_ids
+from forwardpass.loader.config import eos_token_ids
+from forwardpass.models.family import ModelFamily
+from forwardpass.models.model_spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
-class WhisperSpec:
+class WhisperSpec(ModelFamily):
     """Whisper's audio encoder (``_whisper_spec``); the ModelSpec's own sizes describe its decoder.
 
     The encoder reads ``2 * max_source_positions`` log-mel frames (two convolutions, the second with
     stride 2), so its output, and every request's cross-attention K/V, has ``max_source_positions``
-    positions: 1500 (30 s of audio) for the released checkpoints, fewer for a smaller config."""
+    positions: 1500 (30 s of audio) for the released checkpoints, fewer for a smaller config. As the
+    family (``models/family.py``) it gives the front end its encoder input: log-mel features."""
+
+    spec_attribute: ClassVar[str] = "whisper"  # read as ``spec.whisper`` by the family's model
 
     num_mel_bins: int
     encoder_layers: int
@@ -35,6 +43,22 @@ class WhisperSpec:
     @property
     def encoder_seconds(self) -> float:
         return self.encoder_input_frames / 100.0
+
+    @property
+    def encoder_input_shape(self) -> tuple[int, ...] | None:
+        return (self.num_mel_bins, self.encoder_input_frames)
+
+    def encoder_input(self, audio: Any, rate: int) -> torch.Tensor:
+        """Log-mel features of ``audio`` (any rate, resampled to 16 kHz; mono or ``[samples, channels]``),
+        padded with silence or trimmed to the encoder's window (``forwardpass/audio.py``)."""
+        import numpy as np
+
+        from forwardpass.audio import log_mel_spectrogram, to_mono_16k
+
+        # only the encoder's window is heard: trim before resampling (plus a second for the filter's edge)
+        window = int((self.encoder_seconds + 1) * int(rate))
+        samples = to_mono_16k(np.asarray(audio)[:window], int(rate))
+        return log_mel_spectrogram(samples, self.num_mel_bins, self.encoder_input_frames)
 
 
 def whisper_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
@@ -85,7 +109,7 @@ def whisper_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
         max_position_embeddings=need("max_target_positions"),
         eos_token_ids=eos_token_ids(cfg),
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "") or None,
-        whisper=WhisperSpec(
+        family=WhisperSpec(
             num_mel_bins=need("num_mel_bins"),
             encoder_layers=need("encoder_layers"),
             encoder_heads=enc_heads,

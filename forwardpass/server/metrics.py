@@ -104,7 +104,7 @@ class ServerMetrics:
                              "(accepted drafts + 1)", tuple(range(1, 17)))
         from forwardpass.server.dashboard.state import engine_peaks
 
-        self.peaks = engine_peaks(engine)[0]
+        self.peaks = engine_peaks(engine)
         engine.stat_listeners.append(self.on_step)
         engine.finish_listeners.append(self.on_finish)
 

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from forwardpass.audio import AudioError, duration_seconds, read_wav
 from forwardpass.engine.frontend.async_engine import AsyncLLMEngine
 from forwardpass.errors import ForwardpassError, ValidationError
-from forwardpass.loader.spec import ModelSpec, load_model_spec
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.server.errors import error_response
 from forwardpass.server.serving import Serving
 from forwardpass.transcription import (
@@ -46,7 +46,9 @@ def transcriptions_router(engine: AsyncLLMEngine, serving: Serving) -> APIRouter
 
     def speech_model() -> tuple[ModelSpec, WhisperVocab]:
         if not cache:
-            spec = load_model_spec(engine.model_dir)
+            info = engine.info  # the engine is up: a request is being served
+            assert info is not None and info.model_spec is not None, "the engine has not started"
+            spec = info.model_spec
             if spec.whisper is None:
                 raise ValidationError(
                     f"this server's model ({spec.architecture or 'a decoder'}) does not transcribe "

@@ -123,6 +123,7 @@ class EngineLoop:
                         max_num_seqs=core.config.max_num_seqs,
                         # the plan, and what the loaded weights really are (a GGUF file's own types)
                         execution_plan=described_plan(core.plan, core.model),
+                        model_spec=core.spec,
                     )
                 )
             ]

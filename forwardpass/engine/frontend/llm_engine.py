@@ -23,10 +23,10 @@ from forwardpass.engine.scheduling.scheduler import Scheduler
 from forwardpass.engine.scheduling.stats import StepRecord
 from forwardpass.engine.worker.routing_stats import RoutingStats
 from forwardpass.errors import ValidationError
-from forwardpass.loader.spec import ModelSpec
 from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.lora.manager import LoRAManager
 from forwardpass.lora.request import LoRARequest
+from forwardpass.models.model_spec import ModelSpec
 from forwardpass.sampling.params import SamplingParams
 
 

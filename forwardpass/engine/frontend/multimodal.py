@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from forwardpass.audio import SAMPLE_RATE, AudioError, log_mel_spectrogram, to_mono_16k
+from forwardpass.audio import SAMPLE_RATE, AudioError
 from forwardpass.errors import ValidationError
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.family import family_of
+from forwardpass.models.model_spec import ModelSpec
 
 
 def encoder_input_for(spec: ModelSpec, multi_modal_data: dict[str, Any] | None) -> torch.Tensor | None:
@@ -35,7 +36,8 @@ def encoder_input_for(spec: ModelSpec, multi_modal_data: dict[str, Any] | None) 
         raise ValidationError(
             f"multi_modal_data: only 'audio' or 'input_features', got {unknown}", param="multi_modal_data"
         )
-    if spec.whisper is None:
+    family = family_of(spec)  # the model's encoder input, if it has an encoder
+    if family.encoder_input_shape is None:
         raise ValidationError(
             f"{spec.name} is a decoder-only model: it takes no audio", param="multi_modal_data"
         )
@@ -53,9 +55,6 @@ def encoder_input_for(spec: ModelSpec, multi_modal_data: dict[str, Any] | None) 
             f"audio sample rate must be an integer in (0, 384000], got {rate!r}", param="multi_modal_data"
         )
     try:
-        # only the encoder's window is heard: trim before resampling (plus a second for the filter's edge)
-        window = int((spec.whisper.encoder_seconds + 1) * int(rate))
-        samples = to_mono_16k(np.asarray(audio)[:window], int(rate))
-        return log_mel_spectrogram(samples, spec.whisper.num_mel_bins, spec.whisper.encoder_input_frames)
+        return family.encoder_input(audio, int(rate))
     except AudioError as exc:
         raise ValidationError(f"audio: {exc}", param="multi_modal_data") from exc

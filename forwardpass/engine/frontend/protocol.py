@@ -8,13 +8,16 @@ sent in lists, one list per loop turn, so a step's outputs cost one message.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forwardpass.engine.scheduling.batch import TokenDelta
 from forwardpass.engine.scheduling.stats import StepRecord
 from forwardpass.errors import ForwardpassError
 from forwardpass.lora.request import LoRARequest
 from forwardpass.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from forwardpass.models.model_spec import ModelSpec
 
 
 # ----- front end -> engine loop ---------------------------------------------------------------------
@@ -73,6 +76,8 @@ class EngineInfo:
     #: the engine's plan and weights (``layers/weight_report.py::described_plan``, plain JSON values):
     #: reported by ``/v1/models``
     execution_plan: dict[str, Any] = field(default_factory=dict)
+    #: the model as the engine loaded it: the server reads it here, not again from config.json
+    model_spec: ModelSpec | None = None
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ def checkpoint_kv_dtype(model_dir: Path, config: EngineConfig, *, gguf: bool) ->
     try:
         from forwardpass.attention.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
         from forwardpass.engine.scheduling.kv_cache_spec import layer_specs
-        from forwardpass.loader.spec import load_model_spec
+        from forwardpass.models.model_spec import load_model_spec
 
         spec = load_model_spec(model_dir)
         stored = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.torch_dtype or "")

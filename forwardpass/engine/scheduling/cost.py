@@ -8,7 +8,7 @@ forward (MoE: only the experts the step's tokens can touch, under uniform routin
 over each sequence's context and written for each new token, plus each sequence's fixed-size
 state (Mamba / Gated DeltaNet layers) read and written once per step. Norms, activations and softmax are
 left out (a few percent at most; ``forwardpass/analysis/roofline.py`` has the per-op version). Every count
-comes from ``loader/accounting.py``, the analyzer's too.
+comes from ``models/accounting.py``, the analyzer's too.
 
 The engine core is handed a ``StepCost`` at construction (``None``: no accounting); it calls
 ``step(spans, num_sampled)`` once per step.
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from forwardpass.loader import accounting
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models import accounting
+from forwardpass.models.model_spec import ModelSpec
 
 
 class StepCost(Protocol):

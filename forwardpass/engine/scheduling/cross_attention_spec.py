@@ -19,7 +19,7 @@ Cache ids: decoder layer ``i``'s self-attention pages use id ``i``; its cross-at
 from __future__ import annotations
 
 from forwardpass.attention.kv_cache_interface import CrossAttentionSpec
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 __all__ = ["CrossAttentionSpec", "cross_cache_id"]
 

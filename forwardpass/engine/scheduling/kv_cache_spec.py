@@ -43,7 +43,7 @@ from forwardpass.attention.kv_cache_interface import (
     SlidingWindowSpec,
     StateSpec,
 )
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.model_spec import ModelSpec
 
 __all__ = ["NULL_BLOCK", "FullAttentionSpec", "KVCacheGroup", "KVCacheSpec", "MLASpec", "SlidingWindowSpec",
            "StateSpec", "layer_specs", "plan_groups", "sequence_capacity", "trim_table"]

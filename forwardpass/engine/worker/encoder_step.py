@@ -19,7 +19,8 @@ from forwardpass.engine.scheduling.batch import ScheduledChunk
 from forwardpass.engine.scheduling.cross_attention_spec import CrossAttentionSpec
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
 from forwardpass.errors import ValidationError
-from forwardpass.loader.spec import ModelSpec
+from forwardpass.models.family import family_of
+from forwardpass.models.model_spec import ModelSpec
 
 
 class EncoderDecoderModel(Protocol):
@@ -35,15 +36,14 @@ class _EncoderSequence(Protocol):
 
 def check_encoder_input(spec: ModelSpec, encoder_input: torch.Tensor | None) -> None:
     """An encoder–decoder model needs features of its encoder's shape; a decoder-only model none."""
-    w = spec.whisper
-    if w is None:
+    want = family_of(spec).encoder_input_shape
+    if want is None:
         if encoder_input is not None:
             raise ValidationError(
                 f"{spec.name} is a decoder-only model: it takes no audio (multi_modal_data)",
                 param="multi_modal_data",
             )
         return
-    want = (w.num_mel_bins, w.encoder_input_frames)
     if encoder_input is None:
         raise ValidationError(
             f"{spec.name} transcribes audio: pass multi_modal_data={{'audio': (samples, rate)}}",

@@ -18,7 +18,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import HTMLResponse, Response
 
 from forwardpass.engine.frontend.protocol import BlockMapRequest
-from forwardpass.server.dashboard.state import DashboardState, engine_peaks, engine_watch
+from forwardpass.server.dashboard.state import DashboardState, engine_peaks
 from forwardpass.server.sse import SSEResponse
 
 if TYPE_CHECKING:
@@ -37,8 +37,7 @@ def _static(name: str) -> str:
 def dashboard_router(engine: AsyncLLMEngine, *, interval_s: float = 0.5, stream_s: float = 5.0) -> APIRouter:
     """``stream_s`` bounds one SSE connection (the page's ``EventSource`` reconnects at once): an open
     dashboard must not hold up a graceful shutdown, which waits for open responses to end."""
-    peaks, layers = engine_peaks(engine)
-    state = DashboardState(engine, peaks, layers, engine_watch(engine, layers))
+    state = DashboardState(engine, engine_peaks(engine))  # the model's layers: from the engine once started
     router = APIRouter(include_in_schema=False)
     last_map: dict[str, Any] = {}
 

@@ -94,17 +94,17 @@ def _device_dtype(engine: AsyncLLMEngine) -> tuple[str, str]:
     return device, dtype
 
 
-def engine_peaks(engine: AsyncLLMEngine) -> tuple[Peaks | None, int | None]:
-    """(peaks of the engine's device and dtype, its model's layer count) from its recipe and config.json."""
+def engine_peaks(engine: AsyncLLMEngine) -> Peaks | None:
+    """The peaks of the engine's device and dtype, from its recipe (known before the engine starts)."""
     device, dtype = _device_dtype(engine)
-    layers = None
-    try:
-        from forwardpass.loader.spec import load_model_spec
+    return device_peaks(device, dtype)
 
-        layers = load_model_spec(engine.model_dir).layers
-    except Exception as exc:  # noqa: BLE001 - only the overhead term needs the layer count
-        logger.info("dashboard: no layer count for %s: %s", engine.model_dir, exc)
-    return device_peaks(device, dtype), layers
+
+def engine_layers(engine: AsyncLLMEngine) -> int | None:
+    """The layer count of the engine's model, from the spec its info carries (None until it has started)."""
+    info = getattr(engine, "info", None)
+    spec = getattr(info, "model_spec", None)
+    return spec.layers if spec is not None else None
 
 
 def engine_watch(engine: AsyncLLMEngine, layers: int | None) -> OversubscriptionWatch | None:
@@ -119,7 +119,9 @@ def engine_watch(engine: AsyncLLMEngine, layers: int | None) -> Oversubscription
 class DashboardState:
     def __init__(self, engine: AsyncLLMEngine, peaks: Peaks | None = None, layers: int | None = None,
                  watch: OversubscriptionWatch | None = None) -> None:
+        """``layers`` (and the ``watch`` it sizes) not given: the model's, once the engine has started."""
         self.engine, self.peaks, self.layers, self.watch = engine, peaks, layers, watch
+        self._model_known = layers is not None
         self.steps: deque[tuple[float, StepRecord]] = deque(maxlen=HISTORY)  # (received at, record)
         self.ttft: deque[float] = deque(maxlen=100)
         self.tpot: deque[float] = deque(maxlen=100)
@@ -155,7 +157,18 @@ class DashboardState:
         if timing.itl:
             self.tpot.append(sum(timing.itl) / len(timing.itl))
 
+    def _know_model(self) -> None:
+        """The layer count and the oversubscription watch, from the engine's info once it has started (the
+        dashboard is built before)."""
+        if self._model_known:
+            return
+        self.layers = engine_layers(self.engine)
+        if self.layers is not None:
+            self._model_known = True
+            self.watch = self.watch or engine_watch(self.engine, self.layers)
+
     def _terms(self, r: StepRecord) -> dict[str, float] | None:
+        self._know_model()
         p = self.peaks
         if p is None:
             return None
@@ -185,6 +198,7 @@ class DashboardState:
         """The oversubscription judgement over the recent steps, with the warning when it fires (now, or
         once logged by this process); None without a prediction for this machine."""
         logged = warning_logged()
+        self._know_model()
         judged = self.watch.judge(records) if self.watch is not None else None
         if judged is None and logged is None:
             return None

@@ -12,24 +12,24 @@ and the checks every spec passes (``__post_init__``). Each family that reads key
 spec in a module next to its model (``models/*_spec.py``: Gemma's scales and soft-caps, DeepSeek's MLA
 and routing, Mamba2 / Nemotron-H's ``SSMSpec``, Qwen3-Next's ``GDNSpec``, DeepSeek-V4's ``DeepseekV4Spec``,
 Whisper's ``WhisperSpec``, ...), registered by architecture and model_type in ``models/registry.py``;
-``ModelSpec.from_config`` asks that registry first. The family sub-spec classes are importable from here too.
+``ModelSpec.from_config`` asks that registry first.
 
 Parameter and byte counts (``spec.params``, ``spec.kv_bytes_per_token(b)``, ...) are
-``loader/accounting.py``'s, shared by the cost model and the analyzer. Field names are short (``hidden``,
+``models/accounting.py``'s, shared by the cost model and the analyzer. Field names are short (``hidden``,
 ``layers``, ``heads``) because those formulas read like the equations they implement.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forwardpass.errors import ConfigError
-from forwardpass.loader import accounting
+from forwardpass.loader.config import eos_token_ids, load_model_config
 from forwardpass.loader.validate import validate_config
+from forwardpass.models import accounting
 
 if TYPE_CHECKING:
     from forwardpass.models.deepseek_v4_spec import DeepseekV4Spec
@@ -53,23 +53,11 @@ LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 #: (registered in models/registry.py)
 SpecDerivation = Callable[[Mapping[str, Any], str], "ModelSpec"]
 
-# family names that live next to their model now, still importable from here
-_MOVED = {"SSMSpec": "mamba_spec", "GDNSpec": "qwen3_next_spec", "DeepseekV4Spec": "deepseek_v4_spec",
-          "DSV4_SLIDING": "deepseek_v4_spec", "DSV4_CSA": "deepseek_v4_spec", "DSV4_HCA": "deepseek_v4_spec",
-          "WhisperSpec": "whisper_spec"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return getattr(importlib.import_module(f"forwardpass.models.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @dataclass(frozen=True)
 class ModelSpec:
     """The model as every reader sees it: the common core of a decoder (sizes, heads, rope, windows, MoE
-    routing, dtypes) plus each family's own sub-spec (``ssm``, ``gdn``, ``dsv4``, ``whisper``; ``family`` for
-    one registered from outside)."""
+    routing, dtypes) plus its family's own sub-spec (``family``), which also gives the terms where families
+    differ (``models/family.py``)."""
 
     name: str
     architecture: str
@@ -102,12 +90,6 @@ class ModelSpec:
     renormalize_topk: bool = False  # renormalize the chosen experts' weights (Mixtral, Qwen norm_topk_prob)
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None  # the checkpoint's dtype as config.json states it
-    # Gemma 2 / 3
-    # query scale (Gemma: query_pre_attn_scalar ** -0.5); None = head_dim ** -0.5
-    attn_scale: float | None = None
-    attn_logit_softcap: float | None = None  # tanh-cap of attention scores (Gemma 2)
-    final_logit_softcap: float | None = None  # tanh-cap of the output logits (Gemma 2)
-    local_rope_theta: float | None = None  # rope base of sliding layers when it differs (Gemma 3)
     # multi-latent attention (DeepSeek-V2/V3); kv_lora_rank == 0 means ordinary attention
     q_lora_rank: int = 0  # 0: q is one projection (no LoRA)
     kv_lora_rank: int = 0
@@ -123,16 +105,12 @@ class ModelSpec:
     routed_scaling_factor: float = 1.0
     # state-space / hybrid models: what each layer mixes with (MIXER_*); () = attention + MLP everywhere
     layer_mixers: tuple[str, ...] = ()
-    ssm: SSMSpec | None = None  # the Mamba2 mixer's sizes when some layer is MIXER_MAMBA
     mlp_gated: bool = True  # False: up -> act -> down (Nemotron-H, relu2)
-    gdn: GDNSpec | None = None  # Gated DeltaNet sizes when some layer is MIXER_GDN (Qwen3-Next)
-    attn_output_gate: bool = False  # attention output times sigmoid(a per-head gate from q_proj) (Qwen3-Next)
-    partial_rotary: float = 1.0  # fraction of head_dim that is rotated (Qwen3-Next 0.25)
     # BERT-style encoders: learned absolute positions, segment (token type) embeddings, post-LayerNorm
     type_vocab_size: int = 0  # segment embeddings (BERT 2); 0 = none
-    dsv4: DeepseekV4Spec | None = None  # DeepSeek-V4 compressed attention, hyper-connections, routing
-    whisper: WhisperSpec | None = None  # encoder–decoder speech model: the audio encoder's sizes
-    # the sub-spec of a family registered from outside forwardpass/ (docs/adding-a-model.md)
+    # the family's own sub-spec and its terms (models/family.py: a ModelFamily; None or any other object: the
+    # ordinary decoder's terms): SSMSpec, GDNSpec, DeepseekV4Spec, WhisperSpec, MLAFamily, or one registered
+    # from outside forwardpass/ (docs/adding-a-model.md)
     family: Any = None
 
     def __post_init__(self) -> None:
@@ -164,6 +142,30 @@ class ModelSpec:
 
         derive = spec_derivation(architecture(cfg), str(cfg.get("model_type") or ""))
         return (derive or decoder_spec)(cfg, name)
+
+    # ---- the family's sub-spec, typed, for the family's own model code (nothing outside models/ reads these)
+    def _family_as(self, attribute: str) -> Any:
+        return self.family if getattr(self.family, "spec_attribute", None) == attribute else None
+
+    @property
+    def ssm(self) -> SSMSpec | None:
+        """The Mamba2 mixer's sizes (Mamba2, Nemotron-H)."""
+        return self._family_as("ssm")
+
+    @property
+    def gdn(self) -> GDNSpec | None:
+        """The Gated DeltaNet sizes (Qwen3-Next)."""
+        return self._family_as("gdn")
+
+    @property
+    def dsv4(self) -> DeepseekV4Spec | None:
+        """DeepSeek-V4's compressed attention, hyper-connections and routing."""
+        return self._family_as("dsv4")
+
+    @property
+    def whisper(self) -> WhisperSpec | None:
+        """An encoder–decoder speech model's audio encoder."""
+        return self._family_as("whisper")
 
     # ---- attention layout ------------------------------------------------------------------------
     def mixer(self, layer: int) -> str:
@@ -214,7 +216,7 @@ class ModelSpec:
         shared rotary key."""
         return self.kv_lora_rank + self.qk_rope_head_dim
 
-    # ---- parameter and byte counts: loader/accounting.py (shared by the cost model and the analyzer) -----
+    # ---- parameter and byte counts: models/accounting.py (shared by the cost model and the analyzer) -----
     dense_layers = property(accounting.dense_layers)
     attention_params = property(accounting.attention_params)
     norm_params = property(accounting.norm_params)
@@ -384,21 +386,6 @@ def layer_windows(cfg: Mapping[str, Any], n: int) -> tuple[int | None, ...]:
     return (None,) * n
 
 
-def eos_token_ids(cfg: Mapping[str, Any]) -> tuple[int, ...]:
-    """config.json's ``eos_token_id`` (an int, a list of ints, or absent) as a tuple.
-
-    Public because ``generation_config`` also reads it from config.json files that are not complete
-    decoder configs (and so have no spec)."""
-    value = cfg.get("eos_token_id")
-    if value is None:
-        return ()
-    values = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise ConfigError(f"eos_token_id in config.json must be an int or a list of ints, got {value!r}",
-                          param="eos_token_id")
-    return tuple(values)
-
-
 def json_float(value: Any) -> float:
     """A float, also transformers' ``{"__float__": "Infinity"}`` encoding of a non-finite one."""
     if isinstance(value, Mapping):
@@ -414,8 +401,6 @@ def opt_float(value: Any) -> float | None:
 def load_model_spec(path: str | Path) -> ModelSpec:
     """The spec of the model in directory ``path`` (or of the config.json file ``path``), named after
     the directory."""
-    from forwardpass.loader.config import load_model_config
-
     return ModelSpec.from_config(load_model_config(path), name=model_name(path))
 
 

@@ -1,7 +1,8 @@
-"""Per-op FLOPs and bytes of DeepSeek-V4's layers (compressed attention and hyper-connections).
+"""Per-op FLOPs and bytes of DeepSeek-V4's layers (compressed attention and hyper-connections): the
+roofline terms of its family (``DeepseekV4Spec.layer_ops`` / ``.decode_attention_cost``).
 
-``dsv4_layer_ops`` is what ``roofline.forward_ops`` uses instead of the standard attention layer when
-the spec has ``dsv4`` (its MoE, embedding and LM head are counted there as for any MoE model). Per
+``dsv4_layer_ops`` is what ``analysis/forward.py`` uses instead of the standard attention layer (its MoE,
+embedding and LM head are counted there as for any MoE model). Per
 layer kind (sliding / CSA / HCA, each op summed over the layers of that kind):
 
 * **hyper-connections** (twice per layer): the ``hc_mult · hidden → (2 + n)·n`` map, then collapsing
@@ -22,8 +23,13 @@ layer kind (sliding / CSA / HCA, each op summed over the layers of that kind):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from forwardpass.analysis.ops import MATMUL, VECTOR, OpCost, elementwise, linear
-from forwardpass.loader.spec import DSV4_CSA, DSV4_HCA, DSV4_SLIDING, ModelSpec
+
+if TYPE_CHECKING:
+    from forwardpass.models.deepseek_v4_spec import DeepseekV4Spec
+    from forwardpass.models.model_spec import ModelSpec
 
 NORM_FLOPS = 4.0
 SOFTMAX_FLOPS = 5.0
@@ -53,6 +59,7 @@ def entry_pairs(start: int, end: int, m: int, cap: int | None = None) -> int:
 
 
 def dsv4_layer_ops(
+    v4: DeepseekV4Spec,
     shape: ModelSpec,
     stage: str,
     *,
@@ -65,8 +72,6 @@ def dsv4_layer_ops(
 ) -> list[OpCost]:
     """Every non-MoE op of the model's layers for ``batch`` sequences whose last ``new_tokens`` of
     ``context`` positions are computed, summed over the layers of each kind."""
-    v4 = shape.dsv4
-    assert v4 is not None
     H, nh, d, r, T, n = (
         shape.hidden,
         shape.heads,
@@ -77,12 +82,8 @@ def dsv4_layer_ops(
     )
     start = context - new_tokens
     ops: list[OpCost] = []
-    for kind in (DSV4_SLIDING, DSV4_CSA, DSV4_HCA):
-        layers = [i for i, t in enumerate(v4.layer_types) if t == kind]
-        if not layers:
-            continue
+    for tag, layers in v4.layers_by_kind():
         m = v4.compress_rates[layers[0]]
-        tag = {DSV4_SLIDING: "swa", DSV4_CSA: "csa", DSV4_HCA: "hca"}[kind]
         layer: list[OpCost] = []
         for block in ("attn", "ffn"):
             layer.append(linear(stage, f"hc_{block}.mix", T, n * H, (2 + n) * n, wb=4.0, ab=ab))
@@ -112,7 +113,7 @@ def dsv4_layer_ops(
         pairs = _window_pairs(start, context, v4.window)
         kv_read = min(context, v4.window - 1 + new_tokens) * d * kvb  # the live window, once per sequence
         if m:
-            sparse = kind == DSV4_CSA
+            sparse = v4.sparse(layers[0])
             width = (2 * d if sparse else d) + (2 * v4.index_head_dim if sparse else 0)
             new_entries = context // m - start // m
             total = context // m
@@ -191,3 +192,23 @@ def dsv4_layer_ops(
         elementwise(stage, "hc_head.collapse", T * n * H, flops_per_element=2.0, ab=ab),
     ]
     return ops + head
+
+
+def dsv4_decode_cost(v4: DeepseekV4Spec, model: ModelSpec, context: int,
+                     kv_bytes: float) -> tuple[float, float]:
+    """(FLOPs, bytes) of one decode token's attention, averaged over the layers: one K=V vector per
+    window position, HCA layers reading all ``L / m'`` entries, CSA layers scoring all ``L / m`` index keys
+    and reading only the indexer's top-k entries."""
+    d, heads, flops, nbytes = model.head_dim, model.heads, 0.0, 0.0
+    for layer, m in enumerate(v4.compress_rates):
+        used = min(context, v4.window)  # window positions, one K=V vector each
+        if m and v4.sparse(layer):  # every index key scored, only the top-k entries attended
+            entries = context // m
+            flops += 2.0 * v4.index_heads * v4.index_head_dim * entries
+            nbytes += entries * v4.index_head_dim * kv_bytes
+            used += min(v4.index_topk, entries)
+        elif m:
+            used += context // m
+        flops += 4.0 * heads * d * used
+        nbytes += used * d * kv_bytes
+    return flops / model.layers, nbytes / model.layers

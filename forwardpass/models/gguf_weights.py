@@ -1,4 +1,4 @@
-"""A GGUF file's weights into the model built from its spec (``gguf.py`` made the model directory).
+"""A GGUF file's weights into the model built from its spec (``loader/gguf.py`` made the model directory).
 
 Each tensor goes where it computes, from its bytes as stored (no requantization):
 
@@ -120,13 +120,16 @@ def _set_weight(module: nn.Module, parts: list[_Tensor]) -> None:
     module.method.load_blocks(module, RowStack([p.float() if p.is_float else _weight([p]) for p in parts]))
 
 
-def load_weights(model_dir: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """``(model, spec)`` for a directory made by ``gguf.gguf_model_dir``, weights read from its GGUF file."""
+def load_gguf_model(
+    model_dir: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: str = "cpu"
+):
+    """``(model, spec)`` for a directory made by ``loader/gguf.py::gguf_model_dir``, weights read from its
+    GGUF file."""
     from forwardpass.loader import gguf_checks
     from forwardpass.loader.config import load_model_config
     from forwardpass.loader.gguf import gguf_file
-    from forwardpass.loader.spec import ModelSpec
     from forwardpass.models.loading import build_model
+    from forwardpass.models.model_spec import ModelSpec
 
     if dtype != torch.float32 or not str(device).startswith("cpu"):
         raise ConfigError(

@@ -1,4 +1,5 @@
-"""The per-layer attention ops of multi-latent attention (DeepSeek-V2/V3) for the roofline table.
+"""The per-layer attention ops of multi-latent attention (DeepSeek-V2/V3) for the roofline table: the
+roofline term of its family (``deepseek_spec.py::MLAFamily.attention_ops``).
 
 Costed in the absorbed form the engine decodes with (``attention/mla.py``): the KV cache holds one
 latent of ``kv_lora_rank + qk_rope_head_dim`` values per token and layer, written by
@@ -8,8 +9,12 @@ is first multiplied by ``W_UK`` (``q_absorb``) and each head's output by ``W_UV`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from forwardpass.analysis.ops import MATMUL, OpCost, elementwise, linear
-from forwardpass.loader.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from forwardpass.models.model_spec import ModelSpec
 
 SOFTMAX_FLOPS = 5.0
 
