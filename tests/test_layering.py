@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import networkx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,7 +22,8 @@ ARCHITECTURE = REPO / "docs" / "architecture.md"
 SECTION = "## Layering rules"
 
 # ----- the rules, from the doc ------------------------------------------------------------------------------
-_NOT = re.compile(r"(\w+) → not (\w+(?:, \w+)*)")  # layers → not models, engine
+_NAME = r"\w+(?:\.\w+)*"  # a package, or a sub-package spelled with dots: engine.scheduling
+_NOT = re.compile(rf"({_NAME}) → not ({_NAME}(?:, {_NAME})*)")  # layers → not models, engine
 _ONLY = re.compile(r"only (\w+) → (\w+(?:, \w+)*)")  # only server → fastapi, uvicorn
 
 
@@ -69,6 +71,12 @@ def top_level(module: str) -> str:
     return parts[1]
 
 
+def within(module: str, name: str) -> bool:
+    """Whether the dotted ``module`` is ``forwardpass/<name>`` or inside it (``name`` may have dots:
+    ``engine.scheduling``)."""
+    return module == f"forwardpass.{name}" or module.startswith(f"forwardpass.{name}.")
+
+
 def module_name(rel: str) -> tuple[str, bool]:
     """``("forwardpass.layers.moe", False)`` for ``layers/moe.py``; ``(package, True)``
     for an ``__init__.py``."""
@@ -78,15 +86,21 @@ def module_name(rel: str) -> tuple[str, bool]:
     return ".".join(parts), False
 
 
-def imports(source: str, rel: str) -> list[tuple[int, str]]:
+def imports(source: str, rel: str, *, type_only: bool = True) -> list[tuple[int, str]]:
     """``(line, absolute module)`` for every import statement anywhere in the module at ``forwardpass/<rel>``:
-    top level, functions, ``if TYPE_CHECKING:`` blocks. ``from X import y`` gives ``X.y`` (``y`` may be a
+    top level, functions, ``if TYPE_CHECKING:`` blocks (``type_only=False``: those left out, as the
+    interpreter never runs them). ``from X import y`` gives ``X.y`` (``y`` may be a
     submodule: ``from forwardpass import envs``); relative imports are resolved against
     the module's package."""
     name, is_package = module_name(rel)
     package = name.split(".") if is_package else name.split(".")[:-1]
     found = []
-    for node in ast.walk(ast.parse(source, rel)):
+    tree = ast.parse(source, rel)
+    skipped = set() if type_only else {id(n) for block in ast.walk(tree) if _type_checking(block)
+                                       for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -103,21 +117,56 @@ def imports(source: str, rel: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def _type_checking(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``)."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING"
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[str, str]]:
+    """Each module's run-time imports of other ``forwardpass`` modules (type-only ones left out), and each
+    module's folder (``engine/scheduling``; an ``__init__.py`` belongs to its own folder)."""
+    sources = {module_name(rel)[0]: (rel, source) for rel, source in _modules()}
+    folders = {name: Path(rel).parent.as_posix() for name, (rel, _) in sources.items()}
+
+    def resolve(module: str) -> str:  # `from a.b import c`: the module a.b.c where it is one, else a.b
+        while module not in sources:
+            module = module.rpartition(".")[0]
+        return module
+
+    graph = {name: {resolve(m) for _, m in imports(source, rel, type_only=False)
+                    if m.split(".")[0] == "forwardpass"} - {name}
+             for name, (rel, source) in sources.items()}
+    return graph, folders
+
+
+def forbidden_cycles(graph: dict[str, set[str]], folders: dict[str, str]) -> list[list[str]]:
+    """The import cycles (strongly connected modules) that join modules of different folders, or any two
+    modules under engine/."""
+    g = networkx.DiGraph([(a, b) for a, targets in graph.items() for b in targets])
+    found = []
+    for cycle in networkx.strongly_connected_components(g):
+        places = {folders[m] for m in cycle}
+        if len(cycle) > 1 and (len(places) > 1 or any(p.split("/")[0] == "engine" for p in places)):
+            found.append(sorted(cycle))
+    return sorted(found)
+
+
 def violations(rule: Rule, source: str, rel: str) -> list[str]:
     """``forwardpass/<rel>:<line>: imports <module> (<package>)`` for each import of the module
     that breaks ``rule``."""
     name, _ = module_name(rel)
-    own = top_level(name)
     out = []
     for line, module in imports(source, rel):
-        ours = module.split(".")[0] == "forwardpass"
-        target = top_level(module)
-        if rule.kind == "not":
-            bad = ours and own == rule.source and target in rule.targets
-        else:
-            bad = not ours and own != rule.source and target in rule.targets
-        if bad:
-            out.append(f"forwardpass/{rel}:{line}: imports {module} ({target})")
+        hit = None
+        if rule.kind == "not" and within(name, rule.source):
+            hit = next((t for t in sorted(rule.targets) if within(module, t)), None)
+        elif rule.kind == "only" and module.split(".")[0] != "forwardpass" and not within(name, rule.source):
+            hit = top_level(module) if top_level(module) in rule.targets else None
+        if hit is not None:
+            out.append(f"forwardpass/{rel}:{line}: imports {module} ({hit})")
     return out
 
 
@@ -146,8 +195,8 @@ def test_every_forwardpass_name_in_a_rule_exists():
     for rule in doc_rules():
         names = {rule.source} | (rule.targets if rule.kind == "not" else set())
         for n in names:
-            assert (PACKAGE / n).is_dir() or (PACKAGE / f"{n}.py").is_file(), (f"{rule.text!r}: no "
-                                                                               f"forwardpass/{n}")
+            path = PACKAGE / n.replace(".", "/")
+            assert path.is_dir() or path.with_suffix(".py").is_file(), f"{rule.text!r}: no {path}"
 
 
 @pytest.mark.parametrize("rule", doc_rules(), ids=lambda r: r.text.replace("→", "->"))
@@ -168,7 +217,7 @@ from . import norm
 if TYPE_CHECKING:
     from forwardpass.engine.scheduling.sequence import Sequence
 def load():
-    import forwardpass.engine.scheduling.core as core
+    import forwardpass.engine.worker.model_runner as runner
     from forwardpass.models.loading import _checkpoint_names
     import fastapi.responses
 """
@@ -182,7 +231,7 @@ def test_an_injected_violation_is_found():
         # type-only
         "forwardpass/layers/fake.py:9: imports forwardpass.engine.scheduling.sequence.Sequence (engine)",
         # inside a function
-        "forwardpass/layers/fake.py:11: imports forwardpass.engine.scheduling.core (engine)",
+        "forwardpass/layers/fake.py:11: imports forwardpass.engine.worker.model_runner (engine)",
         "forwardpass/layers/fake.py:12: imports forwardpass.models.loading._checkpoint_names (models)",
     ]
     assert violations(rule, FAKE, "attention/fake.py") == []  # the rule is about layers/ only
@@ -196,20 +245,49 @@ def test_an_injected_violation_is_found():
     assert violations(only, FAKE, "server/fake.py") == []
     # ours, not theirs
     assert violations(only, "from forwardpass.server import fastapi\n", "engine/fake.py") == []
+    sub = parse_rule("- engine.scheduling → not engine.worker, engine.speculative")  # sub-packages, dotted
+    two = "from forwardpass.engine.worker.isolation import Sampled\nfrom forwardpass.engine import core\n"
+    assert violations(sub, two, "engine/scheduling/fake.py") == [
+        "forwardpass/engine/scheduling/fake.py:1: imports forwardpass.engine.worker.isolation.Sampled "
+        "(engine.worker)"]
+    assert violations(sub, two, "engine/worker/fake.py") == []
     with pytest.raises(ValueError):
         parse_rule("- layers must not import models")
 
 
 def test_engine_files_stay_small():
-    sizes = {p.name: len(p.read_text().splitlines()) for p in ENGINE.glob("*.py")}
+    sizes = {p.relative_to(ENGINE).as_posix(): len(p.read_text().splitlines()) for p in ENGINE.rglob("*.py")}
+    assert len(sizes) > 20  # every sub-package's files, not only engine/*.py
     assert max(sizes.values()) <= 250, {k: v for k, v in sizes.items() if v > 250}
 
 
+def test_no_import_cycle_across_folders_or_inside_the_engine():
+    """A cycle between folders makes the folders one unit in all but name; inside engine/ the sub-packages
+    stack one on another (docs/architecture.md)."""
+    graph, folders = import_graph()
+    assert len(graph) > 250 and sum(map(len, graph.values())) > 500  # the whole package was read
+    found = forbidden_cycles(graph, folders)
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_a_cycle_is_found():
+    folders = {"a.x": "a", "a.y": "a", "b.z": "b", "engine.p": "engine", "engine.q": "engine/worker"}
+    graph = {"a.x": {"a.y"}, "a.y": {"a.x", "b.z"}, "b.z": set(), "engine.p": {"engine.q"}, "engine.q": set()}
+    assert forbidden_cycles(graph, folders) == []  # a cycle inside one folder outside the engine is allowed
+    graph["b.z"] = {"a.x"}
+    graph["engine.q"] = {"engine.p"}
+    assert forbidden_cycles(graph, folders) == [["a.x", "a.y", "b.z"], ["engine.p", "engine.q"]]
+    rel = "engine/fake.py"
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from forwardpass.models import llama\n"
+    assert imports(typed, rel) == [(1, "typing.TYPE_CHECKING"), (3, "forwardpass.models.llama")]
+    assert imports(typed, rel, type_only=False) == [(1, "typing.TYPE_CHECKING")]
+
+
 def test_only_the_spec_reads_model_config_keys():
-    """Models, engine, analyzer read ``ModelSpec``; config.json keys are resolved in loader/spec.py and in the
-    spec modules of the families (``models/*_spec.py``), nowhere else."""
+    """Models, engine, analyzer read ``ModelSpec``; config.json keys are resolved in the spec modules
+    (``models/model_spec.py`` and each family's ``models/*_spec.py``), nowhere else."""
     for sub in ("engine", "models", "analysis", "layers", "attention"):
-        for path in (PACKAGE / sub).glob("*.py"):
+        for path in (PACKAGE / sub).rglob("*.py"):
             if sub == "models" and path.name.endswith("_spec.py"):  # a family's spec derivation
                 continue
             text = path.read_text()
@@ -233,11 +311,11 @@ def test_the_repository_stands_alone():
 
 
 def test_the_builder_and_tensor_parallelism_do_not_import_each_other():
-    """``engine/scheduling/builder.py`` builds around the executor it is handed
-    (``engine/scheduling/executor.py``); ``forwardpass/launch.py``, above both, starts the tensor-parallel
-    ranks (the rule ``engine → not distributed`` covers the builder's side)."""
+    """``engine/builder.py`` builds around the executor it is handed (``engine/executor.py``);
+    ``engine/frontend/launch.py``, above both, starts the tensor-parallel ranks (the rules
+    ``engine.builder → not ..., distributed`` and the like cover the engine's side)."""
     found = [f"forwardpass/{rel}:{line}: imports {module}"
              for rel, source in _modules() if rel.startswith("distributed/")
              for line, module in imports(source, rel)
-             if module.startswith("forwardpass.engine.scheduling.builder")]
+             if module.startswith("forwardpass.engine.builder")]
     assert not found, found
