@@ -22,7 +22,8 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 class StopTokens(Protocol):
     """What is read of a model's spec (``ModelSpec``, which lives above this format reader)."""
 
-    eos_token_ids: tuple[int, ...]
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...  # read-only: the spec is frozen
 
 # field name -> accepted JSON type(s); ints are accepted where floats are expected (temperature: 1).
 _FIELDS: dict[str, type | tuple[type, ...]] = {
