@@ -9,10 +9,11 @@ config keys.
 This module is the common core: the fields, the keys most decoders share (Llama's names: ``decoder_spec``,
 with the generic MoE keys, ``rope_parameters`` and the ``layer_types`` / ``use_sliding_window`` windows),
 and the checks every spec passes (``__post_init__``). Each family that reads keys of its own derives its
-spec in a module next to its model (``models/*_spec.py``: Gemma's scales and soft-caps, DeepSeek's MLA
-and routing, Mamba2 / Nemotron-H's ``SSMSpec``, Qwen3-Next's ``GDNSpec``, DeepSeek-V4's ``DeepseekV4Spec``,
-Whisper's ``WhisperSpec``, ...), registered by architecture and model_type in ``models/registry.py``;
-``ModelSpec.from_config`` asks that registry first.
+spec in a module next to its model (``models/*_spec.py``), registered by architecture and model_type in
+``models/registry.py``; ``ModelSpec.from_config`` asks that registry first. Its own sizes go into one
+sub-spec, ``ModelSpec.family`` (Gemma's ``GemmaSpec``, DeepSeek's ``MLAFamily``, Mamba2 / Nemotron-H's
+``SSMSpec``, Qwen3-Next's ``GDNSpec``, DeepSeek-V4's ``DeepseekV4Spec``, Whisper's ``WhisperSpec``, ...),
+which is also the family's one interface to the rest of the code (``models/family.py``).
 
 Parameter and byte counts (``spec.params``, ``spec.kv_bytes_per_token(b)``, ...) are
 ``models/accounting.py``'s, shared by the cost model and the analyzer. Field names are short (``hidden``,
