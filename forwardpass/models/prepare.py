@@ -140,20 +140,15 @@ def prepare_model(model_dir: str | Path, plan: ExecutionPlan) -> tuple[nn.Module
     each module's weights post-processed once, the whole on 2 MB pages where the plan says so. Tensor
     parallel: a plan with the rank's group (``plan.tensor_parallel``): each rank builds, loads its shard."""
     from forwardpass.huge_pages import move_model_to_huge_pages
-    from forwardpass.loader.ctranslate2 import is_converted_dir
-    from forwardpass.loader.gguf import is_gguf_dir
     from forwardpass.models.gguf_weights import load_gguf_model
     from forwardpass.models.loading import load_model
     from forwardpass.models.whisper_ct2 import load_ctranslate2_whisper
 
+    # the format resolve_plan found (a llama.cpp file, a CTranslate2 model.bin, safetensors): not probed again
+    loaders = {"gguf": load_gguf_model, "ctranslate2": load_ctranslate2_whisper, "hf": load_model}
     t0 = time.perf_counter()
     with building_with_plan(plan):
-        if is_gguf_dir(model_dir):  # weights read from a llama.cpp file
-            net, spec = load_gguf_model(model_dir, plan.dtype, plan.device)
-        elif is_converted_dir(model_dir):  # weights read from a CTranslate2 model.bin (models/whisper_ct2.py)
-            net, spec = load_ctranslate2_whisper(model_dir, plan.dtype, plan.device)
-        else:
-            net, spec = load_model(model_dir, plan.dtype, plan.device)
+        net, spec = loaders[plan.checkpoint_format](model_dir, plan.dtype, plan.device)
     process_weights_after_loading(net)
     # decode streams every weight once per step: 2 MB pages; after packing, which drops copies
     if plan.huge_pages:
