@@ -48,13 +48,15 @@ class MLAttention(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.heads, self.nope, self.rope = spec.heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim
-        self.rank, self.v_dim = spec.kv_lora_rank, spec.v_head_dim
+        mla = spec.mla
+        assert mla is not None
+        self.heads, self.nope, self.rope = spec.heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim
+        self.rank, self.v_dim = mla.kv_lora_rank, mla.v_head_dim
         qk = self.nope + self.rope
-        if spec.q_lora_rank:
-            self.q_a_proj = Linear(spec.hidden, spec.q_lora_rank, bias=spec.qkv_bias)
-            self.q_a_layernorm = RMSNorm(spec.q_lora_rank, spec.rms_norm_eps)
-            self.q_b_proj = Linear(spec.q_lora_rank, self.heads * qk)
+        if mla.q_lora_rank:
+            self.q_a_proj = Linear(spec.hidden, mla.q_lora_rank, bias=spec.qkv_bias)
+            self.q_a_layernorm = RMSNorm(mla.q_lora_rank, spec.rms_norm_eps)
+            self.q_b_proj = Linear(mla.q_lora_rank, self.heads * qk)
         else:
             self.q_proj = Linear(spec.hidden, self.heads * qk)
         self.kv_a_proj_with_mqa = Linear(spec.hidden, self.rank + self.rope, bias=spec.qkv_bias)
@@ -62,7 +64,7 @@ class MLAttention(nn.Module):
         # absorbed: a matrix
         self.kv_b_proj = Linear(self.rank, self.heads * (self.nope + self.v_dim), role="dense")
         self.o_proj = Linear(self.heads * self.v_dim, spec.hidden, bias=spec.o_bias)
-        self.rotate = apply_rotary_interleaved if spec.rope_interleave else apply_rotary
+        self.rotate = apply_rotary_interleaved if mla.rope_interleave else apply_rotary
         self.scale = qk**-0.5
         scaling = spec.rope_scaling or {}
         if scaling.get("rope_type", scaling.get("type")) == "yarn" and scaling.get("mscale_all_dim"):
@@ -150,8 +152,10 @@ class DeepseekDecoderLayer(nn.Module):
 
 class DeepseekModel(DecoderModel):
     def __init__(self, spec: ModelSpec):
+        mla = spec.mla
+        assert mla is not None
         super().__init__(spec, DeepseekDecoderLayer,
-                         rotary=RotaryEmbedding(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling))
+                         rotary=RotaryEmbedding(mla.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling))
 
 
 class DeepseekV2ForCausalLM(MoECausalLMMixin, CausalLM):

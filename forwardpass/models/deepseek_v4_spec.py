@@ -58,6 +58,7 @@ class DeepseekV4Spec(ModelFamily):
     hc_eps: float
     swiglu_limit: float
     scoring: str  # router score function: "sqrtsoftplus" or "sigmoid"
+    q_lora_rank: int  # q's LoRA rank (q and the indexer's q are read from its normed latent)
 
     def sparse(self, layer: int) -> bool:
         return self.layer_types[layer] == DSV4_CSA
@@ -118,7 +119,7 @@ class DeepseekV4Spec(ModelFamily):
         """Per-layer attention kinds, hyper-connections, routers without a shared gate."""
         h = s.hidden
         moe = s.num_experts * (s.expert_params + h) + s.shared_expert_params
-        attention = sum(self.layer_attention_params(i, h, s.heads, s.q_lora_rank) for i in range(s.layers))
+        attention = sum(self.layer_attention_params(i, h, s.heads, self.q_lora_rank) for i in range(s.layers))
         head = self.hc_mult * (self.hc_mult * h + 1) + 1
         return (attention + s.layers * (2 * h + self.hyper_params(h) + moe) + s.embedding_params
                 + s.lm_head_params + h + head)
@@ -255,13 +256,12 @@ def deepseek_v4_fields(cfg: Mapping[str, Any], layers: int, heads: int, head_dim
         o_lora_rank=sizes["o_lora_rank"], index_heads=sizes["index_n_heads"],
         index_head_dim=sizes["index_head_dim"], index_topk=sizes["index_topk"], hc_mult=sizes["hc_mult"],
         hc_sinkhorn_iters=sizes["hc_sinkhorn_iters"], hc_eps=float(cfg.get("hc_eps") or 1e-6),
-        swiglu_limit=float(cfg.get("swiglu_limit") or 10.0), scoring=scoring)
+        swiglu_limit=float(cfg.get("swiglu_limit") or 10.0), scoring=scoring,
+        q_lora_rank=sizes["q_lora_rank"])
     # one shared expert of moe_intermediate_size whatever n_shared_experts says (as transformers builds it);
     # the chosen experts' weights are always renormalized
     moe = {"moe_layer_ids": tuple(range(layers)), "num_experts": experts, "experts_per_tok": k,
            "expert_intermediate": inter, "shared_expert_intermediate": inter, "renormalize_topk": True,
            "router_scoring": scoring, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
            "routed_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0)}
-    return {"family": dsv4, "moe": moe, "layer_windows": (window,) * layers,
-            "q_lora_rank": sizes["q_lora_rank"], "qk_rope_head_dim": rope_dim, "rope_theta": main_theta,
-            "rope_interleave": True}
+    return {"family": dsv4, "moe": moe, "layer_windows": (window,) * layers, "rope_theta": main_theta}

@@ -33,6 +33,7 @@ from forwardpass.loader.validate import validate_config
 from forwardpass.models import accounting
 
 if TYPE_CHECKING:
+    from forwardpass.models.deepseek_spec import MLAFamily
     from forwardpass.models.deepseek_v4_spec import DeepseekV4Spec
     from forwardpass.models.mamba_spec import SSMSpec
     from forwardpass.models.qwen3_next_spec import GDNSpec
@@ -91,13 +92,6 @@ class ModelSpec:
     renormalize_topk: bool = False  # renormalize the chosen experts' weights (Mixtral, Qwen norm_topk_prob)
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None  # the checkpoint's dtype as config.json states it
-    # multi-latent attention (DeepSeek-V2/V3); kv_lora_rank == 0 means ordinary attention
-    q_lora_rank: int = 0  # 0: q is one projection (no LoRA)
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    rope_interleave: bool = False  # rotary pairs are adjacent (x0, x1), (x2, x3) ... (DeepSeek)
     # DeepSeek MoE routing: score function, expert groups, e_score_correction_bias (noaux_tc), scaling
     router_scoring: str = "softmax"  # "softmax" or "sigmoid"
     topk_method: str = "greedy"  # "greedy", "group_limited_greedy" (V2) or "noaux_tc" (V3)
@@ -164,6 +158,11 @@ class ModelSpec:
         return self._family_as("dsv4")
 
     @property
+    def mla(self) -> MLAFamily | None:
+        """Multi-latent attention's sizes (DeepSeek-V2/V3)."""
+        return self._family_as("mla")
+
+    @property
     def whisper(self) -> WhisperSpec | None:
         """An encoder–decoder speech model's audio encoder."""
         return self._family_as("whisper")
@@ -206,16 +205,6 @@ class ModelSpec:
     @property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
-
-    @property
-    def is_mla(self) -> bool:
-        return self.kv_lora_rank > 0
-
-    @property
-    def kv_latent_dim(self) -> int:
-        """Values cached per token and layer by multi-latent attention: the compressed KV and the
-        shared rotary key."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
 
     # ---- parameter and byte counts: models/accounting.py (shared by the cost model and the analyzer) -----
     dense_layers = property(accounting.dense_layers)
