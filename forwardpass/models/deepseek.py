@@ -13,7 +13,7 @@ Attention (``attention/mla.py`` for the cache and the two attention forms):
 MoE (layers from ``first_k_dense_replace`` on; the first ones have a dense MLP): ``n_routed_experts``
 experts of width ``moe_intermediate_size``, ``num_experts_per_tok`` chosen per token, plus
 ``n_shared_experts`` always-on experts (one gated MLP ``n_shared_experts`` times as wide).
-Routing (``ModelSpec.topk_method``):
+Routing (``MoESpec.topk_method``):
 
 * V2 ``greedy``: softmax scores, top-k; ``group_limited_greedy``: keep the ``topk_group`` expert groups
   with the best single score, then top-k inside them. Weights times ``routed_scaling_factor``.
@@ -96,17 +96,19 @@ class DeepseekMoE(FusedMoE):
     """Routed experts (stacked, ``FusedMoE``) with DeepSeek's routing, plus the shared experts."""
 
     def __init__(self, spec: ModelSpec):
-        super().__init__(spec.hidden, spec.num_experts, spec.expert_intermediate, spec.experts_per_tok,
-                         renormalize=spec.renormalize_topk, hidden_act=spec.hidden_act)
-        self.spec = spec
-        if spec.topk_method == "noaux_tc":  # stored as mlp.gate.e_score_correction_bias
-            self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(spec.num_experts),
+        moe = spec.moe
+        assert moe is not None
+        super().__init__(spec.hidden, moe.num_experts, moe.expert_intermediate, moe.experts_per_tok,
+                         renormalize=moe.renormalize_topk, hidden_act=spec.hidden_act)
+        self.moe = moe
+        if moe.topk_method == "noaux_tc":  # stored as mlp.gate.e_score_correction_bias
+            self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(moe.num_experts),
                                                              requires_grad=False)
-        self.shared_experts = (GatedMLP(spec.hidden, spec.shared_expert_intermediate, spec.hidden_act)
-                               if spec.shared_expert_intermediate else None)
+        self.shared_experts = (GatedMLP(spec.hidden, moe.shared_expert_intermediate, spec.hidden_act)
+                               if moe.shared_expert_intermediate else None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        s = self.spec
+        s = self.moe
         logits = F.linear(x.float(), self.gate.weight.float())
         e, groups = s.num_experts, s.n_group
         if s.topk_method == "noaux_tc":
@@ -142,7 +144,7 @@ class DeepseekDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
         self.self_attn = MLAttention(spec, layer_idx)
         self.post_attention_layernorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
-        self.mlp: nn.Module = (DeepseekMoE(spec) if layer_idx in spec.moe_layer_ids
+        self.mlp: nn.Module = (DeepseekMoE(spec) if spec.moe and layer_idx in spec.moe.layer_ids
                                else GatedMLP(spec.hidden, spec.intermediate, spec.hidden_act))
 
     def forward(self, x, cos, sin, ctx):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from forwardpass.errors import ConfigError
 from forwardpass.models.family import ModelFamily
 from forwardpass.models.model_spec import ModelSpec, architecture, decoder_spec, require
+from forwardpass.models.moe_spec import MoESpec
 
 if TYPE_CHECKING:
     from forwardpass.analysis.ops import OpCost
@@ -70,8 +71,7 @@ def deepseek_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
         given.update(kv_heads=int(require(cfg, "num_attention_heads", name)),
                      head_dim=mla.qk_nope_head_dim + mla.qk_rope_head_dim, family=mla)
     if cfg.get("n_routed_experts"):
-        given.update(deepseek_moe_fields(cfg, int(require(cfg, "num_hidden_layers", name)),
-                                         architecture(cfg)))
+        given["moe"] = deepseek_moe(cfg, int(require(cfg, "num_hidden_layers", name)), architecture(cfg))
     return decoder_spec(cfg, name, **given)
 
 
@@ -107,7 +107,7 @@ def mla_family(cfg: Mapping[str, Any]) -> MLAFamily | None:
     return MLAFamily(**out)
 
 
-def deepseek_moe_fields(cfg: Mapping[str, Any], layers: int, arch: str) -> dict[str, Any]:
+def deepseek_moe(cfg: Mapping[str, Any], layers: int, arch: str) -> MoESpec:
     """DeepSeek-V2/V3: ``n_routed_experts`` experts in layers from ``first_k_dense_replace`` on, plus
     ``n_shared_experts`` always-on experts; V3 scores with a sigmoid and picks groups by the
     bias-corrected scores (``noaux_tc``), V2 with a softmax (``greedy`` or ``group_limited_greedy``)."""
@@ -131,16 +131,16 @@ def deepseek_moe_fields(cfg: Mapping[str, Any], layers: int, arch: str) -> dict[
                           f"num_experts_per_tok={k}", param="topk_group")
     first = int(cfg.get("first_k_dense_replace") or 0)
     inter = int(cfg.get("moe_intermediate_size") or 0)
-    return {
-        "moe_layer_ids": tuple(range(min(first, layers), layers)),
-        "num_experts": e,
-        "experts_per_tok": k,
-        "expert_intermediate": inter,
-        "shared_expert_intermediate": inter * int(cfg.get("n_shared_experts") or 0),
-        "renormalize_topk": bool(cfg.get("norm_topk_prob", False)) and v3,  # HF V2 never renormalizes
-        "router_scoring": "sigmoid" if v3 else "softmax",
-        "topk_method": method,
-        "n_group": n_group,
-        "topk_group": topk_group,
-        "routed_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0),
-    }
+    return MoESpec(
+        layer_ids=tuple(range(min(first, layers), layers)),
+        num_experts=e,
+        experts_per_tok=k,
+        expert_intermediate=inter,
+        shared_expert_intermediate=inter * int(cfg.get("n_shared_experts") or 0),
+        renormalize_topk=bool(cfg.get("norm_topk_prob", False)) and v3,  # HF V2 never renormalizes
+        router_scoring="sigmoid" if v3 else "softmax",
+        topk_method=method,
+        n_group=n_group,
+        topk_group=topk_group,
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+    )
