@@ -91,11 +91,9 @@ class ModelSpec:
     # state-space / hybrid models: what each layer mixes with (MIXER_*); () = attention + MLP everywhere
     layer_mixers: tuple[str, ...] = ()
     mlp_gated: bool = True  # False: up -> act -> down (Nemotron-H, relu2)
-    # BERT-style encoders: learned absolute positions, segment (token type) embeddings, post-LayerNorm
-    type_vocab_size: int = 0  # segment embeddings (BERT 2); 0 = none
     # the family's own sub-spec and its terms (models/family.py: a ModelFamily; None or any other object: the
-    # ordinary decoder's terms): SSMSpec, GDNSpec, DeepseekV4Spec, WhisperSpec, MLAFamily, or one registered
-    # from outside forwardpass/ (docs/adding-a-model.md)
+    # ordinary decoder's terms): SSMSpec, GDNSpec, DeepseekV4Spec, WhisperSpec, MLAFamily, GemmaSpec,
+    # BertSpec, or one registered from outside forwardpass/ (docs/adding-a-model.md)
     family: Any = None
 
     def __post_init__(self) -> None:
