@@ -98,10 +98,11 @@ def forward_ops(
         ops = whole
 
     # feed-forward: dense layers
+    gated = family_of(shape).mlp_gated
     if shape.dense_layers:
         I = shape.intermediate
         mlp = [
-            *([linear(stage, "gate_proj", T, H, I, wb=wb, ab=ab)] if shape.mlp_gated else []),
+            *([linear(stage, "gate_proj", T, H, I, wb=wb, ab=ab)] if gated else []),
             linear(stage, "up_proj", T, H, I, wb=wb, ab=ab),
             elementwise(stage, "act", T * I, flops_per_element=ACT_FLOPS, ab=ab, reads=2, writes=1),
             linear(stage, "down_proj", T, I, H, wb=wb, ab=ab),
@@ -118,7 +119,7 @@ def forward_ops(
         moe = [
             linear(stage, "router", T, H, router_out, wb=wb, ab=ab, out_bytes=LOGIT_BYTES),
             *([linear(stage, "experts.gate_proj", Tk, H, Im, wb=wb, ab=ab, weight_params=touched * H * Im)]
-              if shape.mlp_gated else []),
+              if gated else []),
             linear(stage, "experts.up_proj", Tk, H, Im, wb=wb, ab=ab, weight_params=touched * H * Im),
             elementwise(stage, "experts.act", Tk * Im, flops_per_element=ACT_FLOPS, ab=ab, reads=2, writes=1),
             linear(stage, "experts.down_proj", Tk, Im, H, wb=wb, ab=ab, weight_params=touched * H * Im),
@@ -126,7 +127,7 @@ def forward_ops(
         if Is:
             moe += [
                 *([linear(stage, "shared_expert.gate_proj", T, H, Is, wb=wb, ab=ab)]
-                  if shape.mlp_gated else []),
+                  if gated else []),
                 linear(stage, "shared_expert.up_proj", T, H, Is, wb=wb, ab=ab),
                 elementwise(stage, "shared_expert.act", T * Is, flops_per_element=ACT_FLOPS, ab=ab, reads=2),
                 linear(stage, "shared_expert.down_proj", T, Is, H, wb=wb, ab=ab),

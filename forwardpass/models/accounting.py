@@ -42,7 +42,7 @@ def total_norm_params(s: ModelSpec) -> int:
 def expert_params(s: ModelSpec) -> int:
     """One expert's MLP (0 for a dense model)."""
     width = s.moe.expert_intermediate if s.moe else 0
-    return (3 if s.mlp_gated else 2) * s.hidden * width  # Nemotron-H: up, down
+    return (3 if family_of(s).mlp_gated else 2) * s.hidden * width  # Nemotron-H: up, down
 
 
 def router_params(s: ModelSpec) -> int:
@@ -51,7 +51,7 @@ def router_params(s: ModelSpec) -> int:
 
 def shared_expert_params(s: ModelSpec) -> int:
     width = s.moe.shared_expert_intermediate if s.moe else 0
-    return (3 if s.mlp_gated else 2) * s.hidden * width
+    return (3 if family_of(s).mlp_gated else 2) * s.hidden * width
 
 
 def embedding_params(s: ModelSpec) -> int:

@@ -28,6 +28,9 @@ class ModelFamily:
     """The terms of the ordinary decoder; each method reads the core fields of ``s`` (the spec that holds
     this family) and the family's own."""
 
+    #: the dense and expert MLPs are gated (gate, up, down); False: up -> act -> down (Nemotron-H, relu²)
+    mlp_gated: bool = True
+
     # ---- parameters --------------------------------------------------------------------------------
     def dense_layers(self, s: ModelSpec) -> int:
         """Layers with a dense MLP."""
@@ -63,7 +66,7 @@ class ModelFamily:
         return (
             self.mixer_params(s)
             + self.total_norm_params(s)
-            + self.dense_layers(s) * (3 if s.mlp_gated else 2) * s.hidden * s.intermediate
+            + self.dense_layers(s) * (3 if self.mlp_gated else 2) * s.hidden * s.intermediate
             + s.moe_layers * moe
             + s.embedding_params
             + s.lm_head_params

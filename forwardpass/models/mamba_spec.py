@@ -52,6 +52,7 @@ class SSMSpec(ModelFamily):
     norm_eps: float = 1e-5
     dt_min: float = 0.0  # the prefill scan clamps dt to [dt_min, dt_max] (HF time_step_limit)
     dt_max: float = float("inf")
+    mlp_gated: bool = True  # False: Nemotron-H's relu² MLP and experts (up -> act -> down)
 
     @property
     def inner(self) -> int:
@@ -188,11 +189,11 @@ def ssm_fields(cfg: Mapping[str, Any], hidden: int) -> dict[str, Any]:
     lo, hi = (json_float(v) for v in limit)
     if model_type == "nemotron_h":  # HF NemotronHMamba2Mixer: (time_step_min, inf), whatever the config says
         lo, hi = float(cfg.get("time_step_min") or 0.0), float("inf")
-    ssm = SSMSpec(**sizes, conv_bias=bool(cfg.get("use_conv_bias", True)),
+    ssm = SSMSpec(**sizes, conv_bias=bool(cfg.get("use_conv_bias", True)), mlp_gated=mlp_gated,
                   bias=bool(cfg.get("use_bias", False)),
                   norm_eps=float(cfg.get("layer_norm_epsilon") or 1e-5), dt_min=lo, dt_max=hi,
                   hidden_in=hidden)
-    out: dict[str, Any] = {"layer_mixers": mixers, "family": ssm, "mlp_gated": mlp_gated}
+    out: dict[str, Any] = {"layer_mixers": mixers, "family": ssm}
     if MIXER_MOE in mixers:  # DeepSeek-V3 routing (sigmoid, bias-corrected groups), non-gated relu² experts
         moe = deepseek_moe({**cfg, "model_type": "deepseek_v3",
                             "n_shared_experts": 0, "first_k_dense_replace": 0}, len(mixers), "")

@@ -90,7 +90,6 @@ class ModelSpec:
     torch_dtype: str | None = None  # the checkpoint's dtype as config.json states it
     # state-space / hybrid models: what each layer mixes with (MIXER_*); () = attention + MLP everywhere
     layer_mixers: tuple[str, ...] = ()
-    mlp_gated: bool = True  # False: up -> act -> down (Nemotron-H, relu2)
     # the family's own sub-spec and its terms (models/family.py: a ModelFamily; None or any other object: the
     # ordinary decoder's terms): SSMSpec, GDNSpec, DeepseekV4Spec, WhisperSpec, MLAFamily, GemmaSpec,
     # BertSpec, or one registered from outside forwardpass/ (docs/adding-a-model.md)
