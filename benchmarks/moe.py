@@ -57,7 +57,7 @@ def checkpoint(kind: str) -> Path:
 def active_params(spec) -> int:
     """Weights one decode token reads: attention + embeddings/LM head + the chosen experts (+ routers)."""
     h = spec.hidden
-    moe_mlp = spec.experts_per_tok * spec.expert_params + h * spec.num_experts
+    moe_mlp = spec.moe.experts_per_tok * spec.expert_params + h * spec.moe.num_experts
     dense_mlp = 3 * h * spec.intermediate
     return (spec.layers * spec.attention_params + spec.moe_layers * moe_mlp + spec.dense_layers * dense_mlp
             + spec.vocab * h)

@@ -228,7 +228,7 @@ def test_dtypes_change_bytes_not_flops():
 def test_moe_counts_only_active_experts():
     rep = analyze("qwen3-30b-a3b", "h100", batches=(1, 4096))
     s = rep.shape
-    assert (s.num_experts, s.experts_per_tok, s.moe_layers) == (128, 8, 48)
+    assert (s.moe.num_experts, s.moe.experts_per_tok, s.moe_layers) == (128, 8, 48)
     assert rep.params == pytest.approx(30.5e9, rel=0.01)
     assert rep.active_params == pytest.approx(3.35e9, rel=0.01)
     d1 = rep.decode_at(1)

@@ -59,7 +59,7 @@ def test_moe_reports_the_all_to_all_alternative():
     spec = ModelSpec.from_config(cfg)
     comm = step_communication(spec, 4, tokens=100, expert_parallel=True)
     # dispatch + combine of every token's hidden state to its 8 experts, 3/4 of them on other ranks
-    assert comm.all_to_all_alternative == 2 * len(spec.moe_layer_ids) * 100 * 8 * 4096 * 2 * 3 // 4
+    assert comm.all_to_all_alternative == 2 * len(spec.moe.layer_ids) * 100 * 8 * 4096 * 2 * 3 // 4
     assert comm.all_to_all_alternative > comm.all_reduce_traffic  # why the engine all-reduces
 
 

@@ -266,13 +266,15 @@ def test_pooling_modes_against_sentence_transformers():
 
 def test_bert_config_checks(random_bert, tmp_path):
     from forwardpass.errors import WeightShapeError
+    from forwardpass.models.bert_spec import BertSpec
     from forwardpass.models.model_spec import ModelSpec, load_model_spec
 
     cfg = json.loads((MINILM / "config.json").read_text())
     with pytest.raises(ConfigError, match="layer_norm_eps"):
         ModelSpec.from_config({**cfg, "layer_norm_eps": -1.0})
     spec = ModelSpec.from_config(cfg)
-    assert (spec.type_vocab_size, spec.rms_norm_eps, spec.max_position_embeddings) == (2, 1e-12, 512)
+    assert ((BertSpec.of(spec).type_vocab_size, spec.rms_norm_eps, spec.max_position_embeddings)
+            == (2, 1e-12, 512))
     # a config whose vocabulary disagrees with the checkpoint's word embeddings fails before allocation
     bad = tmp_path / "bad"
     shutil.copytree(random_bert, bad)

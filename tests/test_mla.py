@@ -91,7 +91,7 @@ def test_deepseek_v3_serves_from_a_budget_only_the_latent_cache_fits(ckpt):
     max_len, per_token = 128, spec.kv_bytes_per_token(4)  # 3 layers x 40 floats
     budget = 16 * 16 * int(per_token)  # 16 blocks of 16 tokens of latents
     expanded_per_token = (spec.layers * spec.heads
-                          * (spec.qk_nope_head_dim + spec.qk_rope_head_dim + spec.v_head_dim) * 4)
+                          * (spec.mla.qk_nope_head_dim + spec.mla.qk_rope_head_dim + spec.mla.v_head_dim) * 4)
     assert expanded_per_token * max_len > budget  # expanded K/V of one max-length sequence would not fit
     llm = LLM(path, kv_cache_memory=budget, block_size=16, max_model_len=max_len, max_num_batched_tokens=32)
     assert llm.engine.core.kv.num_blocks == 16

@@ -126,7 +126,7 @@ def test_batch_equals_each_alone_and_routing_stats(variant):
     assert together == alone, name
 
     # one record per forward, per MoE layer: every token is counted top_k times
-    top_k, experts = spec.experts_per_tok, spec.num_experts
+    top_k, experts = spec.moe.experts_per_tok, spec.moe.num_experts
     sparse = [i for i, _ in llm.engine.model.moe_layers()]
     assert stats and all(r.step in step_ids for r in stats)
     assert sum(r.num_tokens for r in stats) == sum(map(len, prompts)) + 3 * 11

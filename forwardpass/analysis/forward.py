@@ -98,10 +98,11 @@ def forward_ops(
         ops = whole
 
     # feed-forward: dense layers
+    gated = family_of(shape).mlp_gated
     if shape.dense_layers:
         I = shape.intermediate
         mlp = [
-            *([linear(stage, "gate_proj", T, H, I, wb=wb, ab=ab)] if shape.mlp_gated else []),
+            *([linear(stage, "gate_proj", T, H, I, wb=wb, ab=ab)] if gated else []),
             linear(stage, "up_proj", T, H, I, wb=wb, ab=ab),
             elementwise(stage, "act", T * I, flops_per_element=ACT_FLOPS, ab=ab, reads=2, writes=1),
             linear(stage, "down_proj", T, I, H, wb=wb, ab=ab),
@@ -109,24 +110,24 @@ def forward_ops(
         ops += [op.times(shape.dense_layers, count=shape.dense_layers) for op in mlp]
 
     # feed-forward: MoE layers — router, then only the active experts
-    if shape.moe_layers:
-        E, k, Im = shape.num_experts, shape.experts_per_tok, shape.expert_intermediate
+    if shape.moe and shape.moe.layer_ids:
+        E, k, Im = shape.moe.num_experts, shape.moe.experts_per_tok, shape.moe.expert_intermediate
+        Is = shape.moe.shared_expert_intermediate
         touched = shape.unique_experts(T)
         Tk = T * k  # token-expert assignments
-        router_out = E + (1 if shape.shared_expert_intermediate else 0)
+        router_out = E + (1 if Is else 0)
         moe = [
             linear(stage, "router", T, H, router_out, wb=wb, ab=ab, out_bytes=LOGIT_BYTES),
             *([linear(stage, "experts.gate_proj", Tk, H, Im, wb=wb, ab=ab, weight_params=touched * H * Im)]
-              if shape.mlp_gated else []),
+              if gated else []),
             linear(stage, "experts.up_proj", Tk, H, Im, wb=wb, ab=ab, weight_params=touched * H * Im),
             elementwise(stage, "experts.act", Tk * Im, flops_per_element=ACT_FLOPS, ab=ab, reads=2, writes=1),
             linear(stage, "experts.down_proj", Tk, Im, H, wb=wb, ab=ab, weight_params=touched * H * Im),
         ]
-        if shape.shared_expert_intermediate:
-            Is = shape.shared_expert_intermediate
+        if Is:
             moe += [
                 *([linear(stage, "shared_expert.gate_proj", T, H, Is, wb=wb, ab=ab)]
-                  if shape.mlp_gated else []),
+                  if gated else []),
                 linear(stage, "shared_expert.up_proj", T, H, Is, wb=wb, ab=ab),
                 elementwise(stage, "shared_expert.act", T * Is, flops_per_element=ACT_FLOPS, ab=ab, reads=2),
                 linear(stage, "shared_expert.down_proj", T, Is, H, wb=wb, ab=ab),

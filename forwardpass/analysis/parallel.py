@@ -135,10 +135,10 @@ def step_communication(
     ring = 2 * (tp - 1) * payload // tp
     per_rank_vocab = -(-spec.vocab // tp)
     gather = (tp - 1) * sampled * per_rank_vocab * 4  # float32 logits
-    moe_layers = len(spec.moe_layer_ids) if spec.is_moe else 0
+    moe_layers = spec.moe_layers
     a2a = (
-        2 * moe_layers * tokens * spec.experts_per_tok * spec.hidden * dtype_bytes * (tp - 1) // tp
-        if moe_layers
+        2 * moe_layers * tokens * spec.moe.experts_per_tok * spec.hidden * dtype_bytes * (tp - 1) // tp
+        if spec.moe and moe_layers
         else 0
     )
     time_s = (

@@ -92,8 +92,9 @@ def render_roofline(report: Any, *, show_ops: bool = True, out: Any = None) -> N
     c = out or console()
     hw, s = report.hardware, report.shape
     moe = ""
-    if s.is_moe:
-        moe = f" ({s.active_params / 1e9:.3g} B active: {s.experts_per_tok} of {s.num_experts} experts)"
+    if s.moe is not None and s.moe.layer_ids:
+        moe = (f" ({s.active_params / 1e9:.3g} B active: {s.moe.experts_per_tok} of {s.moe.num_experts} "
+               "experts)")
     c.print(f"[bold]{report.model}[/bold]  {s.architecture}  {s.params / 1e9:.3g} B params{moe}")
     c.print(
         f"[bold]{hw.label}[/bold]: {hw.peak(report.act_dtype) / 1e12:.4g} TFLOP/s "

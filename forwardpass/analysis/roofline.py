@@ -384,7 +384,7 @@ def analyze(
         crossover_estimate=hw.ridge(a)
         * wb
         / 2
-        * (shape.num_experts / shape.experts_per_tok if shape.is_moe else 1),
+        * (shape.moe.num_experts / shape.moe.experts_per_tok if shape.moe and shape.moe.layer_ids else 1),
         step_crossover_batch=first_true(step_compute_bound),
         assumptions=notes,
     )

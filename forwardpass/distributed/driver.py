@@ -62,11 +62,11 @@ def check_supported(config: EngineConfig, spec: ModelSpec) -> None:
             param="tensor_parallel_size",
         )
     even_split(spec.intermediate, tp, "the MLP width")
-    if spec.is_moe:
+    if spec.moe is not None and spec.moe.layer_ids:
         if config.enable_expert_parallel:
-            even_split(spec.num_experts, tp, "the experts")
+            even_split(spec.moe.num_experts, tp, "the experts")
         else:
-            even_split(spec.expert_intermediate, tp, "the expert MLP width")
+            even_split(spec.moe.expert_intermediate, tp, "the expert MLP width")
 
 
 class DriverRunner(ModelRunner):

@@ -176,7 +176,7 @@ class EngineCore:
                 RoutingRecord(
                     step=self.step_counter,
                     num_tokens=scheduled.total_num_tokens,
-                    layers=list(self.spec.moe_layer_ids),
+                    layers=list(self.spec.moe.layer_ids) if self.spec.moe else [],
                     tokens_per_expert=[list(c) for c in result.routing_counts],
                 )
             )

@@ -40,7 +40,9 @@ def total_norm_params(s: ModelSpec) -> int:
 
 
 def expert_params(s: ModelSpec) -> int:
-    return (3 if s.mlp_gated else 2) * s.hidden * s.expert_intermediate  # Nemotron-H: up, down
+    """One expert's MLP (0 for a dense model)."""
+    width = s.moe.expert_intermediate if s.moe else 0
+    return (3 if family_of(s).mlp_gated else 2) * s.hidden * width  # Nemotron-H: up, down
 
 
 def router_params(s: ModelSpec) -> int:
@@ -48,7 +50,8 @@ def router_params(s: ModelSpec) -> int:
 
 
 def shared_expert_params(s: ModelSpec) -> int:
-    return (3 if s.mlp_gated else 2) * s.hidden * s.shared_expert_intermediate
+    width = s.moe.shared_expert_intermediate if s.moe else 0
+    return (3 if family_of(s).mlp_gated else 2) * s.hidden * width
 
 
 def embedding_params(s: ModelSpec) -> int:
@@ -72,7 +75,9 @@ def params(s: ModelSpec) -> int:
 
 def active_params(s: ModelSpec) -> int:
     """Parameters used per token: only ``experts_per_tok`` experts of each MoE layer."""
-    inactive = (s.num_experts - s.experts_per_tok) * expert_params(s) * len(s.moe_layer_ids)
+    if s.moe is None:
+        return params(s)
+    inactive = (s.moe.num_experts - s.moe.experts_per_tok) * expert_params(s) * len(s.moe.layer_ids)
     return params(s) - inactive
 
 
@@ -88,9 +93,9 @@ def matmul_params(s: ModelSpec) -> int:
 
 def unique_experts(s: ModelSpec, tokens: float) -> float:
     """Expected distinct experts touched by ``tokens`` tokens under uniform routing."""
-    if not s.num_experts:
+    if s.moe is None:
         return 0.0
-    e, k = s.num_experts, s.experts_per_tok
+    e, k = s.moe.num_experts, s.moe.experts_per_tok
     return e * (1.0 - (1.0 - k / e) ** tokens)
 
 

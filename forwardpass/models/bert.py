@@ -21,6 +21,7 @@ from forwardpass.attention import attention
 from forwardpass.errors import UnsupportedArchitectureError, ValidationError
 from forwardpass.layers.activation import get_activation
 from forwardpass.loader.weights import WeightSource, load_into
+from forwardpass.models.bert_spec import BertSpec
 from forwardpass.models.model_spec import ModelSpec
 
 
@@ -30,9 +31,8 @@ class BertEmbeddings(nn.Module):
         assert spec.max_position_embeddings is not None  # ModelSpec refuses a BERT config without it
         self.word_embeddings = nn.Embedding(spec.vocab, spec.hidden)
         self.position_embeddings = nn.Embedding(spec.max_position_embeddings, spec.hidden)
-        self.token_type_embeddings = (
-            nn.Embedding(spec.type_vocab_size, spec.hidden) if spec.type_vocab_size else None
-        )
+        types = BertSpec.of(spec).type_vocab_size
+        self.token_type_embeddings = nn.Embedding(types, spec.hidden) if types else None
         self.LayerNorm = nn.LayerNorm(spec.hidden, eps=spec.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:

@@ -4,10 +4,25 @@ only, segment embeddings."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from forwardpass.errors import ConfigError
+from forwardpass.models.family import ModelFamily
 from forwardpass.models.model_spec import ModelSpec, decoder_spec
+
+
+@dataclass(frozen=True)
+class BertSpec(ModelFamily):
+    """A BERT encoder's own sizes; its parameter and byte terms are the ordinary decoder's (the segment
+    table is not counted, as before)."""
+
+    type_vocab_size: int = 0  # segment (token type) embeddings (BERT: 2); 0 = none
+
+    @staticmethod
+    def of(spec: ModelSpec) -> BertSpec:
+        """The spec's BERT sizes (the defaults for a spec built by hand without them)."""
+        return spec.family if isinstance(spec.family, BertSpec) else BertSpec()
 
 
 def bert_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
@@ -21,4 +36,4 @@ def bert_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     if not cfg.get("max_position_embeddings"):
         raise ConfigError("a BERT config needs max_position_embeddings (its learned position table)",
                           param="max_position_embeddings")
-    return decoder_spec(cfg, name, type_vocab_size=int(cfg.get("type_vocab_size") or 0))
+    return decoder_spec(cfg, name, family=BertSpec(type_vocab_size=int(cfg.get("type_vocab_size") or 0)))

@@ -13,7 +13,7 @@ Attention (``attention/mla.py`` for the cache and the two attention forms):
 MoE (layers from ``first_k_dense_replace`` on; the first ones have a dense MLP): ``n_routed_experts``
 experts of width ``moe_intermediate_size``, ``num_experts_per_tok`` chosen per token, plus
 ``n_shared_experts`` always-on experts (one gated MLP ``n_shared_experts`` times as wide).
-Routing (``ModelSpec.topk_method``):
+Routing (``MoESpec.topk_method``):
 
 * V2 ``greedy``: softmax scores, top-k; ``group_limited_greedy``: keep the ``topk_group`` expert groups
   with the best single score, then top-k inside them. Weights times ``routed_scaling_factor``.
@@ -48,13 +48,15 @@ class MLAttention(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.heads, self.nope, self.rope = spec.heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim
-        self.rank, self.v_dim = spec.kv_lora_rank, spec.v_head_dim
+        mla = spec.mla
+        assert mla is not None
+        self.heads, self.nope, self.rope = spec.heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim
+        self.rank, self.v_dim = mla.kv_lora_rank, mla.v_head_dim
         qk = self.nope + self.rope
-        if spec.q_lora_rank:
-            self.q_a_proj = Linear(spec.hidden, spec.q_lora_rank, bias=spec.qkv_bias)
-            self.q_a_layernorm = RMSNorm(spec.q_lora_rank, spec.rms_norm_eps)
-            self.q_b_proj = Linear(spec.q_lora_rank, self.heads * qk)
+        if mla.q_lora_rank:
+            self.q_a_proj = Linear(spec.hidden, mla.q_lora_rank, bias=spec.qkv_bias)
+            self.q_a_layernorm = RMSNorm(mla.q_lora_rank, spec.rms_norm_eps)
+            self.q_b_proj = Linear(mla.q_lora_rank, self.heads * qk)
         else:
             self.q_proj = Linear(spec.hidden, self.heads * qk)
         self.kv_a_proj_with_mqa = Linear(spec.hidden, self.rank + self.rope, bias=spec.qkv_bias)
@@ -62,7 +64,7 @@ class MLAttention(nn.Module):
         # absorbed: a matrix
         self.kv_b_proj = Linear(self.rank, self.heads * (self.nope + self.v_dim), role="dense")
         self.o_proj = Linear(self.heads * self.v_dim, spec.hidden, bias=spec.o_bias)
-        self.rotate = apply_rotary_interleaved if spec.rope_interleave else apply_rotary
+        self.rotate = apply_rotary_interleaved if mla.rope_interleave else apply_rotary
         self.scale = qk**-0.5
         scaling = spec.rope_scaling or {}
         if scaling.get("rope_type", scaling.get("type")) == "yarn" and scaling.get("mscale_all_dim"):
@@ -94,17 +96,19 @@ class DeepseekMoE(FusedMoE):
     """Routed experts (stacked, ``FusedMoE``) with DeepSeek's routing, plus the shared experts."""
 
     def __init__(self, spec: ModelSpec):
-        super().__init__(spec.hidden, spec.num_experts, spec.expert_intermediate, spec.experts_per_tok,
-                         renormalize=spec.renormalize_topk, hidden_act=spec.hidden_act)
-        self.spec = spec
-        if spec.topk_method == "noaux_tc":  # stored as mlp.gate.e_score_correction_bias
-            self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(spec.num_experts),
+        moe = spec.moe
+        assert moe is not None
+        super().__init__(spec.hidden, moe.num_experts, moe.expert_intermediate, moe.experts_per_tok,
+                         renormalize=moe.renormalize_topk, hidden_act=spec.hidden_act)
+        self.moe = moe
+        if moe.topk_method == "noaux_tc":  # stored as mlp.gate.e_score_correction_bias
+            self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(moe.num_experts),
                                                              requires_grad=False)
-        self.shared_experts = (GatedMLP(spec.hidden, spec.shared_expert_intermediate, spec.hidden_act)
-                               if spec.shared_expert_intermediate else None)
+        self.shared_experts = (GatedMLP(spec.hidden, moe.shared_expert_intermediate, spec.hidden_act)
+                               if moe.shared_expert_intermediate else None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        s = self.spec
+        s = self.moe
         logits = F.linear(x.float(), self.gate.weight.float())
         e, groups = s.num_experts, s.n_group
         if s.topk_method == "noaux_tc":
@@ -140,7 +144,7 @@ class DeepseekDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
         self.self_attn = MLAttention(spec, layer_idx)
         self.post_attention_layernorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
-        self.mlp: nn.Module = (DeepseekMoE(spec) if layer_idx in spec.moe_layer_ids
+        self.mlp: nn.Module = (DeepseekMoE(spec) if spec.moe and layer_idx in spec.moe.layer_ids
                                else GatedMLP(spec.hidden, spec.intermediate, spec.hidden_act))
 
     def forward(self, x, cos, sin, ctx):
@@ -150,8 +154,10 @@ class DeepseekDecoderLayer(nn.Module):
 
 class DeepseekModel(DecoderModel):
     def __init__(self, spec: ModelSpec):
+        mla = spec.mla
+        assert mla is not None
         super().__init__(spec, DeepseekDecoderLayer,
-                         rotary=RotaryEmbedding(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling))
+                         rotary=RotaryEmbedding(mla.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling))
 
 
 class DeepseekV2ForCausalLM(MoECausalLMMixin, CausalLM):

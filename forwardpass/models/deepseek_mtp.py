@@ -54,8 +54,10 @@ class DeepseekMTPLayer(DeepseekDecoderLayer):
     ``eh_proj``. ``own_head`` / ``own_embed``: the checkpoint has its own head / embedding for it."""
 
     def __init__(self, spec: ModelSpec, layer_idx: int, *, own_head: bool = False, own_embed: bool = False):
-        if spec.moe_layer_ids:  # vLLM: MoE from first_k_dense_replace on, and the MTP layer is past them all
-            spec = dataclasses.replace(spec, moe_layer_ids=(*spec.moe_layer_ids, layer_idx))
+        moe = spec.moe
+        if moe and moe.layer_ids:  # vLLM: MoE from first_k_dense_replace on; the MTP layer is past them all
+            moe = dataclasses.replace(moe, layer_ids=(*moe.layer_ids, layer_idx))
+            spec = dataclasses.replace(spec, moe=moe)
         super().__init__(spec, layer_idx)
         self.enorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
         self.hnorm = RMSNorm(spec.hidden, spec.rms_norm_eps)

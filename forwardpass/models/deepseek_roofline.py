@@ -25,12 +25,14 @@ def mla_attention_ops(
 ) -> list[OpCost]:
     """q projection(s), latent projection (the cache write), absorbed attention and o_proj of one layer."""
     H, nh, T = shape.hidden, shape.heads, tokens
-    R, rope, nope, vd = shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim, shape.v_head_dim
+    mla = shape.mla
+    assert mla is not None
+    R, rope, nope, vd = mla.kv_lora_rank, mla.qk_rope_head_dim, mla.qk_nope_head_dim, mla.v_head_dim
     dl, qk = R + rope, nope + rope
     ops = []
-    if shape.q_lora_rank:
-        ops.append(linear(stage, "q_a_proj", T, H, shape.q_lora_rank, wb=wb, ab=ab))
-        ops.append(linear(stage, "q_b_proj", T, shape.q_lora_rank, nh * qk, wb=wb, ab=ab))
+    if mla.q_lora_rank:
+        ops.append(linear(stage, "q_a_proj", T, H, mla.q_lora_rank, wb=wb, ab=ab))
+        ops.append(linear(stage, "q_b_proj", T, mla.q_lora_rank, nh * qk, wb=wb, ab=ab))
     else:
         ops.append(linear(stage, "q_proj", T, H, nh * qk, wb=wb, ab=ab))
     ops.append(linear(stage, "kv_a_proj (latent)", T, H, dl, wb=wb, ab=ab, out_kv_bytes=kvb))

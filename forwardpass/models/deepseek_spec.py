@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from forwardpass.errors import ConfigError
 from forwardpass.models.family import ModelFamily
 from forwardpass.models.model_spec import ModelSpec, architecture, decoder_spec, require
+from forwardpass.models.moe_spec import MoESpec
 
 if TYPE_CHECKING:
     from forwardpass.analysis.ops import OpCost
@@ -26,17 +27,33 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class MLAFamily(ModelFamily):
     """Multi-latent attention (DeepSeek-V2/V3 with a ``kv_lora_rank``): q (LoRA or not), the KV down- and
-    up-projections, one latent vector cached per token and layer (the sizes are the spec's MLA fields)."""
+    up-projections, one latent vector cached per token and layer; its sizes (read as ``spec.mla`` by the
+    family's model and roofline)."""
+
+    spec_attribute: ClassVar[str] = "mla"
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0  # 0: q is one projection (no LoRA)
+    rope_interleave: bool = True  # rotary pairs are adjacent (x0, x1), (x2, x3) ...
+
+    @property
+    def kv_latent_dim(self) -> int:
+        """Values cached per token and layer: the compressed KV and the shared rotary key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
     def attention_params(self, s: ModelSpec) -> int:
-        qk = s.qk_nope_head_dim + s.qk_rope_head_dim
-        q = (s.hidden * s.q_lora_rank + s.q_lora_rank * s.heads * qk if s.q_lora_rank
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        q = (s.hidden * self.q_lora_rank + self.q_lora_rank * s.heads * qk if self.q_lora_rank
              else s.hidden * s.heads * qk)
-        kv = s.hidden * s.kv_latent_dim + s.kv_lora_rank * s.heads * (s.qk_nope_head_dim + s.v_head_dim)
-        return q + kv + s.heads * s.v_head_dim * s.hidden
+        kv = s.hidden * self.kv_latent_dim + self.kv_lora_rank * s.heads * (self.qk_nope_head_dim
+                                                                             + self.v_head_dim)
+        return q + kv + s.heads * self.v_head_dim * s.hidden
 
     def kv_bytes_per_token(self, s: ModelSpec, kv_bytes: float) -> float:
-        return s.layers * s.kv_latent_dim * kv_bytes
+        return s.layers * self.kv_latent_dim * kv_bytes
 
     def attention_ops(self, s: ModelSpec, stage: str, *, tokens: int, batch: int, kv_len: int, pairs: float,
                       wb: float, ab: float, kvb: float) -> list[OpCost] | None:
@@ -48,21 +65,22 @@ class MLAFamily(ModelFamily):
 
 def deepseek_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     """DeepSeek-V2 / V3: the latent attention and the routing here, the rest from the common core."""
-    given = mla_fields(cfg)
-    if given:  # every head has its own K/V expanded from one latent; head_dim is the q·k width
+    given: dict[str, Any] = {}
+    mla = mla_family(cfg)
+    if mla:  # every head has its own K/V expanded from one latent; head_dim is the q·k width
         given.update(kv_heads=int(require(cfg, "num_attention_heads", name)),
-                     head_dim=given["qk_nope_head_dim"] + given["qk_rope_head_dim"], family=MLAFamily())
+                     head_dim=mla.qk_nope_head_dim + mla.qk_rope_head_dim, family=mla)
     if cfg.get("n_routed_experts"):
-        given.update(deepseek_moe_fields(cfg, int(require(cfg, "num_hidden_layers", name)),
-                                         architecture(cfg)))
+        given["moe"] = deepseek_moe(cfg, int(require(cfg, "num_hidden_layers", name)), architecture(cfg))
     return decoder_spec(cfg, name, **given)
 
 
-def mla_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """DeepSeek-V2/V3 multi-latent attention sizes, checked to add up."""
+def mla_family(cfg: Mapping[str, Any]) -> MLAFamily | None:
+    """DeepSeek-V2/V3 multi-latent attention sizes, checked to add up (None: no ``kv_lora_rank``, ordinary
+    attention)."""
     rank = cfg.get("kv_lora_rank")
     if not rank:
-        return {}
+        return None
     out: dict[str, Any] = {"rope_interleave": bool(cfg.get("rope_interleave", True))}
     for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         value = cfg.get(key)
@@ -86,10 +104,10 @@ def mla_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
             f"head_dim={head_dim} must equal qk_rope_head_dim ({out['qk_rope_head_dim']}) or "
             f"qk_nope_head_dim + qk_rope_head_dim ({out['qk_nope_head_dim'] + out['qk_rope_head_dim']})",
             param="head_dim")
-    return out
+    return MLAFamily(**out)
 
 
-def deepseek_moe_fields(cfg: Mapping[str, Any], layers: int, arch: str) -> dict[str, Any]:
+def deepseek_moe(cfg: Mapping[str, Any], layers: int, arch: str) -> MoESpec:
     """DeepSeek-V2/V3: ``n_routed_experts`` experts in layers from ``first_k_dense_replace`` on, plus
     ``n_shared_experts`` always-on experts; V3 scores with a sigmoid and picks groups by the
     bias-corrected scores (``noaux_tc``), V2 with a softmax (``greedy`` or ``group_limited_greedy``)."""
@@ -113,16 +131,16 @@ def deepseek_moe_fields(cfg: Mapping[str, Any], layers: int, arch: str) -> dict[
                           f"num_experts_per_tok={k}", param="topk_group")
     first = int(cfg.get("first_k_dense_replace") or 0)
     inter = int(cfg.get("moe_intermediate_size") or 0)
-    return {
-        "moe_layer_ids": tuple(range(min(first, layers), layers)),
-        "num_experts": e,
-        "experts_per_tok": k,
-        "expert_intermediate": inter,
-        "shared_expert_intermediate": inter * int(cfg.get("n_shared_experts") or 0),
-        "renormalize_topk": bool(cfg.get("norm_topk_prob", False)) and v3,  # HF V2 never renormalizes
-        "router_scoring": "sigmoid" if v3 else "softmax",
-        "topk_method": method,
-        "n_group": n_group,
-        "topk_group": topk_group,
-        "routed_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0),
-    }
+    return MoESpec(
+        layer_ids=tuple(range(min(first, layers), layers)),
+        num_experts=e,
+        experts_per_tok=k,
+        expert_intermediate=inter,
+        shared_expert_intermediate=inter * int(cfg.get("n_shared_experts") or 0),
+        renormalize_topk=bool(cfg.get("norm_topk_prob", False)) and v3,  # HF V2 never renormalizes
+        router_scoring="sigmoid" if v3 else "softmax",
+        topk_method=method,
+        n_group=n_group,
+        topk_group=topk_group,
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+    )

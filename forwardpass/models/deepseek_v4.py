@@ -92,28 +92,30 @@ class SharedExpert(nn.Module):
 class Router(nn.Module):
     def __init__(self, spec: ModelSpec, hashed: bool):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(spec.num_experts, spec.hidden), requires_grad=False)
+        moe = spec.moe
+        assert moe is not None
+        self.weight = nn.Parameter(torch.empty(moe.num_experts, spec.hidden), requires_grad=False)
         if hashed:  # token id -> its experts (frozen)
             self.tid2eid = nn.Parameter(
-                torch.zeros(spec.vocab, spec.experts_per_tok, dtype=torch.long), requires_grad=False
+                torch.zeros(spec.vocab, moe.experts_per_tok, dtype=torch.long), requires_grad=False
             )
         else:
-            self.bias = _f32(spec.num_experts)  # shifts the choice only, not the weights
+            self.bias = _f32(moe.num_experts)  # shifts the choice only, not the weights
 
 
 class DeepseekV4MoE(nn.Module):
     def __init__(self, spec: ModelSpec, layer: int):
         super().__init__()
-        assert spec.dsv4 is not None
-        self.spec, self.limit, self.hashed = spec, spec.dsv4.swiglu_limit, spec.dsv4.hash_layers[layer]
-        e, h, i = spec.num_experts, spec.hidden, spec.expert_intermediate
+        assert spec.dsv4 is not None and spec.moe is not None
+        self.moe, self.limit, self.hashed = spec.moe, spec.dsv4.swiglu_limit, spec.dsv4.hash_layers[layer]
+        e, h, i = spec.moe.num_experts, spec.hidden, spec.moe.expert_intermediate
         self.gate = Router(spec, self.hashed)
         # w1 rows, then w3 rows; quantized after loading where the plan quantizes (they were left fp32 before)
         self.experts = ExpertStacks(w13=(e, 2 * i, h), w2=(e, h, i))
-        self.shared_experts = SharedExpert(h, spec.shared_expert_intermediate)
+        self.shared_experts = SharedExpert(h, spec.moe.shared_expert_intermediate)
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        s = self.spec
+        s = self.moe
         logits = F.linear(x, self.gate.weight)
         scores = F.softplus(logits).sqrt() if s.router_scoring == "sqrtsoftplus" else logits.sigmoid()
         if self.hashed:

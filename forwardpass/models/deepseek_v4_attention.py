@@ -85,7 +85,7 @@ class Indexer(nn.Module):
     def __init__(self, spec: ModelSpec, v4: DeepseekV4Spec, rate: int):
         super().__init__()
         self.heads, self.dim, self.top_k = v4.index_heads, v4.index_head_dim, v4.index_topk
-        self.wq_b = Linear(spec.q_lora_rank, self.heads * self.dim)
+        self.wq_b = Linear(v4.q_lora_rank, self.heads * self.dim)
         self.weights_proj = Linear(spec.hidden, self.heads)
         self.compressor = Compressor(spec.hidden, self.dim, rate, overlap=True)
 
@@ -108,9 +108,9 @@ class DeepseekV4Attention(nn.Module):
         self.v4, self.layer, self.eps = v4, layer, spec.rms_norm_eps
         self.heads, self.dim, self.groups = spec.heads, spec.head_dim, v4.o_groups
         self.rate, self.sparse = v4.compress_rates[layer], v4.sparse(layer)
-        self.wq_a = Linear(spec.hidden, spec.q_lora_rank)
-        self.q_norm = Norm(spec.q_lora_rank)
-        self.wq_b = Linear(spec.q_lora_rank, self.heads * self.dim)
+        self.wq_a = Linear(spec.hidden, v4.q_lora_rank)
+        self.q_norm = Norm(v4.q_lora_rank)
+        self.wq_b = Linear(v4.q_lora_rank, self.heads * self.dim)
         self.wkv = Linear(spec.hidden, self.dim)
         self.norm = Norm(self.dim)
         # multiplied group by group (below): read as a matrix, so kept plain fp32 by every plan

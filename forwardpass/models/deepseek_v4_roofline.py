@@ -76,7 +76,7 @@ def dsv4_layer_ops(
         shape.hidden,
         shape.heads,
         shape.head_dim,
-        shape.q_lora_rank,
+        v4.q_lora_rank,
         batch * new_tokens,
         v4.hc_mult,
     )

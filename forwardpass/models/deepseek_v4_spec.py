@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from forwardpass.errors import ConfigError
 from forwardpass.models.family import ModelFamily
 from forwardpass.models.model_spec import ModelSpec, decoder_spec, require
+from forwardpass.models.moe_spec import MoESpec
 
 if TYPE_CHECKING:
     from forwardpass.analysis.ops import OpCost
@@ -58,6 +59,7 @@ class DeepseekV4Spec(ModelFamily):
     hc_eps: float
     swiglu_limit: float
     scoring: str  # router score function: "sqrtsoftplus" or "sigmoid"
+    q_lora_rank: int  # q's LoRA rank (q and the indexer's q are read from its normed latent)
 
     def sparse(self, layer: int) -> bool:
         return self.layer_types[layer] == DSV4_CSA
@@ -117,8 +119,9 @@ class DeepseekV4Spec(ModelFamily):
     def model_params(self, s: ModelSpec) -> int:
         """Per-layer attention kinds, hyper-connections, routers without a shared gate."""
         h = s.hidden
-        moe = s.num_experts * (s.expert_params + h) + s.shared_expert_params
-        attention = sum(self.layer_attention_params(i, h, s.heads, s.q_lora_rank) for i in range(s.layers))
+        experts = s.moe.num_experts if s.moe else 0
+        moe = experts * (s.expert_params + h) + s.shared_expert_params
+        attention = sum(self.layer_attention_params(i, h, s.heads, self.q_lora_rank) for i in range(s.layers))
         head = self.hc_mult * (self.hc_mult * h + 1) + 1
         return (attention + s.layers * (2 * h + self.hyper_params(h) + moe) + s.embedding_params
                 + s.lm_head_params + h + head)
@@ -167,7 +170,7 @@ def deepseek_v4_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     fields = deepseek_v4_fields(cfg, layers, heads, head_dim)
     return decoder_spec(cfg, name, hidden=hidden, layers=layers, heads=heads, kv_heads=1, head_dim=head_dim,
-                        rope_scaling=None, **fields.pop("moe"), **fields)
+                        rope_scaling=None, **fields)
 
 
 _DSV4_RATE_TYPES = {0: DSV4_SLIDING, 4: DSV4_CSA, 128: DSV4_HCA}  # legacy per-layer compress_ratios
@@ -255,13 +258,12 @@ def deepseek_v4_fields(cfg: Mapping[str, Any], layers: int, heads: int, head_dim
         o_lora_rank=sizes["o_lora_rank"], index_heads=sizes["index_n_heads"],
         index_head_dim=sizes["index_head_dim"], index_topk=sizes["index_topk"], hc_mult=sizes["hc_mult"],
         hc_sinkhorn_iters=sizes["hc_sinkhorn_iters"], hc_eps=float(cfg.get("hc_eps") or 1e-6),
-        swiglu_limit=float(cfg.get("swiglu_limit") or 10.0), scoring=scoring)
+        swiglu_limit=float(cfg.get("swiglu_limit") or 10.0), scoring=scoring,
+        q_lora_rank=sizes["q_lora_rank"])
     # one shared expert of moe_intermediate_size whatever n_shared_experts says (as transformers builds it);
     # the chosen experts' weights are always renormalized
-    moe = {"moe_layer_ids": tuple(range(layers)), "num_experts": experts, "experts_per_tok": k,
-           "expert_intermediate": inter, "shared_expert_intermediate": inter, "renormalize_topk": True,
-           "router_scoring": scoring, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
-           "routed_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0)}
-    return {"family": dsv4, "moe": moe, "layer_windows": (window,) * layers,
-            "q_lora_rank": sizes["q_lora_rank"], "qk_rope_head_dim": rope_dim, "rope_theta": main_theta,
-            "rope_interleave": True}
+    moe = MoESpec(layer_ids=tuple(range(layers)), num_experts=experts, experts_per_tok=k,
+                  expert_intermediate=inter, shared_expert_intermediate=inter, renormalize_topk=True,
+                  router_scoring=scoring, topk_method="greedy", n_group=1, topk_group=1,
+                  routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
+    return {"family": dsv4, "moe": moe, "layer_windows": (window,) * layers, "rope_theta": main_theta}

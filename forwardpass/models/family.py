@@ -28,10 +28,13 @@ class ModelFamily:
     """The terms of the ordinary decoder; each method reads the core fields of ``s`` (the spec that holds
     this family) and the family's own."""
 
+    #: the dense and expert MLPs are gated (gate, up, down); False: up -> act -> down (Nemotron-H, relu²)
+    mlp_gated: bool = True
+
     # ---- parameters --------------------------------------------------------------------------------
     def dense_layers(self, s: ModelSpec) -> int:
         """Layers with a dense MLP."""
-        return s.layers - len(s.moe_layer_ids)
+        return s.layers - s.moe_layers
 
     def attention_params(self, s: ModelSpec) -> int:
         """q, k, v, o projections of one attention layer."""
@@ -48,7 +51,9 @@ class ModelFamily:
 
     def router_params(self, s: ModelSpec) -> int:
         """One MoE layer's router (and the shared expert's gate)."""
-        return s.hidden * s.num_experts + (s.hidden if s.shared_expert_intermediate else 0)
+        if s.moe is None:
+            return 0
+        return s.hidden * s.moe.num_experts + (s.hidden if s.moe.shared_expert_intermediate else 0)
 
     def mixer_params(self, s: ModelSpec) -> int:
         """Token-mixing parameters of all layers (a family with state layers adds theirs)."""
@@ -56,12 +61,13 @@ class ModelFamily:
 
     def model_params(self, s: ModelSpec) -> int:
         """Total parameters (every expert)."""
-        moe = s.num_experts * s.expert_params + self.router_params(s) + s.shared_expert_params
+        experts = s.moe.num_experts if s.moe else 0
+        moe = experts * s.expert_params + self.router_params(s) + s.shared_expert_params
         return (
             self.mixer_params(s)
             + self.total_norm_params(s)
-            + self.dense_layers(s) * (3 if s.mlp_gated else 2) * s.hidden * s.intermediate
-            + len(s.moe_layer_ids) * moe
+            + self.dense_layers(s) * (3 if self.mlp_gated else 2) * s.hidden * s.intermediate
+            + s.moe_layers * moe
             + s.embedding_params
             + s.lm_head_params
             + s.hidden

@@ -13,19 +13,19 @@ from forwardpass.models.model_spec import ModelSpec, decoder_spec
 def mistral_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     """Mistral / Mixtral: without ``layer_types``, every layer slides by ``sliding_window``
     (as HF's Mistral does)."""
-    spec = decoder_spec(cfg, name, **_mixtral(cfg))
+    spec = decoder_spec(cfg, name)
+    if spec.moe and _mixtral(cfg):
+        spec = dataclasses.replace(spec, moe=dataclasses.replace(spec.moe, renormalize_topk=True))
     window = cfg.get("sliding_window")
     if window and not cfg.get("layer_types"):
         spec = dataclasses.replace(spec, layer_windows=(int(window),) * spec.layers)
     return spec
 
 
-def _mixtral(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Mixtral always renormalizes the chosen experts' weights."""
-    mixtral = (cfg.get("model_type") == "mixtral"
-               or (cfg.get("architectures") or [""])[0] == "MixtralForCausalLM")
-    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
-    return {"renormalize_topk": True} if mixtral and experts else {}
+def _mixtral(cfg: Mapping[str, Any]) -> bool:
+    """Mixtral, which always renormalizes the chosen experts' weights."""
+    return (cfg.get("model_type") == "mixtral"
+            or (cfg.get("architectures") or [""])[0] == "MixtralForCausalLM")
 
 
 def qwen2_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:

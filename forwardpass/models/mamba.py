@@ -165,19 +165,21 @@ class NemotronHMoE(nn.Module):
     group choice, renormalized, times ``routed_scaling_factor``) over non-gated relu² experts
     (``up_proj [E, I, H]``, ``down_proj [E, H, I]``), plus the always-on shared expert."""
 
-    route = DeepseekMoE.route  # the same routing as DeepSeek-V3 (reads spec, gate, top_k, renormalize)
+    route = DeepseekMoE.route  # the same routing as DeepSeek-V3 (reads moe, gate, top_k, renormalize)
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.spec = spec
+        moe = spec.moe
+        assert moe is not None
+        self.moe = moe
         self.gate = nn.Module()
-        self.gate.weight = nn.Parameter(torch.empty(spec.num_experts, spec.hidden), requires_grad=False)
-        self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(spec.num_experts), requires_grad=False)
-        self.top_k, self.renormalize = spec.experts_per_tok, spec.renormalize_topk
-        e, i = spec.num_experts, spec.expert_intermediate
+        self.gate.weight = nn.Parameter(torch.empty(moe.num_experts, spec.hidden), requires_grad=False)
+        self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(moe.num_experts), requires_grad=False)
+        self.top_k, self.renormalize = moe.experts_per_tok, moe.renormalize_topk
+        e, i = moe.num_experts, moe.expert_intermediate
         # quantized after loading where the plan quantizes (they were left fp32 before)
         self.experts = ExpertStacks(up_proj=(e, i, spec.hidden), down_proj=(e, spec.hidden, i))
-        self.shared_experts = PlainMLP(spec, spec.shared_expert_intermediate)
+        self.shared_experts = PlainMLP(spec, moe.shared_expert_intermediate)
         self.act = get_activation(spec.hidden_act)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:

@@ -9,12 +9,13 @@ attention, an MLP (relu², not gated) or a MoE with DeepSeek-V3 routing.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from forwardpass.errors import ConfigError
-from forwardpass.models.deepseek_spec import deepseek_moe_fields
+from forwardpass.models.deepseek_spec import deepseek_moe
 from forwardpass.models.family import ModelFamily
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class SSMSpec(ModelFamily):
     norm_eps: float = 1e-5
     dt_min: float = 0.0  # the prefill scan clamps dt to [dt_min, dt_max] (HF time_step_limit)
     dt_max: float = float("inf")
+    mlp_gated: bool = True  # False: Nemotron-H's relu² MLP and experts (up -> act -> down)
 
     @property
     def inner(self) -> int:
@@ -96,7 +98,7 @@ class SSMSpec(ModelFamily):
         return s.layers * self.norm_params(s)
 
     def router_params(self, s: ModelSpec) -> int:
-        return s.hidden * s.num_experts  # Nemotron-H's shared expert has no gate
+        return s.hidden * s.moe.num_experts if s.moe else 0  # Nemotron-H's shared expert has no gate
 
     def mixer_params(self, s: ModelSpec) -> int:
         return s.attention_layers * self.attention_params(s) + s.mamba_layers * self.params
@@ -128,7 +130,7 @@ def mamba_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     mixers, ssm = fields["layer_mixers"], fields["family"]
     heads = int(cfg.get("num_attention_heads") or ssm.heads)
     head_dim = int(cfg.get("head_dim") or hidden // heads) if MIXER_ATTENTION in mixers else ssm.head_dim
-    fields.setdefault("moe_layer_ids", ())
+    fields.setdefault("moe", None)  # Mamba2: no experts, whatever generic MoE keys the config has
     if MIXER_MLP not in mixers:
         fields["intermediate"] = 0  # no dense MLP layer (Mamba2: no MLP at all)
     return decoder_spec(cfg, name, hidden=hidden, layers=len(mixers), heads=heads, head_dim=head_dim,
@@ -187,15 +189,15 @@ def ssm_fields(cfg: Mapping[str, Any], hidden: int) -> dict[str, Any]:
     lo, hi = (json_float(v) for v in limit)
     if model_type == "nemotron_h":  # HF NemotronHMamba2Mixer: (time_step_min, inf), whatever the config says
         lo, hi = float(cfg.get("time_step_min") or 0.0), float("inf")
-    ssm = SSMSpec(**sizes, conv_bias=bool(cfg.get("use_conv_bias", True)),
+    ssm = SSMSpec(**sizes, conv_bias=bool(cfg.get("use_conv_bias", True)), mlp_gated=mlp_gated,
                   bias=bool(cfg.get("use_bias", False)),
                   norm_eps=float(cfg.get("layer_norm_epsilon") or 1e-5), dt_min=lo, dt_max=hi,
                   hidden_in=hidden)
-    out: dict[str, Any] = {"layer_mixers": mixers, "family": ssm, "mlp_gated": mlp_gated}
+    out: dict[str, Any] = {"layer_mixers": mixers, "family": ssm}
     if MIXER_MOE in mixers:  # DeepSeek-V3 routing (sigmoid, bias-corrected groups), non-gated relu² experts
-        moe = deepseek_moe_fields({**cfg, "model_type": "deepseek_v3",
-                                    "n_shared_experts": 0, "first_k_dense_replace": 0}, len(mixers), "")
+        moe = deepseek_moe({**cfg, "model_type": "deepseek_v3",
+                            "n_shared_experts": 0, "first_k_dense_replace": 0}, len(mixers), "")
         shared = cfg.get("moe_shared_expert_intermediate_size") or 0
-        out.update(moe, moe_layer_ids=tuple(i for i, m in enumerate(mixers) if m == MIXER_MOE),
-                   shared_expert_intermediate=int(shared))
+        sparse = tuple(i for i, m in enumerate(mixers) if m == MIXER_MOE)
+        out["moe"] = dataclasses.replace(moe, layer_ids=sparse, shared_expert_intermediate=int(shared))
     return out

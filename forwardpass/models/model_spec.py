@@ -31,8 +31,10 @@ from forwardpass.errors import ConfigError
 from forwardpass.loader.config import eos_token_ids, load_model_config
 from forwardpass.loader.validate import validate_config
 from forwardpass.models import accounting
+from forwardpass.models.moe_spec import MoESpec, moe_spec
 
 if TYPE_CHECKING:
+    from forwardpass.models.deepseek_spec import MLAFamily
     from forwardpass.models.deepseek_v4_spec import DeepseekV4Spec
     from forwardpass.models.mamba_spec import SSMSpec
     from forwardpass.models.qwen3_next_spec import GDNSpec
@@ -56,9 +58,9 @@ SpecDerivation = Callable[[Mapping[str, Any], str], "ModelSpec"]
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The model as every reader sees it: the common core of a decoder (sizes, heads, rope, windows, MoE
-    routing, dtypes) plus its family's own sub-spec (``family``), which also gives the terms where families
-    differ (``models/family.py``)."""
+    """The model as every reader sees it: the common core of a decoder (sizes, heads, rope, windows, dtypes),
+    its experts if it has any (``moe``) plus its family's own sub-spec (``family``), which also gives the
+    terms where families differ (``models/family.py``)."""
 
     name: str
     architecture: str
@@ -82,36 +84,15 @@ class ModelSpec:
     max_position_embeddings: int | None = None
     # one entry per layer: the sliding window of that layer, or None for full attention
     layer_windows: tuple[int | None, ...] = ()
-    # mixture of experts
-    moe_layer_ids: tuple[int, ...] = ()  # decoder layers whose MLP is a sparse MoE block
-    num_experts: int = 0
-    experts_per_tok: int = 0
-    expert_intermediate: int = 0
-    shared_expert_intermediate: int = 0
-    renormalize_topk: bool = False  # renormalize the chosen experts' weights (Mixtral, Qwen norm_topk_prob)
+    # mixture of experts (models/moe_spec.py): the sparse layers, the experts and their routing; None = dense
+    moe: MoESpec | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None  # the checkpoint's dtype as config.json states it
-    # multi-latent attention (DeepSeek-V2/V3); kv_lora_rank == 0 means ordinary attention
-    q_lora_rank: int = 0  # 0: q is one projection (no LoRA)
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    rope_interleave: bool = False  # rotary pairs are adjacent (x0, x1), (x2, x3) ... (DeepSeek)
-    # DeepSeek MoE routing: score function, expert groups, e_score_correction_bias (noaux_tc), scaling
-    router_scoring: str = "softmax"  # "softmax" or "sigmoid"
-    topk_method: str = "greedy"  # "greedy", "group_limited_greedy" (V2) or "noaux_tc" (V3)
-    n_group: int = 1
-    topk_group: int = 1
-    routed_scaling_factor: float = 1.0
     # state-space / hybrid models: what each layer mixes with (MIXER_*); () = attention + MLP everywhere
     layer_mixers: tuple[str, ...] = ()
-    mlp_gated: bool = True  # False: up -> act -> down (Nemotron-H, relu2)
-    # BERT-style encoders: learned absolute positions, segment (token type) embeddings, post-LayerNorm
-    type_vocab_size: int = 0  # segment embeddings (BERT 2); 0 = none
     # the family's own sub-spec and its terms (models/family.py: a ModelFamily; None or any other object: the
-    # ordinary decoder's terms): SSMSpec, GDNSpec, DeepseekV4Spec, WhisperSpec, MLAFamily, or one registered
-    # from outside forwardpass/ (docs/adding-a-model.md)
+    # ordinary decoder's terms): SSMSpec, GDNSpec, DeepseekV4Spec, WhisperSpec, MLAFamily, GemmaSpec,
+    # BertSpec, or one registered from outside forwardpass/ (docs/adding-a-model.md)
     family: Any = None
 
     def __post_init__(self) -> None:
@@ -164,6 +145,11 @@ class ModelSpec:
         return self._family_as("dsv4")
 
     @property
+    def mla(self) -> MLAFamily | None:
+        """Multi-latent attention's sizes (DeepSeek-V2/V3)."""
+        return self._family_as("mla")
+
+    @property
     def whisper(self) -> WhisperSpec | None:
         """An encoder–decoder speech model's audio encoder."""
         return self._family_as("whisper")
@@ -193,11 +179,12 @@ class ModelSpec:
 
     @property
     def is_moe(self) -> bool:
-        return bool(self.moe_layer_ids)
+        """Some layer routes its MLP through experts."""
+        return self.moe is not None and bool(self.moe.layer_ids)
 
     @property
     def moe_layers(self) -> int:
-        return len(self.moe_layer_ids)
+        return len(self.moe.layer_ids) if self.moe is not None else 0
 
     @property
     def q_dim(self) -> int:
@@ -206,16 +193,6 @@ class ModelSpec:
     @property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
-
-    @property
-    def is_mla(self) -> bool:
-        return self.kv_lora_rank > 0
-
-    @property
-    def kv_latent_dim(self) -> int:
-        """Values cached per token and layer by multi-latent attention: the compressed KV and the
-        shared rotary key."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
 
     # ---- parameter and byte counts: models/accounting.py (shared by the cost model and the analyzer) -----
     dense_layers = property(accounting.dense_layers)
@@ -268,12 +245,10 @@ def decoder_spec(cfg: Mapping[str, Any], name: str = "", **given: Any) -> ModelS
     if heads % kv_heads:
         raise ConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}",
                           param="num_key_value_heads")
-    if "moe_layer_ids" not in f:
-        for key, value in moe_fields(cfg, layers, need).items():
-            f.setdefault(key, value)
+    moe = get("moe", lambda: moe_spec(cfg, layers, need))
     if "intermediate" not in f:
         f["intermediate"] = int(cfg.get("intermediate_size") or 0)
-        if len(f["moe_layer_ids"]) < layers and f["intermediate"] <= 0:
+        if (len(moe.layer_ids) if moe else 0) < layers and f["intermediate"] <= 0:
             raise ConfigError(f"config {name} has dense layers but no 'intermediate_size'",
                               param="intermediate_size")
     if "rope_theta" not in f:
@@ -319,30 +294,6 @@ def require(cfg: Mapping[str, Any], key: str, name: str = "") -> Any:
 def architecture(cfg: Mapping[str, Any]) -> str:
     """config.json's first ``architectures`` entry ("" when there is none)."""
     return str((cfg.get("architectures") or [""])[0])
-
-
-def moe_fields(cfg: Mapping[str, Any], layers: int, need: Callable[[str], Any]) -> dict[str, Any]:
-    """Qwen-MoE / Mixtral experts: ``num_experts`` (or ``num_local_experts``), ``num_experts_per_tok``, sparse
-    layers every ``decoder_sparse_step`` except ``mlp_only_layers``."""
-    # transformers 5 writes `num_local_experts` for Qwen3-MoE too; Qwen's own configs say `num_experts`
-    num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
-    if num_experts <= 0:
-        return {"moe_layer_ids": ()}
-    k = int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or 0)
-    if not 1 <= k <= num_experts:
-        raise ConfigError(f"MoE config needs 1 <= num_experts_per_tok <= {num_experts}, got {k}",
-                          param="num_experts_per_tok")
-    step = int(cfg.get("decoder_sparse_step") or 1)
-    mlp_only = set(cfg.get("mlp_only_layers") or [])
-    return {
-        "moe_layer_ids": tuple(i for i in range(layers) if i not in mlp_only and (i + 1) % step == 0),
-        "num_experts": num_experts,
-        "experts_per_tok": k,
-        # Mixtral's experts are intermediate_size wide; Qwen-MoE's moe_intermediate_size
-        "expert_intermediate": int(cfg.get("moe_intermediate_size") or need("intermediate_size")),
-        "shared_expert_intermediate": int(cfg.get("shared_expert_intermediate_size") or 0),
-        "renormalize_topk": bool(cfg.get("norm_topk_prob", False)),
-    }
 
 
 def rope_parameters(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:

@@ -1,5 +1,5 @@
 """The decoder layer of the Llama-family MoE architectures (Mixtral, Qwen3-MoE): a sparse MoE block
-(router + stacked experts, ``layers/moe.FusedMoE``) in the layers the spec lists in ``moe_layer_ids``,
+(router + stacked experts, ``layers/moe.FusedMoE``) in the layers the spec lists in ``moe.layer_ids``,
 the dense gated MLP in the others.
 
 ``ModelSpec`` resolves the layout from config.json once: which layers are sparse (``decoder_sparse_step``,
@@ -20,14 +20,15 @@ from forwardpass.plan import current_plan
 
 class MoEDecoderLayer(DecoderLayer):
     def build_mlp(self, spec: ModelSpec, layer_idx: int) -> nn.Module:
-        if layer_idx not in spec.moe_layer_ids:
+        moe = spec.moe
+        if moe is None or layer_idx not in moe.layer_ids:
             return super().build_mlp(spec, layer_idx)
         # experts partitioned (expert parallel) or each one split
         if (tp := current_plan().tensor_parallel).enabled:
             from forwardpass.distributed.moe import ParallelFusedMoE
 
-            return ParallelFusedMoE(spec.hidden, spec.num_experts, spec.expert_intermediate,
-                                    spec.experts_per_tok, renormalize=spec.renormalize_topk,
+            return ParallelFusedMoE(spec.hidden, moe.num_experts, moe.expert_intermediate,
+                                    moe.experts_per_tok, renormalize=moe.renormalize_topk,
                                     hidden_act=spec.hidden_act, tp=tp)
-        return FusedMoE(spec.hidden, spec.num_experts, spec.expert_intermediate, spec.experts_per_tok,
-                        renormalize=spec.renormalize_topk, hidden_act=spec.hidden_act)
+        return FusedMoE(spec.hidden, moe.num_experts, moe.expert_intermediate, moe.experts_per_tok,
+                        renormalize=moe.renormalize_topk, hidden_act=spec.hidden_act)

@@ -3,7 +3,7 @@ over ``num_experts`` gated MLPs of width ``moe_intermediate_size`` with ``num_ex
 per token (renormalized over the chosen ones when ``norm_topk_prob``).
 
 A layer is sparse when it is not in ``mlp_only_layers`` and ``(layer + 1) % decoder_sparse_step == 0``
-(``ModelSpec.moe_layer_ids``); the others keep a dense MLP of width ``intermediate_size`` (as in HF
+(``MoESpec.layer_ids``); the others keep a dense MLP of width ``intermediate_size`` (as in HF
 ``Qwen3MoeDecoderLayer``).
 """
 

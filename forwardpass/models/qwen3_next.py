@@ -149,9 +149,11 @@ class SharedExpertMoE(FusedMoE):
     """Routed experts plus one always-on gated MLP scaled by ``sigmoid(shared_expert_gate(x))``."""
 
     def __init__(self, spec: ModelSpec):
-        super().__init__(spec.hidden, spec.num_experts, spec.expert_intermediate, spec.experts_per_tok,
-                         renormalize=spec.renormalize_topk, hidden_act=spec.hidden_act)
-        self.shared_expert = GatedMLP(spec.hidden, spec.shared_expert_intermediate, spec.hidden_act)
+        moe = spec.moe
+        assert moe is not None
+        super().__init__(spec.hidden, moe.num_experts, moe.expert_intermediate, moe.experts_per_tok,
+                         renormalize=moe.renormalize_topk, hidden_act=spec.hidden_act)
+        self.shared_expert = GatedMLP(spec.hidden, moe.shared_expert_intermediate, spec.hidden_act)
         self.shared_expert_gate = Linear(spec.hidden, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -168,7 +170,7 @@ class Qwen3NextDecoderLayer(nn.Module):
             self.linear_attn = GatedDeltaNet(spec, layer_idx)
         else:
             self.self_attn = GatedAttention(spec, layer_idx)
-        self.mlp: nn.Module = (SharedExpertMoE(spec) if layer_idx in spec.moe_layer_ids
+        self.mlp: nn.Module = (SharedExpertMoE(spec) if spec.moe and layer_idx in spec.moe.layer_ids
                                else GatedMLP(spec.hidden, spec.intermediate, spec.hidden_act))
 
     def forward(self, x, cos, sin, ctx):

@@ -62,8 +62,8 @@ class StepCostModel:
         flops += accounting.state_flops_per_token(s) * tokens
         flops += 2.0 * s.hidden * s.vocab * num_sampled
         body = float(self.all_body_params)
-        if s.is_moe:  # experts no token of this step was routed to are not read
-            untouched = s.num_experts - accounting.unique_experts(s, tokens)
+        if s.moe is not None and s.moe.layer_ids:  # experts no token of this step was routed to are not read
+            untouched = s.moe.num_experts - accounting.unique_experts(s, tokens)
             body -= untouched * self.expert_params * s.moe_layers
         head = s.vocab * s.hidden if num_sampled else 0  # LM head (= embedding when tied)
         nbytes = (body * self.weight_bytes + head * self.head_bytes
