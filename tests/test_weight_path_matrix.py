@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
 
 from forwardpass import LLM, SamplingParams
@@ -150,24 +151,28 @@ def agreement_report(request):
         request.config.pluginmanager.register(_AgreementReport(), "weight-path-agreement")
 
 
+def _onednn_lays_out_panels(out: int, k: int, method: object) -> bool:
+    return PackedWeight.pack(torch.randn(out, k), getattr(method, "kernel_module", None)) is not None
+
+
 def _check_weights(model: nn.Module, plan: ExecutionPlan, path: str) -> None:
     """The plan chose ``path`` and every layer took it: methods by role, and what each weight became."""
     _, projection, head = PATHS[path]
     assert method_for(plan, "projection").name == projection and method_for(plan, "lm_head").name == head
     torch_linears = [n for n, m in model.named_modules() if type(m) is nn.Linear]
     assert not torch_linears, f"torch nn.Linear layers the plan cannot reach: {torch_linears}"
-    # (name, role, outputs, weight) of each projection / LM head
-    held: list[tuple[str, str, int, object]] = []
+    # (name, role, outputs, inputs, weight) of each projection / LM head
+    held: list[tuple[str, str, int, int, object]] = []
     for name, m in model.named_modules():
         if isinstance(m, Linear):
             assert m.method.name == method_for(plan, m.role).name, name
             if m.role == "dense":  # routers, kv_b_proj, wo_a: plain fp32 on every path
                 assert isinstance(m.weight, nn.Parameter), name
             else:
-                held.append((name, m.role, m.out_features, m.weight))
+                held.append((name, m.role, m.out_features, m.in_features, m.weight))
         elif isinstance(m, TokenEmbedding) and m.head_method is not None:  # a tied LM head
             assert m.head_method.name == head, name
-            held.append((name, "lm_head", m.num_embeddings, m.weight))
+            held.append((name, "lm_head", m.num_embeddings, m.embedding_dim, m.weight))
         elif isinstance(m, (ExpertWeights, ExpertStacks)):
             names = m.stack_names if isinstance(m, ExpertStacks) else ("gate_up_proj", "down_proj")
             for stack in names:
@@ -178,11 +183,14 @@ def _check_weights(model: nn.Module, plan: ExecutionPlan, path: str) -> None:
                     assert isinstance(w, nn.Parameter), f"{name}.{stack}"
     fmt = {"lm_head": head, "projection": projection}
     packed = 0
-    for name, role, out, w in held:
+    for name, role, out, k, w in held:
         if path == "fp32":
             assert isinstance(w, nn.Parameter), name
-        elif path == "fp32-packed":  # packed exactly where the outputs are whole panels (the one condition)
-            assert isinstance(w, PackedWeight) == (out % PANEL == 0), (name, out, type(w).__name__)
+        elif path == "fp32-packed":  # packed exactly where the outputs are whole panels and oneDNN lays the
+            # shape out as panels: its blocking depends on the thread count (here N=192 packs at 1 thread, not
+            # at 2), so the expectation asks the same layout check for the shape
+            panels = out % PANEL == 0 and _onednn_lays_out_panels(out, k, method_for(plan, role))
+            assert isinstance(w, PackedWeight) == panels, (name, out, type(w).__name__)
             packed += isinstance(w, PackedWeight)
         else:
             assert isinstance(w, QuantizedWeight) and w.fmt == fmt[role], (name, type(w).__name__)
