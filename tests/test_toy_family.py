@@ -121,7 +121,7 @@ class ToyForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
         self.layers = nn.ModuleList(ToyLayer(spec, i) for i in range(spec.layers))
         self.norm = RMSNorm(spec.hidden, spec.rms_norm_eps)
-        self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+        self.rotary = RotaryEmbedding(spec.head_dim, spec.rope.theta, spec.rope.scaling)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):
         x = self.embed_tokens(input_ids)

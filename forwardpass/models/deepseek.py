@@ -54,19 +54,19 @@ class MLAttention(nn.Module):
         self.rank, self.v_dim = mla.kv_lora_rank, mla.v_head_dim
         qk = self.nope + self.rope
         if mla.q_lora_rank:
-            self.q_a_proj = Linear(spec.hidden, mla.q_lora_rank, bias=spec.qkv_bias)
+            self.q_a_proj = Linear(spec.hidden, mla.q_lora_rank, bias=spec.biases.qkv)
             self.q_a_layernorm = RMSNorm(mla.q_lora_rank, spec.rms_norm_eps)
             self.q_b_proj = Linear(mla.q_lora_rank, self.heads * qk)
         else:
             self.q_proj = Linear(spec.hidden, self.heads * qk)
-        self.kv_a_proj_with_mqa = Linear(spec.hidden, self.rank + self.rope, bias=spec.qkv_bias)
+        self.kv_a_proj_with_mqa = Linear(spec.hidden, self.rank + self.rope, bias=spec.biases.qkv)
         self.kv_a_layernorm = RMSNorm(self.rank, spec.rms_norm_eps)
         # absorbed: a matrix
         self.kv_b_proj = Linear(self.rank, self.heads * (self.nope + self.v_dim), role="dense")
-        self.o_proj = Linear(self.heads * self.v_dim, spec.hidden, bias=spec.o_bias)
+        self.o_proj = Linear(self.heads * self.v_dim, spec.hidden, bias=spec.biases.o)
         self.rotate = apply_rotary_interleaved if mla.rope_interleave else apply_rotary
         self.scale = qk**-0.5
-        scaling = spec.rope_scaling or {}
+        scaling = spec.rope.scaling or {}
         if scaling.get("rope_type", scaling.get("type")) == "yarn" and scaling.get("mscale_all_dim"):
             self.scale *= yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"])) ** 2
 
@@ -157,7 +157,7 @@ class DeepseekModel(DecoderModel):
         mla = spec.mla
         assert mla is not None
         super().__init__(spec, DeepseekDecoderLayer,
-                         rotary=RotaryEmbedding(mla.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling))
+                         rotary=RotaryEmbedding(mla.qk_rope_head_dim, spec.rope.theta, spec.rope.scaling))
 
 
 class DeepseekV2ForCausalLM(MoECausalLMMixin, CausalLM):

@@ -206,7 +206,7 @@ class DeepseekV4Model(DecoderModel):
         self.hc_head = HyperHead(spec)
         # sliding layers rotate with the "main" base, compressed layers (and their entries) with "compress"
         self.rotary = (  # type: ignore[assignment]  # two tables: run_layers passes both
-            RotaryEmbedding(v4.rope_dim, spec.rope_theta),
+            RotaryEmbedding(v4.rope_dim, spec.rope.theta),
             RotaryEmbedding(v4.rope_dim, v4.compress_rope_theta, v4.compress_rope_scaling),
         )
 

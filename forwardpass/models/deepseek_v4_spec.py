@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from forwardpass.errors import ConfigError
 from forwardpass.models.family import ModelFamily
-from forwardpass.models.model_spec import ModelSpec, decoder_spec, require
+from forwardpass.models.model_spec import ModelSpec, RopeSpec, decoder_spec, require
 from forwardpass.models.moe_spec import MoESpec
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ def deepseek_v4_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     fields = deepseek_v4_fields(cfg, layers, heads, head_dim)
     return decoder_spec(cfg, name, hidden=hidden, layers=layers, heads=heads, kv_heads=1, head_dim=head_dim,
-                        rope_scaling=None, **fields)
+                        **fields)
 
 
 _DSV4_RATE_TYPES = {0: DSV4_SLIDING, 4: DSV4_CSA, 128: DSV4_HCA}  # legacy per-layer compress_ratios
@@ -266,4 +266,4 @@ def deepseek_v4_fields(cfg: Mapping[str, Any], layers: int, heads: int, head_dim
                   expert_intermediate=inter, shared_expert_intermediate=inter, renormalize_topk=True,
                   router_scoring=scoring, topk_method="greedy", n_group=1, topk_group=1,
                   routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
-    return {"family": dsv4, "moe": moe, "layer_windows": (window,) * layers, "rope_theta": main_theta}
+    return {"family": dsv4, "moe": moe, "layer_windows": (window,) * layers, "rope": RopeSpec(main_theta)}

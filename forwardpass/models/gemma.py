@@ -79,7 +79,7 @@ class GemmaModel(DecoderModel):
 
     def __init__(self, spec: ModelSpec):
         super().__init__(spec, GemmaDecoderLayer, norm=GemmaRMSNorm,
-                         rotary=RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling))
+                         rotary=RotaryEmbedding(spec.head_dim, spec.rope.theta, spec.rope.scaling))
         local_theta = GemmaSpec.of(spec).local_rope_theta
         self.local_rotary = RotaryEmbedding(spec.head_dim, local_theta) if local_theta is not None else None
         self.embed_scale = spec.hidden**0.5

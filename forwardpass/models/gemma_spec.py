@@ -18,6 +18,7 @@ from forwardpass.models.model_spec import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
     ModelSpec,
+    RopeSpec,
     architecture,
     decoder_spec,
     opt_float,
@@ -46,7 +47,8 @@ def gemma_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     given: dict[str, Any] = {"qk_norm": architecture(cfg) == "Gemma3ForCausalLM"}
     local_theta = None
     if str(cfg.get("model_type") or "").startswith("gemma3"):
-        given["rope_theta"], given["rope_scaling"], local_theta = gemma3_rope(cfg)
+        theta, scaling, local_theta = gemma3_rope(cfg)
+        given["rope"] = RopeSpec(theta, scaling)
     spec = decoder_spec(cfg, name, **given)
     return dataclasses.replace(spec, family=GemmaSpec(
         attn_scale=float(cfg.get("query_pre_attn_scalar") or spec.head_dim) ** -0.5,

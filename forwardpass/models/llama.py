@@ -1,10 +1,10 @@
 """The Llama family decoder: embedding → N × (RMSNorm, attention, RMSNorm, gated MLP) → RMSNorm → LM head.
 
 Llama, Mistral, Qwen2 and Qwen3 differ only in switches of their
-:class:`~forwardpass.models.model_spec.ModelSpec`: q/k/v and o biases (``qkv_bias``/``o_bias``: Qwen2,
+:class:`~forwardpass.models.model_spec.ModelSpec`: q/k/v and o biases (``biases``: Qwen2,
 Llama's ``attention_bias``), per-head q/k RMSNorm (``qk_norm``: Qwen3), sliding-window layers
 (``layer_windows``: Mistral, Qwen2/3 ``layer_types``), explicit ``head_dim``, tied embeddings,
-``rope_scaling``. The spec resolves all of them from config.json, so the
+``rope.scaling``. The spec resolves all of them from config.json, so the
 model classes of those architectures are this one class; the MoE architectures only replace the MLP.
 
 Forward takes the engine's flattened batch: ``input_ids`` and ``positions`` are ``[T]`` and the
@@ -42,16 +42,16 @@ class DecoderAttention(nn.Module):
         # tensor parallel: this rank's heads, q/k/v column-split, o_proj row-split
         if (tp := current_plan().tensor_parallel).enabled:
             self.qkv_proj, self.num_heads, self.num_kv_heads = qkv_parallel(
-                spec.hidden, spec.heads, spec.kv_heads, d, tp, bias=spec.qkv_bias)
-            self.o_proj = RowParallelLinear(spec.q_dim, spec.hidden, tp, bias=spec.o_bias,
+                spec.hidden, spec.heads, spec.kv_heads, d, tp, bias=spec.biases.qkv)
+            self.o_proj = RowParallelLinear(spec.q_dim, spec.hidden, tp, bias=spec.biases.o,
                                             what="the query heads' width")
         else:
             self.qkv_proj = MergedLinear(
                 spec.hidden,
                 {"q_proj": spec.q_dim, "k_proj": spec.kv_dim, "v_proj": spec.kv_dim},
-                bias=spec.qkv_bias,
+                bias=spec.biases.qkv,
             )
-            self.o_proj = Linear(spec.q_dim, spec.hidden, bias=spec.o_bias)
+            self.o_proj = Linear(spec.q_dim, spec.hidden, bias=spec.biases.o)
         self.q_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.attn = CachedAttention(layer_idx, scale=d**-0.5, sliding_window=spec.layer_windows[layer_idx])
@@ -90,8 +90,8 @@ class DecoderLayer(nn.Module):
 
     def build_mlp(self, spec: ModelSpec, layer_idx: int) -> nn.Module:
         if (tp := current_plan().tensor_parallel).enabled:
-            return ParallelGatedMLP(spec.hidden, spec.intermediate, spec.hidden_act, tp, bias=spec.mlp_bias)
-        return GatedMLP(spec.hidden, spec.intermediate, spec.hidden_act, bias=spec.mlp_bias)
+            return ParallelGatedMLP(spec.hidden, spec.intermediate, spec.hidden_act, tp, bias=spec.biases.mlp)
+        return GatedMLP(spec.hidden, spec.intermediate, spec.hidden_act, bias=spec.biases.mlp)
 
     def forward(self, x, cos, sin, ctx):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx)
@@ -118,7 +118,7 @@ class LlamaForCausalLM(CausalLM):
             self.decode_stack_ops, self.kv_cache_dtype = plan.fused_ops, plan.kv_cache_dtype
 
     def build_decoder(self, spec: ModelSpec) -> DecoderModel:
-        rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+        rotary = RotaryEmbedding(spec.head_dim, spec.rope.theta, spec.rope.scaling)
         return DecoderModel(spec, self.layer_cls, rotary=rotary)
 
     def process_weights_after_loading(self) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from forwardpass.models.model_spec import ModelSpec, decoder_spec
+from forwardpass.models.model_spec import Biases, ModelSpec, decoder_spec
 
 
 def mistral_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
@@ -31,7 +31,7 @@ def _mixtral(cfg: Mapping[str, Any]) -> bool:
 def qwen2_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     """Qwen2 always has q/k/v biases and never an o_proj bias (HF Qwen2Attention ignores
     ``attention_bias``)."""
-    return decoder_spec(cfg, name, qkv_bias=True, o_bias=False)
+    return decoder_spec(cfg, name, biases=Biases(qkv=True))
 
 
 def qwen3_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:

@@ -134,8 +134,8 @@ class NemotronHAttention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, spec.head_dim
         self.qkv_proj = MergedLinear(spec.hidden,
                                      {"q_proj": spec.q_dim, "k_proj": spec.kv_dim, "v_proj": spec.kv_dim},
-                                     bias=spec.qkv_bias)
-        self.o_proj = Linear(spec.q_dim, spec.hidden, bias=spec.o_bias)
+                                     bias=spec.biases.qkv)
+        self.o_proj = Linear(spec.q_dim, spec.hidden, bias=spec.biases.o)
         self.attn = CachedAttention(layer_idx, scale=spec.head_dim**-0.5)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:
@@ -152,8 +152,8 @@ class PlainMLP(nn.Module):
     def __init__(self, spec: ModelSpec, intermediate: int | None = None):
         super().__init__()
         inter = intermediate or spec.intermediate
-        self.up_proj = Linear(spec.hidden, inter, bias=spec.mlp_bias)
-        self.down_proj = Linear(inter, spec.hidden, bias=spec.mlp_bias)
+        self.up_proj = Linear(spec.hidden, inter, bias=spec.biases.mlp)
+        self.down_proj = Linear(inter, spec.hidden, bias=spec.biases.mlp)
         self.act = get_activation(spec.hidden_act)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:

@@ -57,6 +57,25 @@ LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 SpecDerivation = Callable[[Mapping[str, Any], str], "ModelSpec"]
 
 @dataclass(frozen=True)
+class Biases:
+    """Which linear projections add a bias: q/k/v (Qwen2, Llama's ``attention_bias``; Whisper has q and v
+    only, which its model knows), the attention output, the MLP's."""
+
+    qkv: bool = False
+    o: bool = False
+    mlp: bool = False
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """The rotary embedding of the attention layers: its base and HF's ``rope_scaling`` variant (linear,
+    llama3, yarn; ``layers/rotary.py``), or None for plain RoPE."""
+
+    theta: float = 10000.0
+    scaling: dict[str, Any] | None = None  # never mutated; a dict so the spec pickles
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """The model as every reader sees it: the common core of a decoder (sizes, heads, rope, windows, dtypes),
     its experts if it has any (``moe``) plus its family's own sub-spec (``family``), which also gives the
@@ -74,13 +93,10 @@ class ModelSpec:
     vocab: int
     tied: bool = False
     qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
+    biases: Biases = Biases()  # which projections add a bias
     hidden_act: str = "silu"
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None  # never mutated; a dict so the spec pickles
+    rope: RopeSpec = RopeSpec()
     max_position_embeddings: int | None = None
     # one entry per layer: the sliding window of that layer, or None for full attention
     layer_windows: tuple[int | None, ...] = ()
@@ -251,9 +267,8 @@ def decoder_spec(cfg: Mapping[str, Any], name: str = "", **given: Any) -> ModelS
         if (len(moe.layer_ids) if moe else 0) < layers and f["intermediate"] <= 0:
             raise ConfigError(f"config {name} has dense layers but no 'intermediate_size'",
                               param="intermediate_size")
-    if "rope_theta" not in f:
-        f["rope_theta"], scaling = rope_parameters(cfg)
-        f.setdefault("rope_scaling", scaling)
+    if "rope" not in f:
+        f["rope"] = RopeSpec(*rope_parameters(cfg))
     eps = cfg.get("rms_norm_eps")
     if eps is None:  # BERT names its LayerNorm epsilon layer_norm_eps; rms_norm_eps is "the norm's eps"
         eps = cfg.get("layer_norm_eps")
@@ -263,9 +278,7 @@ def decoder_spec(cfg: Mapping[str, Any], name: str = "", **given: Any) -> ModelS
     defaults = {
         "name": name or str(cfg.get("_name_or_path") or arch or "model"),
         "tied": bool(cfg.get("tie_word_embeddings", False)),
-        "qkv_bias": attention_bias,
-        "o_bias": attention_bias,
-        "mlp_bias": bool(cfg.get("mlp_bias", False)),
+        "biases": Biases(qkv=attention_bias, o=attention_bias, mlp=bool(cfg.get("mlp_bias", False))),
         "hidden_act": str(cfg.get("mlp_hidden_act") or cfg.get("hidden_act") or cfg.get("hidden_activation")
                           or "silu"),
         "rms_norm_eps": float(eps if eps is not None else cfg.get("layer_norm_epsilon") or 1e-6),

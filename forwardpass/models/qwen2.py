@@ -4,4 +4,4 @@ from forwardpass.models.llama import LlamaForCausalLM
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
-    pass  # ModelSpec sets qkv_bias (and never o_bias) for Qwen2
+    pass  # ModelSpec sets biases.qkv (and never biases.o) for Qwen2

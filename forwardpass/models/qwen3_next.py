@@ -126,8 +126,8 @@ class GatedAttention(nn.Module):
         assert spec.gdn is not None
         self.rot = int(spec.head_dim * spec.gdn.partial_rotary)
         self.qkv_proj = MergedLinear(spec.hidden, {"q_proj": 2 * spec.q_dim, "k_proj": spec.kv_dim,
-                                                   "v_proj": spec.kv_dim}, bias=spec.qkv_bias)
-        self.o_proj = Linear(spec.q_dim, spec.hidden, bias=spec.qkv_bias)
+                                                   "v_proj": spec.kv_dim}, bias=spec.biases.qkv)
+        self.o_proj = Linear(spec.q_dim, spec.hidden, bias=spec.biases.qkv)
         self.q_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps)
         self.attn = CachedAttention(layer_idx, scale=spec.head_dim**-0.5)
@@ -182,8 +182,8 @@ class Qwen3NextDecoderLayer(nn.Module):
 class Qwen3NextModel(DecoderModel):
     def __init__(self, spec: ModelSpec):
         assert spec.gdn is not None
-        rotary = RotaryEmbedding(int(spec.head_dim * spec.gdn.partial_rotary), spec.rope_theta,
-                                 spec.rope_scaling)
+        rotary = RotaryEmbedding(int(spec.head_dim * spec.gdn.partial_rotary), spec.rope.theta,
+                                 spec.rope.scaling)
         super().__init__(spec, Qwen3NextDecoderLayer, norm=GemmaRMSNorm, rotary=rotary)
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from forwardpass.errors import ConfigError
 from forwardpass.loader.config import eos_token_ids
 from forwardpass.models.family import ModelFamily
-from forwardpass.models.model_spec import ModelSpec
+from forwardpass.models.model_spec import Biases, ModelSpec
 
 if TYPE_CHECKING:
     import torch
@@ -101,9 +101,7 @@ def whisper_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
         intermediate=need("decoder_ffn_dim"),
         vocab=need("vocab_size"),
         tied=True,
-        qkv_bias=True,  # q and v have biases, k has none (the model knows)
-        o_bias=True,
-        mlp_bias=True,
+        biases=Biases(qkv=True, o=True, mlp=True),  # q and v have biases, k has none (the model knows)
         hidden_act="gelu",
         rms_norm_eps=1e-5,  # torch LayerNorm's default, which Whisper uses
         max_position_embeddings=need("max_target_positions"),
