@@ -71,6 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "loaded")
     p.add_argument("--engine-backend", choices=["process", "thread"], default="process",
                    help="run the engine loop in its own process (default) or in a thread of the server")
+    p.add_argument("--engine-restarts", type=int, default=3, metavar="N",
+                   help="restart an engine that dies (killed by the OS, crashed) up to N times, with a "
+                        "backoff of 1, 2, 4, ... s (at most 30 s); then the server exits with status 1 "
+                        "(0: exit at the first death)")
     from forwardpass.lora.cli import add_lora_args  # light: no torch
 
     add_lora_args(p)  # --lora NAME=PATH (repeatable), --max-lora-rank
@@ -193,6 +197,9 @@ def run(args: argparse.Namespace) -> int:
                         ("--max-request-tokens", args.max_request_tokens)):
         if count < 1:
             raise ValidationError(f"{flag} must be a positive integer, got {count}", param=flag)
+    if args.engine_restarts < 0:
+        raise ValidationError(f"--engine-restarts must be >= 0, got {args.engine_restarts}",
+                              param="--engine-restarts")
     if args.data_parallel_size < 1:
         raise ValidationError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}",
                               param="--data-parallel-size")
@@ -213,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
                                  template_time_limit_s=args.chat_template_timeout,
                                  reasoning_parser=args.reasoning_parser,
                                  allowed_origins=list(args.allowed_origins), image_model=args.image_model,
-                                 video_model=args.video_model, **vllm_flag_settings(args))
+                                 video_model=args.video_model, engine_restarts=args.engine_restarts,
+                                 **vllm_flag_settings(args))
     level = logging.getLogger().getEffectiveLevel()
     factory = None
     if args.engine_factory:
