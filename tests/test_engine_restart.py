@@ -112,7 +112,7 @@ def test_sigkilled_engine_fails_its_streams_and_is_restarted(model):
         assert 'forwardpass:engine_restarts_total{model_name="test-model"} 1.0' in metrics
         info = httpx.get(srv.url + "/debug/engine", timeout=30).json()
         assert info["invariants_ok"] and info["num_free_blocks"] == info["num_blocks"]
-        log = srv.log()
+        log = srv.log_path.read_text(errors="replace")
     assert "ERROR" in log and "engine died: the engine process" in log and "killed by SIGKILL" in log
     assert "restarting it in" in log and "engine restarted (restart 1 of 2)" in log
 
@@ -130,6 +130,6 @@ def test_with_no_restarts_the_server_exits_non_zero(model):
         for s in streams:
             s.join(5)
             assert s.events and "SIGKILL" in s.events[-1]["error"]["message"]
-        log = srv.log()
+        log = srv.log_path.read_text(errors="replace")
     assert "restarts are off (--engine-restarts 0)" in log
     assert "error: the engine died and was not restarted" in log

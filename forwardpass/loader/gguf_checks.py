@@ -91,7 +91,12 @@ def check_tensor_sizes(reader, path: Path) -> None:
 
 
 def check_file(path: Path):
-    """The reader of a file that passes every check above (its architecture name returned with it)."""
+    """The reader of a file that passes every check above (its architecture name returned with it). The
+    header's numbers are checked against the file first (``gguf_header.py``), so the reader never follows
+    a lie."""
+    from forwardpass.loader.gguf_header import scan_gguf_header
+
+    scan_gguf_header(path)
     reader = open_reader(path)
     arch = check_architecture(reader)
     check_tensor_types(reader)
