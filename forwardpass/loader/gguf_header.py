@@ -28,6 +28,7 @@ from forwardpass.errors import ConfigError
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME_BYTES = 1 << 16  # keys and tensor names: llama.cpp refuses longer ones too
 MAX_ALIGNMENT = 1 << 16
+MAX_TEXT_BYTES = 1 << 24  # one metadata string (a chat template is some KB)
 #: value type id -> (name, byte size; 0 = variable: a string or an array)
 _SCALARS = {0: ("uint8", 1), 1: ("int8", 1), 2: ("uint16", 2), 3: ("int16", 2), 4: ("uint32", 4),
             5: ("int32", 4), 6: ("float32", 4), 7: ("bool", 1), 10: ("uint64", 8), 11: ("int64", 8),
@@ -51,6 +52,7 @@ class GGUFHeader:
     alignment: int
     data_start: int
     tensors: tuple[TensorInfo, ...]
+    strings: dict[str, str]  # the metadata's single strings (general.architecture, ...), as UTF-8
 
 
 def _type_sizes() -> dict[int, tuple[str, int, int]]:
@@ -65,8 +67,8 @@ class _Walk:
         self.data, self.path, self.pos, self.size = data, path, 0, len(data)
 
     def refuse(self, what: str) -> ConfigError:
-        return ConfigError(f"GGUF file {self.path} is damaged or not a GGUF file: {what} (at byte {self.pos} "
-                           f"of {self.size})", param="model")
+        return ConfigError(f"GGUF file {self.path} cannot be read: it is truncated, damaged or not a GGUF "
+                           f"file: {what} (header byte {self.pos} of {self.size})", param="model")
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
@@ -77,6 +79,13 @@ class _Walk:
         (value,) = struct.unpack_from(_FORMATS[n], self.data, self.pos)
         self.pos += n
         return int(value)
+
+    def text(self, what: str) -> str:
+        raw = self.string(what, MAX_TEXT_BYTES)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.refuse(f"{what} is not UTF-8 text") from None
 
     def string(self, what: str, limit: int | None = None) -> bytes:
         n = self.uint(8, f"the length of {what}")
@@ -124,8 +133,8 @@ def scan_gguf_header(path: str | Path) -> GGUFHeader:
     path = Path(path)
     with open(path, "rb") as f:
         if f.seek(0, 2) < 24:
-            raise ConfigError(f"GGUF file {path} is damaged or not a GGUF file: it is only {f.tell()} bytes",
-                              param="model")
+            raise ConfigError(f"GGUF file {path} cannot be read: it is truncated, damaged or not a GGUF file "
+                              f"(only {f.tell()} bytes)", param="model")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             return _scan(_Walk(data, path))
 
@@ -141,9 +150,13 @@ def _scan(w: _Walk) -> GGUFHeader:
     if n_tensors * 29 > w.size or n_kv * 13 > w.size:  # the smallest tensor info / key-value pair
         raise w.refuse(f"{n_tensors} tensors and {n_kv} metadata entries cannot fit in the file")
     alignment = 32
+    strings: dict[str, str] = {}
     for i in range(n_kv):
         key = w.string(f"metadata key {i}", MAX_NAME_BYTES).decode("utf-8", "replace")
         vtype = w.uint(4, f"the type of {key!r}")
+        if vtype == _STRING:
+            strings[key] = w.text(repr(key))
+            continue
         value = w.value(vtype, repr(key))
         if key == "general.alignment":
             if vtype != 4 or value is None or value <= 0 or value & (value - 1) or value > MAX_ALIGNMENT:
@@ -182,4 +195,4 @@ def _scan(w: _Walk) -> GGUFHeader:
                            "damaged")
         end = start + nbytes
         tensors.append(TensorInfo(name, shape, ggml_type, start, nbytes))
-    return GGUFHeader(version, alignment, data_start, tuple(tensors))
+    return GGUFHeader(version, alignment, data_start, tuple(tensors), strings)
