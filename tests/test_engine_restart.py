@@ -45,7 +45,8 @@ class Stream(threading.Thread):
         self.ended_at: float | None = None
 
     def run(self) -> None:
-        body = {"prompt": "hello", "max_tokens": 500, "stream": True, "ignore_eos": True, "seed": SLOW_STEP_SEED}
+        body = {"prompt": "hello", "max_tokens": 500, "stream": True, "ignore_eos": True,
+                "seed": SLOW_STEP_SEED}
         first = True
         with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=120) as r:
             for line in r.iter_lines():

@@ -31,6 +31,9 @@ class ServerConfig:
     # --engine-restarts: a dead engine is restarted this many times (backoff between), then the server exits
     # non-zero (engine/frontend/supervisor.py, server/run.py)
     engine_restarts: int = 3
+    # --max-memory: refuse a model whose weights + KV cache need more (forwardpass/memory_need.py); None:
+    # the memory available (cgroup limit, MemAvailable, ulimit -v)
+    max_memory_bytes: int | None = None
     enable_debug_endpoints: bool = False  # GET /debug/engine (free blocks, invariants) for tests
     enable_tokenizer_info: bool = False  # GET /tokenizer_info (vLLM's; it publishes the chat template)
     shutdown_timeout_s: float = 30.0  # on SIGTERM: then every stream still open ends with an error + [DONE]
