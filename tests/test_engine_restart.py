@@ -134,3 +134,49 @@ def test_with_no_restarts_the_server_exits_non_zero(model):
         log = srv.log_path.read_text(errors="replace")
     assert "restarts are off (--engine-restarts 0)" in log
     assert "error: the engine died and was not restarted" in log
+
+
+def test_a_dead_engine_loop_is_restarted_in_process(model):
+    """The same, inside ``AsyncLLMEngine`` (what every engine of a server gets): a fault that breaks the KV
+    cache kills the loop; requests meanwhile get ``EngineRestartingError`` with a Retry-After; a fresh loop
+    serves; with the restarts spent, ``on_engine_lost`` is called and the engine stays dead."""
+    import asyncio
+
+    from forwardpass import SamplingParams
+    from forwardpass.engine.frontend.async_engine import AsyncLLMEngine, EngineSpec, RestartPolicy
+    from forwardpass.errors import EngineDeadError, EngineRestartingError, ForwardpassError
+    from tests.helpers.server import FATAL_FAULT_SEED, FaultInjectingEngine
+
+    lost: list[str] = []
+    fatal = SamplingParams(max_tokens=4, seed=FATAL_FAULT_SEED)
+    ok = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+
+    async def run(rid, params):
+        return [o async for o in engine.generate([5, 6, 7], params, rid)][-1]
+
+    async def main():
+        await engine.start()
+        with pytest.raises(ForwardpassError, match="injected fatal fault"):
+            await run("fatal-1", fatal)
+        with pytest.raises(EngineRestartingError) as refused:
+            await engine.add_request([5, 6], ok, "while-restarting")
+        assert refused.value.retry_after_s >= 1 and refused.value.status_code == 503
+        for _ in range(600):
+            if not engine.is_dead:
+                break
+            await asyncio.sleep(0.1)
+        assert len((await run("after", ok)).outputs[0].token_ids) == 3
+        assert engine.num_restarts == 1 and not lost
+        with pytest.raises(ForwardpassError, match="injected fatal fault"):
+            await run("fatal-2", fatal)
+        await asyncio.sleep(0.2)
+        assert engine.is_dead and len(lost) == 1 and "KV cache is inconsistent" in lost[0]
+        with pytest.raises(EngineDeadError) as dead:
+            await engine.add_request([5, 6], ok, "after-the-last")
+        assert not isinstance(dead.value, EngineRestartingError)
+        await engine.shutdown(5)
+
+    engine = AsyncLLMEngine(EngineSpec(str(model), {"num_kv_blocks": 64}, factory=FaultInjectingEngine),
+                            backend="thread", restart_policy=RestartPolicy(max_restarts=1, backoff_s=0.2),
+                            on_engine_lost=lost.append)
+    asyncio.run(main())

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_serve_refuses_a_model_over_max_memory_before_loading():
-    out = subprocess.run([sys.executable, "-m", "forwardpass", "serve", str(default_llm_path()), "--port", "0",
-                          "--max-memory", "0.5"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=100)
+    cmd = [sys.executable, "-m", "forwardpass", "serve", str(default_llm_path()), "--port", "0",
+           "--max-memory", "0.5"]
+    out = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=100)
     assert out.returncode == 1, out.stderr
     error = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "Traceback" not in out.stderr, out.stderr

@@ -403,15 +403,15 @@ PROBE_TIME_LIMIT_S = 1.0
 
 def probe_chat_template(template: str, **variables: Any) -> None:
     """Refuse, when the model loads, a template that tries to escape the sandbox or runs past a render limit
-    (a loop that never ends, an output that never stops growing): one render of a short conversation, bounded
-    by ``PROBE_TIME_LIMIT_S``. Errors that depend on the conversation (the template's own
-    ``raise_exception``, a syntax error a request would also meet) are left to the requests, as before."""
+    (a loop or a recursion that never ends, an output that never stops growing): one render of a short
+    conversation, bounded by ``PROBE_TIME_LIMIT_S``. Errors that depend on the conversation (the template's
+    own ``raise_exception``, a syntax error a request would also meet) are left to the requests, as before."""
     try:
         render_chat_template(template, _PROBE, time_limit_s=PROBE_TIME_LIMIT_S, **variables)
     except ChatTemplateLimitError:
         raise
     except ChatTemplateError as exc:
-        if isinstance(exc.__cause__, SecurityError):
+        if isinstance(exc.__cause__, (SecurityError, RecursionError)):  # an escape, or a call that never ends
             raise
 
 
