@@ -411,7 +411,8 @@ def probe_chat_template(template: str, **variables: Any) -> None:
     except ChatTemplateLimitError:
         raise
     except ChatTemplateError as exc:
-        if isinstance(exc.__cause__, (SecurityError, RecursionError)):  # an escape, or a call that never ends
+        # an escape; a call that never ends; a range past the sandbox's cap (a loop meant not to end)
+        if isinstance(exc.__cause__, (SecurityError, RecursionError, OverflowError)):
             raise
 
 

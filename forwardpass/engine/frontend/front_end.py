@@ -2,7 +2,8 @@
 
 ``FrontEnd.dispatch`` runs on the event loop for every list of events the transport delivers: it
 applies token deltas through the ``OutputProcessor``, wakes the streams of the requests that advanced,
-settles admissions and debug calls, keeps the gauges, and fails requests when the engine dies.
+settles admissions and debug calls, keeps the gauges, and fails requests when the engine dies (then
+tells ``on_death``: the restart policy's cue, ``supervisor.py``).
 """
 
 from __future__ import annotations
