@@ -108,6 +108,22 @@ class EngineDeadError(ForwardpassError):
     status_code = 503
 
 
+class EngineCrashedError(EngineDeadError):
+    """The engine process died (killed by a signal, crashed) while this request ran in it (HTTP 500)."""
+
+    status_code = 500
+
+
+class EngineRestartingError(EngineDeadError):
+    """The engine died and is being restarted; retry after ``retry_after_s`` (HTTP 503 + Retry-After)."""
+
+    error_type = "engine_restarting"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class RequestTimeoutError(ForwardpassError):
     """The request did not finish within the server's per-request timeout (``--request-timeout``)."""
 

@@ -117,11 +117,11 @@ def test_an_unknown_architecture(good, tmp_path, cache):
     ids=["loop", "recursion"],
 )
 def test_a_chat_template_that_does_not_end(template, limit, tmp_path):
-    """The file's own chat template is code from the file: one that loops is refused with a clear error on
-    the request that renders it, and the engine serves the next request."""
+    """The file's own chat template is code from the file: one that loops is refused with a clear error when
+    the model loads (one bounded test render), not on the first request that renders it."""
     import json
 
-    from forwardpass import LLM, SamplingParams
+    from forwardpass import LLM
     from forwardpass.errors import ForwardpassError
 
     model_dir = tmp_path / "model"
@@ -131,8 +131,5 @@ def test_a_chat_template_that_does_not_end(template, limit, tmp_path):
     (model_dir / "tokenizer_config.json").write_text(json.dumps(cfg))
     path = tmp_path / "looping.gguf"
     converter().convert(model_dir, path, "q8_0")
-    llm = LLM(str(path))
-    with pytest.raises(ForwardpassError, match=f"(?i)chat template.*({limit})"):
-        llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=2))
-    out = llm.generate(["Once upon a time"], SamplingParams(max_tokens=2, temperature=0))[0]
-    assert len(out.outputs[0].token_ids) == 2
+    with pytest.raises(ForwardpassError, match=f"(?i)chat template.*is refused.*({limit})"):
+        LLM(str(path))

@@ -480,9 +480,13 @@ def _with_template(src: Path, dst: Path, template) -> Tokenizer:
     ],
 )
 def test_unsafe_template_is_stopped_by_the_sandbox(bytelevel_dir, tmp_path, template):
-    tok = _with_template(bytelevel_dir, tmp_path, template)
-    with pytest.raises(ChatTemplateError, match="unsafe") as info:
-        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    from forwardpass.errors import TokenizerError
+    from forwardpass.loader.chat_template import render_chat_template
+
+    with pytest.raises(TokenizerError, match="chat template 'default' .* is refused: .*unsafe operation"):
+        _with_template(bytelevel_dir, tmp_path, template)  # refused when the model loads
+    with pytest.raises(ChatTemplateError, match="unsafe") as info:  # and by the sandbox at any render
+        render_chat_template(template, [{"role": "user", "content": "hi"}])
     assert isinstance(info.value.__cause__, SecurityError)
 
 

@@ -71,6 +71,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "loaded")
     p.add_argument("--engine-backend", choices=["process", "thread"], default="process",
                    help="run the engine loop in its own process (default) or in a thread of the server")
+    p.add_argument("--max-memory", type=float, default=None, metavar="GIB",
+                   help="refuse to start when the model's weights + KV cache need more than this many GiB "
+                        "(default: the memory available: the cgroup limit, MemAvailable or ulimit -v, "
+                        "whichever is smallest; checked either way)")
+    p.add_argument("--engine-restarts", type=int, default=3, metavar="N",
+                   help="restart an engine that dies (killed by the OS, crashed) up to N times, with a "
+                        "backoff of 1, 2, 4, ... s (at most 30 s); then the server exits with status 1 "
+                        "(0: exit at the first death)")
     from forwardpass.lora.cli import add_lora_args  # light: no torch
 
     add_lora_args(p)  # --lora NAME=PATH (repeatable), --max-lora-rank
@@ -193,6 +201,12 @@ def run(args: argparse.Namespace) -> int:
                         ("--max-request-tokens", args.max_request_tokens)):
         if count < 1:
             raise ValidationError(f"{flag} must be a positive integer, got {count}", param=flag)
+    if args.max_memory is not None and not args.max_memory > 0:
+        raise ValidationError(f"--max-memory must be a positive number of GiB, got {args.max_memory}",
+                              param="--max-memory")
+    if args.engine_restarts < 0:
+        raise ValidationError(f"--engine-restarts must be >= 0, got {args.engine_restarts}",
+                              param="--engine-restarts")
     if args.data_parallel_size < 1:
         raise ValidationError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}",
                               param="--data-parallel-size")
@@ -203,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
     spec_info = check_model(model, engine_config)  # unsupported architectures and bad configs, before loading
     api_key = args.api_key or envs.get("FORWARDPASS_API_KEY")
     from forwardpass.server.serve_flags import vllm_flag_settings
+    max_memory = None if args.max_memory is None else int(args.max_memory * 2**30)
     server_config = ServerConfig(models=models, api_key=api_key, max_request_bytes=args.max_request_bytes,
                                  max_request_tokens=args.max_request_tokens,
                                  enable_debug_endpoints=args.enable_debug_endpoints,
@@ -213,7 +228,13 @@ def run(args: argparse.Namespace) -> int:
                                  template_time_limit_s=args.chat_template_timeout,
                                  reasoning_parser=args.reasoning_parser,
                                  allowed_origins=list(args.allowed_origins), image_model=args.image_model,
-                                 video_model=args.video_model, **vllm_flag_settings(args))
+                                 video_model=args.video_model, engine_restarts=args.engine_restarts,
+                                 max_memory_bytes=max_memory,
+                                 **vllm_flag_settings(args))
+    from forwardpass.memory_need import check_memory
+
+    # weights + KV cache against the memory there is, before loading: refused in one line, not OOM-killed
+    check_memory(model, engine_config, server_config.max_memory_bytes)
     level = logging.getLogger().getEffectiveLevel()
     factory = None
     if args.engine_factory:

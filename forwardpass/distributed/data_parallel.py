@@ -6,8 +6,9 @@ fewest requests in flight (ties: the next one in turn, so an idle server spreads
 Nothing is shared between replicas but the listeners: ``/metrics`` and the dashboard see every
 replica's steps and finished requests.
 
-A replica that dies takes only its own requests with it; new requests go to the others. The server
-reports itself dead (``/health`` 503) only when no replica is left.
+A replica that dies takes only its own requests with it; new requests go to the others while it restarts
+(each replica restarts on its own, under ``restart_policy``). The server reports itself dead (``/health``
+503) only when no replica is up, and ``on_engine_lost`` is called once no replica is up or coming back.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from forwardpass.engine.frontend.async_engine import AsyncLLMEngine, EngineSpec
 from forwardpass.engine.frontend.outputs import RequestOutput
 from forwardpass.engine.frontend.protocol import EngineInfo, Snapshot
 from forwardpass.engine.frontend.request_stream import Generates, RequestStream, RequestTiming
+from forwardpass.engine.frontend.supervisor import NO_RESTARTS, RestartPolicy
 from forwardpass.engine.scheduling.stats import StepRecord
 from forwardpass.errors import EngineDeadError, ValidationError
 from forwardpass.loader.tokenizer import Tokenizer
@@ -42,6 +44,8 @@ class DataParallelEngine(Generates):
         backend: str = "process",
         max_queued_requests: int = 1024,
         request_timeout_s: float | None = None,
+        restart_policy: RestartPolicy = NO_RESTARTS,
+        on_engine_lost: Callable[[str], None] | None = None,
     ):
         if replicas < 1:
             raise ValidationError(
@@ -56,9 +60,12 @@ class DataParallelEngine(Generates):
                 backend=backend,
                 max_queued_requests=max_queued_requests,
                 request_timeout_s=request_timeout_s,
+                restart_policy=restart_policy,
+                on_engine_lost=self._replica_lost,
             )
             for _ in range(replicas)
         ]
+        self.on_engine_lost = on_engine_lost
         self.stat_listeners: list[Callable[[StepRecord], None]] = []
         self.finish_listeners: list[Callable[[RequestOutput, RequestTiming], None]] = []
         for r in self.replicas:  # one list for all: a listener registered later hears every replica
@@ -78,10 +85,26 @@ class DataParallelEngine(Generates):
             r.fail_all(exc)
 
     # ----- routing ---------------------------------------------------------------------------------
+    def _replica_lost(self, reason: str) -> None:
+        if self.on_engine_lost is not None and all(r.is_dead and not r.supervisor.restarting
+                                                   for r in self.replicas):
+            self.on_engine_lost(reason)
+
+    def check_alive(self) -> None:
+        """Raises what a request gets when no replica is up (restarting: the soonest one's error)."""
+        if self.is_dead:
+            for r in sorted(self.replicas, key=lambda r: not r.supervisor.restarting):
+                r.check_alive()
+
+    @property
+    def num_restarts(self) -> int:
+        return sum(r.num_restarts for r in self.replicas)
+
     def pick(self) -> AsyncLLMEngine:
         """The live replica with the fewest requests in flight (round robin among equals)."""
         live = [r for r in self.replicas if not r.is_dead]
         if not live:
+            self.check_alive()
             raise EngineDeadError(f"the engine is not running: {self.dead_reason}")
         start = next(self._turn) % len(live)
         turn = live[start:] + live[:start]

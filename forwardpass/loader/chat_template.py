@@ -395,6 +395,27 @@ def render_chat_template(
         _limits.deadline = float("inf")
 
 
+#: the conversation each template is tried on when its model loads (``probe_chat_template``)
+_PROBE = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hi"},
+          {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
+PROBE_TIME_LIMIT_S = 1.0
+
+
+def probe_chat_template(template: str, **variables: Any) -> None:
+    """Refuse, when the model loads, a template that tries to escape the sandbox or runs past a render limit
+    (a loop or a recursion that never ends, an output that never stops growing): one render of a short
+    conversation, bounded by ``PROBE_TIME_LIMIT_S``. Errors that depend on the conversation (the template's
+    own ``raise_exception``, a syntax error a request would also meet) are left to the requests, as before."""
+    try:
+        render_chat_template(template, _PROBE, time_limit_s=PROBE_TIME_LIMIT_S, **variables)
+    except ChatTemplateLimitError:
+        raise
+    except ChatTemplateError as exc:
+        # an escape; a call that never ends; a range past the sandbox's cap (a loop meant not to end)
+        if isinstance(exc.__cause__, (SecurityError, RecursionError, OverflowError)):
+            raise
+
+
 def _trace_calls(frame: FrameType, event: str, arg: Any) -> Any:
     """Trace only the compiled template's own frames, checking the deadline on each line."""
     if frame.f_code.co_filename == "<template>":

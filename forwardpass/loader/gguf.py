@@ -173,11 +173,21 @@ def gguf_model_dir(path: str | os.PathLike[str]) -> Path:
     reader, arch = gguf_checks.check_file(path)  # no model directory for a file we cannot load
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    cfg = _config(reader, arch)
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-    gen = {k: cfg[k] for k in ("eos_token_id", "bos_token_id") if k in cfg}
-    (tmp / "generation_config.json").write_text(json.dumps(gen))
-    _tokenizer_files(reader, tmp)
+    try:
+        cfg = _config(reader, arch)
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+        gen = {k: cfg[k] for k in ("eos_token_id", "bos_token_id") if k in cfg}
+        (tmp / "generation_config.json").write_text(json.dumps(gen))
+        _tokenizer_files(reader, tmp)
+    except Exception as exc:  # noqa: BLE001 - whatever the metadata's lie raised becomes one clear error
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-made stays in the cache
+        if isinstance(exc, ConfigError):
+            raise
+        # metadata of the wrong type or out of range (a head count of 0, a token id past the vocabulary)
+        raise ConfigError(f"GGUF file {path} has invalid metadata: {type(exc).__name__}: {exc}",
+                          param="model") from None
     (tmp / MARKER).write_text(json.dumps({"file": str(path), "architecture": arch}))
     tmp.replace(out) if not out.exists() else None
     return out

@@ -19,7 +19,7 @@ import tokenizers
 from tokenizers import AddedToken
 
 from forwardpass.errors import ChatTemplateError, ModelNotFoundError, TokenizerError
-from forwardpass.loader.chat_template import render_chat_template
+from forwardpass.loader.chat_template import probe_chat_template, render_chat_template
 from forwardpass.loader.detokenizer import IncrementalDetokenizer
 from forwardpass.loader.jsonfile import read_json_object
 from forwardpass.loader.paths import check_inside, model_file
@@ -149,6 +149,11 @@ class Tokenizer:
             self.byte_fallback_ids = frozenset(
                 i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x") and t.endswith(">")
             )
+        for name, template in chat_templates.items():  # untrusted code: refused now, not at a request
+            try:
+                probe_chat_template(template, **self.special_tokens)
+            except ChatTemplateError as exc:
+                raise TokenizerError(f"the chat template {name!r} of {source} is refused: {exc}") from None
 
     # ----- loading ------------------------------------------------------------------------------
     @classmethod

@@ -137,14 +137,15 @@ def _read_header(file: Path) -> dict[str, dict]:
         raw = fh.read(header_len)
     try:
         header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CorruptWeightsError(f"{bad}: its header is not valid JSON ({exc}); {fix}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: [[[[...
+        raise CorruptWeightsError(f"{bad}: its header is not valid JSON ({exc}); {fix}") from None
     if not isinstance(header, dict):
         raise CorruptWeightsError(f"{bad}: its header is not a JSON object; {fix}")
     header.pop("__metadata__", None)
 
     data_size = size - 8 - header_len
     end_max = 0
+    spans = []
     for name, info in header.items():
         try:
             dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
@@ -161,6 +162,11 @@ def _read_header(file: Path) -> dict[str, dict]:
                 f"but its offsets span {end - begin}; {fix}"
             )
         end_max = max(end_max, end)
+        spans.append((begin, end, name))
+    spans.sort()
+    for (_, prev_end, prev), (begin, _, name) in zip(spans, spans[1:], strict=False):
+        if begin < prev_end:  # two tensors sharing bytes: a lie in one of the offsets
+            raise CorruptWeightsError(f"{bad}: tensors {prev!r} and {name!r} overlap in the file; {fix}")
     if end_max > data_size:
         raise CorruptWeightsError(
             f"{file} is truncated: its header describes {end_max} bytes of tensor data but only {data_size} "

@@ -99,7 +99,18 @@ def check_variables(header: Header, mm: np.ndarray) -> None:
 
 
 def whisper_configs(header: Header, ct2_config: dict[str, Any], tokenizer_json: Path) -> tuple[dict, dict]:
-    """``(config.json, generation_config.json)`` of transformers' Whisper for the model in ``header``."""
+    """``(config.json, generation_config.json)`` of transformers' Whisper for the model in ``header``; a
+    variable of the wrong rank or size (a damaged or hostile file) is one ``ConfigError``."""
+    try:
+        return _whisper_configs(header, ct2_config, tokenizer_json)
+    except (ValueError, IndexError, TypeError, KeyError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{header.path}: its variables' shapes or values are not a Whisper model's "
+                          f"({type(exc).__name__}: {exc})", param="model") from None
+
+
+def _whisper_configs(header: Header, ct2_config: dict[str, Any], tokenizer_json: Path) -> tuple[dict, dict]:
     from tokenizers import Tokenizer
 
     mm = np.memmap(header.path, dtype=np.uint8, mode="r")

@@ -108,8 +108,10 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig | None = None) -> Fas
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> JSONResponse:
         if engine.is_dead:
-            return errors.error_response(503, f"the engine is not running: {engine.dead_reason}",
-                                         "engine_dead")
+            try:
+                engine.check_alive()  # the error a request would get now (restarting: with Retry-After)
+            except EngineDeadError as exc:
+                return errors.from_exception(exc, config.retry_after_s)
         stalled = engine.stalled_for()
         if stalled > config.watchdog_timeout_s:  # has work, made no progress: stuck or stopped
             return errors.error_response(

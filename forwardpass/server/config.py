@@ -28,6 +28,12 @@ class ServerConfig:
     # a request's work in tokens: (prompt + max_tokens) summed over its n x prompts sequences (400 above)
     max_request_tokens: int = 1 << 20
     retry_after_s: int = 1  # Retry-After sent with 503 when the waiting queue is full
+    # --engine-restarts: a dead engine is restarted this many times (backoff between), then the server exits
+    # non-zero (engine/frontend/supervisor.py, server/run.py)
+    engine_restarts: int = 3
+    # --max-memory: refuse a model whose weights + KV cache need more (forwardpass/memory_need.py); None:
+    # the memory available (cgroup limit, MemAvailable, ulimit -v)
+    max_memory_bytes: int | None = None
     enable_debug_endpoints: bool = False  # GET /debug/engine (free blocks, invariants) for tests
     enable_tokenizer_info: bool = False  # GET /tokenizer_info (vLLM's; it publishes the chat template)
     shutdown_timeout_s: float = 30.0  # on SIGTERM: then every stream still open ends with an error + [DONE]

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from forwardpass.errors import ContextLengthError, ForwardpassError, QueueFullError
+from forwardpass.errors import ContextLengthError, EngineRestartingError, ForwardpassError, QueueFullError
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ def from_exception(exc: BaseException, retry_after_s: int = 1) -> JSONResponse:
     """The response for an exception raised while handling a request."""
     if isinstance(exc, ForwardpassError):
         headers = {"Retry-After": str(retry_after_s)} if isinstance(exc, QueueFullError) else None
+        if isinstance(exc, EngineRestartingError):  # back once the engine has reloaded: it knows when
+            headers = {"Retry-After": str(exc.retry_after_s)}
         code = exc.code or ("context_length_exceeded" if isinstance(exc, ContextLengthError) else None)
         if exc.status_code >= 500:
             logger.warning("request failed: %s", exc)

@@ -57,6 +57,9 @@ class ServerMetrics:
                                registry=r)
         self.ended = Counter(P + "request_ended", "admitted requests that ended, by how", [*lbl, "status"],
                              registry=r)
+        self.restarts = Counter(P + "engine_restarts", "times a dead engine was replaced by a fresh one "
+                                "(--engine-restarts)", list(lbl), registry=r).labels(**lbl)
+        self._restarts_seen = 0
 
         def h(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
             return Histogram(P + name, doc, list(lbl), buckets=buckets, registry=r).labels(**lbl)
@@ -173,4 +176,7 @@ class ServerMetrics:
         self.waiting.set(s.num_waiting)
         self.kv_usage.set(s.kv_usage)
         self.free_blocks.set(s.num_free_blocks)
+        restarts = self.engine.num_restarts  # counted by the engine's supervisor; the counter follows it
+        self.restarts.inc(max(0, restarts - self._restarts_seen))
+        self._restarts_seen = restarts
         return generate_latest(self.registry)

@@ -11,8 +11,11 @@ Failure handling
 * A request whose consumer goes away (the stream is closed, cancelled or dropped) is aborted; the
   engine frees its KV blocks when it applies the abort, before its next step.
 * A failed step fails the requests then in the engine with the cause (``RequestsFailed``); a crash of
-  the loop, or the engine process exiting, marks the engine dead: every pending request fails with
-  :class:`EngineDeadError` and so does every new one.
+  the loop, or the engine process exiting, marks the engine dead: every pending request fails at once
+  with :class:`EngineCrashedError` naming the cause (the exit code or signal). Then ``restart_policy``
+  decides (``supervisor.py``): a fresh engine loop is started after a backoff, new requests meanwhile
+  get :class:`EngineRestartingError` (503 + Retry-After); or, with no restarts left, the engine stays
+  dead (:class:`EngineDeadError`) and ``on_engine_lost(reason)`` is called.
 * ``max_queued_requests`` bounds the sequences (``n`` per request) that have not produced a token
   yet: one more raises :class:`QueueFullError`.
 * ``request_timeout_s`` fails a request that has not finished in time (:class:`RequestTimeoutError`)
@@ -24,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +45,7 @@ from forwardpass.engine.frontend.protocol import (
     Shutdown,
 )
 from forwardpass.engine.frontend.request_stream import FrontRequest, Generates, RequestStream, RequestTiming
+from forwardpass.engine.frontend.supervisor import NO_RESTARTS, EngineSupervisor, RestartPolicy
 from forwardpass.engine.frontend.transport import TRANSPORTS, ProcessTransport, ThreadTransport
 from forwardpass.errors import (
     EngineDeadError,
@@ -53,9 +58,7 @@ from forwardpass.loader.tokenizer import Tokenizer
 from forwardpass.lora.request import LoRARequest
 from forwardpass.sampling.params import SamplingParams
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["AsyncLLMEngine", "EngineSpec", "RequestStream", "RequestTiming"]
+__all__ = ["AsyncLLMEngine", "EngineSpec", "RequestStream", "RequestTiming", "RestartPolicy"]
 
 
 class AsyncLLMEngine(FrontEndView, Generates):
@@ -68,50 +71,71 @@ class AsyncLLMEngine(FrontEndView, Generates):
     """
 
     def __init__(self, spec: EngineSpec, *, backend: str = "process", max_queued_requests: int = 1024,
-                 request_timeout_s: float | None = None):
+                 request_timeout_s: float | None = None, restart_policy: RestartPolicy = NO_RESTARTS,
+                 on_engine_lost: Callable[[str], None] | None = None):
         if backend not in TRANSPORTS:
             raise ValidationError(f"backend must be 'process' or 'thread', got {backend!r}", param="backend")
         self.spec, self.backend, self.max_queued_requests = spec, backend, max_queued_requests
         self.request_timeout_s = request_timeout_s
         self.model_dir = Path(spec.model)
         self.tokenizer: Tokenizer | None = None
-        self.front = FrontEnd(self._send)  # state the engine loop's events update (on the event loop)
+        self.supervisor = EngineSupervisor(restart_policy, self._launch, on_engine_lost)
+        # state the engine loop's events update (on the event loop)
+        self.front = FrontEnd(self._send, on_death=self.supervisor.on_death)
         self.stat_listeners, self.finish_listeners = self.front.stat_listeners, self.front.finish_listeners
         self._requests = self.front.requests
         self._call_ids = itertools.count()
         self._accepting = False
         self._transport: ThreadTransport | ProcessTransport | None = None
+        self._generation = 0  # which engine loop is current: a replaced one's late events are dropped
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ----- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         """Start the engine loop and wait until the model is loaded; raises the engine's startup error."""
-        self._loop = loop = asyncio.get_running_loop()
-        ready = self.front.ready = loop.create_future()
+        self._loop = asyncio.get_running_loop()
         if (self.model_dir / "tokenizer.json").exists():
             self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.front.processor = OutputProcessor(self.tokenizer)
-        self._transport = TRANSPORTS[self.backend](self.spec, self._post)
-        await ready
+        await self.supervisor.start()
         self._accepting = True
 
-    def _post(self, events: list[EngineEvent]) -> None:
+    @property
+    def num_restarts(self) -> int:
+        return self.supervisor.num_restarts
+
+    async def _launch(self) -> None:
+        """Start an engine loop (replacing a dead one) and wait until its model is loaded."""
+        loop, old = asyncio.get_running_loop(), self._transport
+        if old is not None:  # dead: reap it before a second copy of the model loads
+            await loop.run_in_executor(None, old.join, 5.0)
+        self._generation += 1
+        ready = self.front.ready = loop.create_future()
+        self._transport = TRANSPORTS[self.backend](self.spec, partial(self._post, self._generation))
+        await ready
+        self.front.dead = None
+
+    def _post(self, generation: int, events: list[EngineEvent]) -> None:
         """Called from the transport's thread: hand the events to the event loop."""
         assert self._loop is not None
         try:
-            self._loop.call_soon_threadsafe(self.front.dispatch, events)
+            self._loop.call_soon_threadsafe(self._dispatch, generation, events)
         except RuntimeError:
             pass  # the event loop is closed: nobody is left to tell
+
+    def _dispatch(self, generation: int, events: list[EngineEvent]) -> None:
+        if generation == self._generation:
+            self.front.dispatch(events)
 
     async def shutdown(self, timeout: float = 30.0) -> None:
         """Stop accepting, let running requests finish for up to ``timeout`` s, abort the rest, stop."""
         self._accepting = False
+        self.supervisor.close()
         deadline = time.monotonic() + timeout
         while self._requests and time.monotonic() < deadline and self.front.dead is None:
             await asyncio.sleep(0.05)
         self.fail_all(EngineDeadError("the server is shutting down"))
-        if self.front.dead is None:
-            self._send(Shutdown())
+        self._send(Shutdown())  # also to a loop still loading after a restart; a dead one ignores it
         if self._transport is not None:
             await asyncio.get_running_loop().run_in_executor(
                 None, self._transport.join, max(1.0, deadline - time.monotonic())
@@ -193,7 +217,7 @@ class AsyncLLMEngine(FrontEndView, Generates):
 
     async def debug_info(self) -> dict[str, Any]:
         """Engine counters plus a ``check_invariants()`` run, taken between two steps."""
-        self._check_alive()
+        self.check_alive()
         assert self._loop is not None
         call_id = next(self._call_ids)
         fut = self.front.calls[call_id] = self._loop.create_future()
@@ -208,12 +232,14 @@ class AsyncLLMEngine(FrontEndView, Generates):
             if not self.is_dead:
                 self._send(Abort((req.state.request_id,)))
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        if self.front.dead is not None and self.supervisor.restarting:
+            raise self.supervisor.unavailable(self.front.dead)
         if self.front.dead is not None:
             raise EngineDeadError(f"the engine is not running: {self.front.dead}")
 
     def _check_accepting(self) -> None:
-        self._check_alive()
+        self.check_alive()
         if not self._accepting:
             raise EngineDeadError("the server is not accepting requests (starting or shutting down)")
 

@@ -12,6 +12,7 @@ it stops and reports the engine dead. A crash of the loop itself also reports it
 from __future__ import annotations
 
 import logging
+import os
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -230,6 +231,7 @@ class EngineLoop:
             "num_requests": len(core.scheduler.requests),
             "total_preemptions": core.scheduler.num_preemptions,
             "invariants_ok": True,
+            "pid": os.getpid(),  # the engine's process (tests kill it)
             "invariant_error": None,
         }
         try:

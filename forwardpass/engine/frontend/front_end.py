@@ -2,7 +2,8 @@
 
 ``FrontEnd.dispatch`` runs on the event loop for every list of events the transport delivers: it
 applies token deltas through the ``OutputProcessor``, wakes the streams of the requests that advanced,
-settles admissions and debug calls, keeps the gauges, and fails requests when the engine dies.
+settles admissions and debug calls, keeps the gauges, and fails requests when the engine dies (then
+tells ``on_death``: the restart policy's cue, ``supervisor.py``).
 """
 
 from __future__ import annotations
@@ -33,15 +34,17 @@ from forwardpass.engine.frontend.protocol import (
 from forwardpass.engine.frontend.request_stream import FrontRequest, RequestTiming
 from forwardpass.engine.scheduling.batch import TokenDelta
 from forwardpass.engine.scheduling.stats import StepRecord
-from forwardpass.errors import EngineDeadError
+from forwardpass.errors import EngineCrashedError
 from forwardpass.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 
 class FrontEnd:
-    def __init__(self, send: Callable[[EngineCommand], None]):
-        self.send = send
+    def __init__(self, send: Callable[[EngineCommand], None],
+                 on_death: Callable[[str], None] | None = None):
+        """``on_death(reason)``: the engine died, its requests are failed (the restart policy's cue)."""
+        self.send, self.on_death = send, on_death
         self.info: EngineInfo | None = None
         self.snapshot = Snapshot(0, 0, 0.0, 0)
         self.stat_listeners: list[Callable[[StepRecord], None]] = []
@@ -151,11 +154,11 @@ class FrontEnd:
             listener(record)
 
     def mark_dead(self, reason: str) -> None:
-        if self.dead is None:
+        newly = self.dead is None
+        if newly:
             self.dead = reason
-            if "shut down" not in reason and "stopped" not in reason:
-                logger.error("engine dead: %s", reason)
-        err = EngineDeadError(f"the engine has stopped: {self.dead}")
+        # requests still running here were in the engine when it died (a shutdown fails them first)
+        err = EngineCrashedError(f"the engine has stopped: {self.dead}")
         self.fail_all(err)  # only unfinished requests: a real cause already delivered is kept
         for fut in self.calls.values():
             if not fut.done():
@@ -163,6 +166,10 @@ class FrontEnd:
         self.calls.clear()
         if self.ready is not None and not self.ready.done():
             self.ready.set_exception(err)
+        if newly and self.on_death is not None:
+            self.on_death(reason)
+        elif newly and "shut down" not in reason and "stopped" not in reason:
+            logger.error("engine dead: %s", reason)
 
 
 class FrontEndView:

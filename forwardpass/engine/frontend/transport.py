@@ -66,6 +66,20 @@ def _process_main(spec: EngineSpec, inbox: Any, conn: Connection) -> None:
         conn.close()
 
 
+def exit_cause(exitcode: int | None, pid: int | None) -> str:
+    """Why the engine process ended, in words: the signal that killed it, or its exit code."""
+    if exitcode is None:
+        return f"the engine process (pid {pid}) stopped answering"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = " (the out-of-memory killer sends SIGKILL: check the kernel log)" if name == "SIGKILL" else ""
+        return f"the engine process (pid {pid}) was killed by {name}{hint}"
+    return f"the engine process (pid {pid}) exited with exit code {exitcode}"
+
+
 class ProcessTransport:
     def __init__(self, spec: EngineSpec, post: Post):
         ctx = multiprocessing.get_context("spawn")
@@ -92,7 +106,7 @@ class ProcessTransport:
             return
         self._stopped.set()
         self._proc.join(5)
-        post([EngineDead(f"the engine process exited (exit code {self._proc.exitcode})")])
+        post([EngineDead(exit_cause(self._proc.exitcode, self._proc.pid))])
 
     def send(self, command: EngineCommand) -> None:
         self._inbox.put(command)
@@ -104,6 +118,8 @@ class ProcessTransport:
             logger.warning("engine process did not stop; killing it")
             self._proc.kill()
             self._proc.join(5)
+        if self._proc.exitcode != 0:  # nobody reads the queue any more: do not wait to flush it
+            self._inbox.cancel_join_thread()
         self._inbox.close()
         self._inbox.join_thread()
 
