@@ -6,6 +6,11 @@ import argparse
 
 from forwardpass.commands._common import add_model_args, add_quantization_arg
 
+DEFAULT_MAX_NUM_SEQS = 64
+#: a Whisper window keeps its encoder's cross-attention states (~18 MB for tiny.en) in the KV budget, so 64 of
+#: them would not fit the default 1 GiB; a server of several models batches this many speech windows
+SPEECH_MAX_NUM_SEQS = 8
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
@@ -32,7 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' (not on /health, /metrics); "
                    "prefer the FORWARDPASS_API_KEY environment variable (a flag is visible in ps)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences in one forward pass at most")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help=f"sequences in one forward pass at most (default {DEFAULT_MAX_NUM_SEQS}; with several "
+                   f"models, {SPEECH_MAX_NUM_SEQS} for a speech model, whose windows each hold their encoder's "
+                   "states in the KV budget)")
     p.add_argument("--max-num-batched-tokens", type=int, default=512,
                    help="per-step token budget (prompt chunks + decode tokens; default 512: a prompt chunk "
                         "of at most this many tokens shares a step with the decoding sequences, so a wave of "
@@ -239,7 +247,8 @@ def engine_config_kwargs(args: argparse.Namespace, device: str) -> dict:
     """The ``EngineConfig`` keyword arguments of the engine flags (every model of a server shares them)."""
     return {
         "dtype": args.dtype, "device": device, "max_model_len": args.max_model_len,
-        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_seqs": DEFAULT_MAX_NUM_SEQS if args.max_num_seqs is None else args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
         "fair_share_tokens": args.fair_share_tokens, "max_stats_records": args.max_stats_records,
         "num_kv_blocks": args.num_kv_blocks, "kv_cache_memory": args.kv_cache_memory,
         "block_size": args.block_size, "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,

@@ -72,6 +72,7 @@ def run_multi(args: argparse.Namespace) -> int:
     from forwardpass import envs
     from forwardpass.commands._common import check_device
     from forwardpass.commands.serve import (
+        SPEECH_MAX_NUM_SEQS,
         build_server_config,
         check_server_flags,
         engine_config_kwargs,
@@ -146,7 +147,10 @@ def run_multi(args: argparse.Namespace) -> int:
         own = model_server_config(server_config, name)
         if kind in (ModelKind.GENERATE, ModelKind.TRANSCRIBE):
             info = check_model(str(model_dir), engine_config)  # unsupported architectures, before loading
-            spec = EngineSpec(model=str(model_dir), config_kwargs=config_kwargs, factory=factory,
+            kwargs = config_kwargs
+            if kind is ModelKind.TRANSCRIBE and args.max_num_seqs is None:
+                kwargs = {**config_kwargs, "max_num_seqs": SPEECH_MAX_NUM_SEQS}
+            spec = EngineSpec(model=str(model_dir), config_kwargs=kwargs, factory=factory,
                               log_level=level, num_threads=args.threads)
             load = functools.partial(load_engine_model, spec, own, settings)
             memory = model_memory_estimate(source, engine_config, info["kv_bytes_per_token"])

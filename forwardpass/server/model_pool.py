@@ -133,16 +133,17 @@ class ModelPool:
                 return self.default
             slot = next((s for s in self.slots.values() if s.kind in kinds), None)
             if slot is None:
-                raise ValidationError(f"{what} needs a {' or '.join(kinds)} model, and this server serves "
-                                      f"none: {self.described()}", param="model", code="model_wrong_kind")
+                raise ValidationError(f"{what} needs a model of kind {' or '.join(kinds)}, and this server "
+                                      f"serves none: {self.described()}", param="model",
+                                      code="model_wrong_kind")
             return slot
         slot = self.slots.get(name)
         if slot is None:
             raise ModelNotFoundError(f"the model {name!r} does not exist; this server serves: "
                                      f"{', '.join(self.slots)}", param="model", code="model_not_found")
         if slot.kind not in kinds:
-            raise ValidationError(f"the model {name!r} is a {slot.kind} model; {what} needs a "
-                                  f"{' or '.join(kinds)} model (served: {self.described()})",
+            raise ValidationError(f"the model {name!r} is a {slot.kind} model; {what} needs a model of "
+                                  f"kind {' or '.join(kinds)} (served: {self.described()})",
                                   param="model", code="model_wrong_kind")
         return slot
 

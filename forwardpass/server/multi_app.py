@@ -136,8 +136,8 @@ class ModelRouter:
 def _model_entry(slot: ModelSlot, created: int) -> dict[str, Any]:
     return {"id": slot.name, "object": "model", "created": created, "owned_by": "forwardpass",
             "root": slot.name, "parent": None, "kind": slot.kind.value,
-            "loaded": slot.state is ModelState.LOADED, "state": slot.state.value, "memory_bytes": slot.memory_bytes, "loads": slot.loads,
-            "unloads": slot.unloads}
+            "loaded": slot.state is ModelState.LOADED, "state": slot.state.value,
+            "memory_bytes": slot.memory_bytes, "loads": slot.loads, "unloads": slot.unloads}
 
 
 def merged_metrics(pool: ModelPool) -> bytes:
