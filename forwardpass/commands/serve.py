@@ -38,9 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="require 'Authorization: Bearer KEY' (not on /health, /metrics); "
                    "prefer the FORWARDPASS_API_KEY environment variable (a flag is visible in ps)")
     p.add_argument("--max-num-seqs", type=int, default=None,
-                   help=f"sequences in one forward pass at most (default {DEFAULT_MAX_NUM_SEQS}; with several "
-                   f"models, {SPEECH_MAX_NUM_SEQS} for a speech model, whose windows each hold their encoder's "
-                   "states in the KV budget)")
+                   help=f"sequences in one forward pass at most (default {DEFAULT_MAX_NUM_SEQS}; with "
+                   f"several models, {SPEECH_MAX_NUM_SEQS} for a speech model, whose windows each hold their "
+                   "encoder's states in the KV budget)")
     p.add_argument("--max-num-batched-tokens", type=int, default=512,
                    help="per-step token budget (prompt chunks + decode tokens; default 512: a prompt chunk "
                         "of at most this many tokens shares a step with the decoding sequences, so a wave of "
