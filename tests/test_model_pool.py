@@ -1,5 +1,5 @@
-"""The model pool's policy (server/model_pool.py) on stand-in models that load in a set time: routing (404 listing
-the served names, 400 naming the kind a route needs), loads on demand, least-recently-used unloading under
+"""The model pool's policy (server/model_pool.py) on stand-in models that load in a set time: routing (404
+listing the served names, 400 naming the kind a route needs), loads on demand, least-recently-used unloading under
 ``max_loaded`` and the memory budget, unloading that waits for in-flight requests, requests that wait for a
 load (bounded), a refusal over the budget that unloads nothing, and no starvation when requests alternate."""
 
@@ -72,8 +72,8 @@ def test_routing_names_the_served_models_and_the_needed_kind():
     with pytest.raises(ModelNotFoundError, match="serves: lm, whisper, minilm") as nf:
         pool.route("gpt-4", gen, "/v1/chat/completions")
     assert nf.value.status_code == 404
-    with pytest.raises(ValidationError, match="'whisper' is a transcribe model; /v1/embeddings needs a model of "
-                       "kind embed") as wrong:
+    with pytest.raises(ValidationError, match="'whisper' is a transcribe model; /v1/embeddings needs a "
+                       "model of kind embed") as wrong:
         pool.route("whisper", embed, "/v1/embeddings")
     assert wrong.value.status_code == 400 and wrong.value.param == "model"
     with pytest.raises(ValidationError, match="needs a model of kind image"):
@@ -84,7 +84,8 @@ def test_lru_unloads_under_models_max_and_waits_for_in_flight(caplog):
     events: list[str] = []
 
     async def run() -> None:
-        pool = ModelPool([make_slot("a", events), make_slot("b", events), make_slot("c", events)], max_loaded=2)
+        slots = [make_slot("a", events), make_slot("b", events), make_slot("c", events)]
+        pool = ModelPool(slots, max_loaded=2)
         assert await serve_one(pool, "a") == "a"
         assert await serve_one(pool, "b") == "b"
         # a long request on b, then c: a is the least recently used and goes; b's request is untouched
