@@ -1,7 +1,8 @@
-"""The model pool's policy (server/model_pool.py) on stand-in models that load in a set time: routing (404
-listing the served names, 400 naming the kind a route needs), loads on demand, least-recently-used unloading under
-``max_loaded`` and the memory budget, unloading that waits for in-flight requests, requests that wait for a
-load (bounded), a refusal over the budget that unloads nothing, and no starvation when requests alternate."""
+"""The model pool's policy (server/model_pool.py) on stand-in models that load in a set time: routing
+(404 listing the served names, 400 naming the kind a route needs), loads on demand, least-recently-used
+unloading under ``max_loaded`` and the memory budget, unloading that waits for in-flight requests, requests
+that wait for a load (bounded), a refusal over the budget that unloads nothing, and no starvation when
+requests alternate."""
 
 from __future__ import annotations
 
