@@ -42,8 +42,11 @@ ROUTE_KINDS: dict[str, tuple[ModelKind, ...]] = {
     "/v1/responses": G, "/tokenize": G, "/detokenize": G,
     "/v1/audio/transcriptions": T, "/v1/embeddings": E, "/embeddings": E,
     "/v1/images/generations": (ModelKind.IMAGE,), "/v1/videos": (ModelKind.VIDEO,),
+    # the pages and the engine's GETs: an engine's model (?model=NAME picks it; else the default, or the first)
+    "/": G, "/dashboard": G + T, "/props": G + T, "/tokenizer_info": G + T, "/debug/engine": G + T,
 }
-PREFIX_KINDS = (("/v1/responses/", G), ("/v1/videos/", (ModelKind.VIDEO,)))
+PREFIX_KINDS = (("/v1/responses/", G), ("/v1/videos/", (ModelKind.VIDEO,)), ("/dashboard/", G + T),
+                ("/chat/static/", G))
 #: /invocations: the body's first key of these picks the kind (as server/invocations.py picks the route)
 INVOCATION_KINDS = (("messages", G), ("prompt", G), ("input", E))
 #: answered by this app itself, never routed to a model
@@ -51,7 +54,7 @@ OWN_PATHS = frozenset({"/v1/models", "/models", "/health", "/metrics", "/version
 
 
 def route_kinds(path: str, body: dict[str, Any] | None) -> tuple[ModelKind, ...] | None:
-    """The kinds of model ``path`` needs; None: any kind (pages and GETs such as ``/dashboard``)."""
+    """The kinds of model ``path`` needs; None: any kind."""
     if path == "/invocations" and body is not None:
         return next((kinds for key, kinds in INVOCATION_KINDS if key in body), G)
     if path in ROUTE_KINDS:
@@ -137,7 +140,8 @@ def _model_entry(slot: ModelSlot, created: int) -> dict[str, Any]:
     return {"id": slot.name, "object": "model", "created": created, "owned_by": "forwardpass",
             "root": slot.name, "parent": None, "kind": slot.kind.value,
             "loaded": slot.state is ModelState.LOADED, "state": slot.state.value,
-            "memory_bytes": slot.memory_bytes, "loads": slot.loads, "unloads": slot.unloads}
+            "memory_bytes": slot.memory_bytes, "loads": slot.loads, "unloads": slot.unloads,
+            "load_seconds": slot.load_seconds}
 
 
 def merged_metrics(pool: ModelPool) -> bytes:
