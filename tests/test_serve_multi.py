@@ -2,8 +2,8 @@
 
 * with ``--models-max 1``, 30 requests alternating between two models all succeed, each equal to that model's
   single-model server's greedy output; the log shows the loads and unloads;
-* while one model loads, a stream from another keeps flowing: no gap in it longer than the load's duration / 10
-  (both measured here, so the check is a ratio, whatever the machine's speed);
+* while one model loads, a stream from another keeps flowing: no gap in it longer than the load's duration
+  / 10 (both measured here, so the check is a ratio, whatever the machine's speed);
 * a model over ``--models-memory`` is a 503 naming the budget, and the others keep serving;
 * ``/v1/models`` (kind, loaded, memory), ``/metrics`` (a ``model`` label), 404 / 400 routing errors, and the
   dashboard of a model picked by ``?model=``.
@@ -47,39 +47,40 @@ def complete(http: httpx.Client, model: str, prompt: str) -> str:
 
 @pytest.fixture(scope="module")
 def servers(models):
-    """The two single-model servers (the references) and the pool server with room for one model, started
+    """The two single-model servers (the references), the pool server with room for one model, and one with
+    a memory budget that lm-a and lm-b fit (~0.01 GB each) and SmolLM2 (~0.11 GB) never does: started
     together."""
     singles = {name: ServerProcess(path, *KV) for name, path in models.items()}
     pooled = multi_server([str(models["lm-a"]), str(models["lm-b"])], "--models-max", "1", *KV)
-    start_all([*singles.values(), pooled])
-    yield singles, pooled
-    stop_all([*singles.values(), pooled])
+    budget = multi_server([str(models["lm-a"]), str(models["lm-b"]), str(GGUF)], "--models-memory", "0.05",
+                          *KV)
+    every = [*singles.values(), pooled, budget]
+    start_all(every)
+    yield singles, pooled, budget
+    stop_all(every)
+
+
+@pytest.fixture(scope="module")
+def budget_server(servers):
+    return servers[2]
 
 
 def test_models_max_1_alternating_requests_equal_single_model_servers(servers):
-    singles, pooled = servers
+    singles, pooled, _ = servers
     names = ["lm-a" if i % 2 == 0 else "lm-b" for i in range(len(PROMPTS))]
     with httpx.Client(timeout=120) as ref:
         want = [complete(ref.__class__(base_url=singles[n].url, timeout=120), "test-model", p)
                 for n, p in zip(names, PROMPTS, strict=True)]
     assert want[0] != want[1]  # the two models answer differently: a mix-up would show
-    with httpx.Client(base_url=pooled.url, timeout=120) as http, ThreadPoolExecutor(10) as workers:
+    with httpx.Client(base_url=pooled.url, timeout=120) as http, ThreadPoolExecutor(15) as workers:
         got = list(workers.map(lambda np: complete(http, *np), zip(names, PROMPTS, strict=True)))
         assert got == want  # all 30 served, none lost, each by its own model
         listed = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
     assert sum(m["loaded"] for m in listed.values()) == 1
     assert listed["lm-b"]["loads"] >= 1 and listed["lm-a"]["unloads"] >= 1
     log = pooled.log()
-    assert "loaded model lm-b" in log and "unloading model lm-a (least recently used; lm-b needs room under " \
-        "--models-max 1)" in log and "unloaded model lm-a" in log
-
-
-@pytest.fixture(scope="module")
-def budget_server(models):
-    # lm-a and lm-b (~0.01 GB each) fit 0.05 GB; SmolLM2 (~0.11 GB) never does
-    with multi_server([str(models["lm-a"]), str(models["lm-b"]), str(GGUF)], "--models-memory", "0.05",
-                      *KV) as srv:
-        yield srv
+    assert "loaded model lm-b" in log and "unloaded model lm-a" in log
+    assert "unloading model lm-a (least recently used; lm-b needs room under --models-max 1)" in log
 
 
 def test_a_model_over_the_memory_budget_is_refused_and_the_others_keep_serving(budget_server):
