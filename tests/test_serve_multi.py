@@ -124,7 +124,8 @@ def test_a_stream_keeps_flowing_while_another_model_loads(budget_server):
         load_s = {m["id"]: m for m in http.get("/v1/models").json()["data"]}["lm-b"]["load_seconds"]
     stop.set()
     streamer.join(120)
-    gaps = [b - a for times in arrivals for a, b in zip(times, times[1:], strict=False) if t0 <= a and b <= t1]
+    gaps = [b - a for times in arrivals for a, b in zip(times, times[1:], strict=False)
+            if t0 <= a and b <= t1]
     assert load_s is not None and load_s <= t1 - t0
     assert len(gaps) >= 20, f"too few chunks during the load ({len(gaps)} gaps in {load_s:.1f} s)"
     assert max(gaps) < load_s / 10, f"a {max(gaps):.3f} s gap while lm-b loaded for {load_s:.2f} s"

@@ -42,7 +42,7 @@ ROUTE_KINDS: dict[str, tuple[ModelKind, ...]] = {
     "/v1/responses": G, "/tokenize": G, "/detokenize": G,
     "/v1/audio/transcriptions": T, "/v1/embeddings": E, "/embeddings": E,
     "/v1/images/generations": (ModelKind.IMAGE,), "/v1/videos": (ModelKind.VIDEO,),
-    # the pages and the engine's GETs: an engine's model (?model=NAME picks it; else the default, or the first)
+    # the pages and the engine's GETs: an engine's model (?model=NAME picks it; else the default or the first)
     "/": G, "/dashboard": G + T, "/props": G + T, "/tokenizer_info": G + T, "/debug/engine": G + T,
 }
 PREFIX_KINDS = (("/v1/responses/", G), ("/v1/videos/", (ModelKind.VIDEO,)), ("/dashboard/", G + T),
