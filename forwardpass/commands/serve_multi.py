@@ -164,15 +164,15 @@ def run_multi(args: argparse.Namespace) -> int:
             memory = model_memory_estimate(source)
         slots.append(ModelSlot(name, kind, memory, load))
     budget = None if args.models_memory is None else int(args.models_memory * GB)
+    first = slots[0]
+    if budget is not None and first.memory_bytes > budget:
+        raise ValidationError(f"the default model {first.name} needs about {first.memory_bytes / GB:.2f} GB, "
+                              f"more than --models-memory {args.models_memory:g} GB", param="--models-memory")
     log = serve_logger(args.log_level)
     for slot in slots:
         over = budget is not None and slot.memory_bytes > budget
         log.info("model %s: %s, about %.2f GB%s", slot.name, slot.kind, slot.memory_bytes / GB,
                  " (over --models-memory: requests for it get a 503)" if over else "")
-    first = slots[0]
-    if budget is not None and first.memory_bytes > budget:
-        raise ValidationError(f"the default model {first.name} needs about {first.memory_bytes / GB:.2f} GB, "
-                              f"more than --models-memory {args.models_memory:g} GB", param="--models-memory")
     if any(s.kind is ModelKind.EMBED for s in slots):
         from forwardpass.threads import apply_threads
 
