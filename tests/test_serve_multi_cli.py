@@ -1,5 +1,5 @@
-"""``forwardpass serve A B ...`` start-up errors: one line, exit code 1, before anything loads. Flags that name
-or split one model are refused with several (not guessed), and the several-models flags with one."""
+"""``forwardpass serve A B ...`` start-up errors: one line, exit code 1, before anything loads. Flags that
+name or split one model are refused with several (not guessed), and the several-models flags with one."""
 
 from __future__ import annotations
 
