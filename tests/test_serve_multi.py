@@ -127,6 +127,8 @@ def test_a_stream_keeps_flowing_while_another_model_loads(budget_server):
     gaps = [b - a for times in arrivals for a, b in zip(times, times[1:], strict=False)
             if t0 <= a and b <= t1]
     assert load_s is not None and load_s <= t1 - t0
+    print(f"lm-b loaded in {load_s:.2f} s; {len(gaps)} chunk gaps of lm-a's streams meanwhile, the longest "
+          f"{max(gaps, default=0) * 1000:.0f} ms (ratio {max(gaps, default=0) / load_s:.3f}, limit 0.1)")
     assert len(gaps) >= 20, f"too few chunks during the load ({len(gaps)} gaps in {load_s:.1f} s)"
     assert max(gaps) < load_s / 10, f"a {max(gaps):.3f} s gap while lm-b loaded for {load_s:.2f} s"
 
