@@ -141,6 +141,7 @@ def test_models_metrics_routing_errors_and_dashboard(budget_server):
                                                          (GGUF.stem, "generate")]
         metrics = http.get("/metrics").text
         assert 'forwardpass:model_loaded{model="lm-a"} 1.0' in metrics
+        assert 'forwardpass:model_loads_total{model="lm-a"} 1.0' in metrics
         assert f'forwardpass:model_loaded{{model="{GGUF.stem}"}} 0.0' in metrics
         assert 'forwardpass:generation_tokens_total{model="lm-a",model_name="lm-a"}' in metrics
         r = http.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"})

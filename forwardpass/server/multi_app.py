@@ -150,7 +150,7 @@ def merged_metrics(pool: ModelPool) -> bytes:
 
     def add(name: str, doc: str, typ: str, model: str, value: float) -> None:
         fam = families.setdefault(name, Metric(name, doc, typ))
-        fam.samples.append(Sample(name, {"model": model}, value))
+        fam.samples.append(Sample(name + ("_total" if typ == "counter" else ""), {"model": model}, value))
 
     for slot in pool.slots.values():
         add("forwardpass:model_loaded", "1 while the model is loaded", "gauge", slot.name,
