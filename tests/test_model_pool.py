@@ -18,6 +18,7 @@ from forwardpass.server.model_pool import ModelKind, ModelMemoryError, ModelPool
 class FakeModel:
     def __init__(self, name: str, events: list[str]) -> None:
         self.name, self.events, self.in_flight = name, events, 0
+        self.dead: str | None = None
 
     async def app(self, scope, receive, send) -> None:  # never called here
         raise AssertionError
@@ -30,7 +31,10 @@ class FakeModel:
         pass
 
     def problem(self, watchdog_timeout_s: float) -> str | None:
-        return None
+        return self.dead
+
+    def dead_reason(self) -> str | None:
+        return self.dead
 
     def metrics(self):
         return None
@@ -179,3 +183,21 @@ def test_alternating_requests_under_models_max_1_all_served():
     names = ["a" if i % 2 == 0 else "b" for i in range(30)]
     assert asyncio.run(run()) == names
     assert events.count("close a") + events.count("close b") >= 1
+
+
+def test_a_model_whose_engine_died_is_loaded_again_at_its_next_request(caplog):
+    events: list[str] = []
+
+    async def run() -> None:
+        pool = ModelPool([make_slot("a", events)])
+        await serve_one(pool, "a")
+        first = pool.slots["a"].model
+        assert isinstance(first, FakeModel)
+        first.dead = "the engine process exited (exit code -9)"
+        assert await serve_one(pool, "a") == "a"
+        assert pool.slots["a"].model is not first and pool.slots["a"].loads == 2
+
+    with caplog.at_level(logging.INFO, logger="forwardpass.serve"):
+        asyncio.run(run())
+    assert events == ["load a", "close a", "load a"]
+    assert "its engine is gone: the engine process exited (exit code -9)" in caplog.text

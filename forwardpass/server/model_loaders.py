@@ -60,6 +60,9 @@ class EngineModel:
             return f"its engine has made no progress for {stalled:.0f} s while it has work"
         return None
 
+    def dead_reason(self) -> str | None:
+        return self.engine.dead_reason if self.engine.is_dead else None
+
     def metrics(self) -> CollectorRegistry | None:
         self.app.state.metrics.render()  # refreshes the gauges read off the engine's last snapshot
         return self.app.state.metrics.registry
@@ -98,6 +101,9 @@ class EncoderModel:
             return f"one encoder pass has run for over {watchdog_timeout_s:g} s"
         return None
 
+    def dead_reason(self) -> str | None:
+        return self.embedder.dead_reason
+
     def metrics(self) -> CollectorRegistry | None:
         return self.app.state.metrics.registry
 
@@ -131,6 +137,9 @@ class DiffusionModel:
         return None  # a job in progress finishes on its thread; nothing to end early
 
     def problem(self, watchdog_timeout_s: float) -> str | None:
+        return None
+
+    def dead_reason(self) -> str | None:
         return None
 
     def metrics(self) -> CollectorRegistry | None:

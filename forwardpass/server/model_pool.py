@@ -68,6 +68,9 @@ class LoadedModel(Protocol):
     def problem(self, watchdog_timeout_s: float) -> str | None:
         """Why it cannot serve now (a dead engine, a stalled step), or None."""
 
+    def dead_reason(self) -> str | None:
+        """Why its engine (or worker) is gone for good, or None: the pool then loads it again."""
+
     def metrics(self) -> CollectorRegistry | None:
         """Its Prometheus registry, refreshed (the ``model`` label is added by the server)."""
 
@@ -167,6 +170,10 @@ class ModelPool:
                 raise ModelLoadError("the server is shutting down")
             if slot.state is ModelState.LOADED:
                 assert slot.model is not None
+                dead = slot.model.dead_reason()
+                if dead is not None:  # its engine died (killed, crashed): replace it, then serve
+                    await self._unload(slot, f"its engine is gone: {dead}; it is loaded again")
+                    continue
                 slot.users += 1
                 slot.last_used = time.monotonic()
                 return slot.model
@@ -245,7 +252,12 @@ class ModelPool:
             over_memory = budget is not None and need > budget
             if not (over_count or over_memory):
                 return
-            victim = min(held, key=lambda s: s.last_used)
+            loaded = [s for s in held if s.state is ModelState.LOADED]
+            if not loaded:  # only models already on their way out (a dead engine's): wait for them
+                async with self._changed:
+                    await self._changed.wait()
+                continue
+            victim = min(loaded, key=lambda s: s.last_used)
             why = (f"--models-max {self.max_loaded}" if over_count
                    else f"the memory budget of {(budget or 0) / GB:.2f} GB")
             await self._unload(victim, f"least recently used; {target.name} needs room under {why}")
