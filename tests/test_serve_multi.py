@@ -154,3 +154,30 @@ def test_models_metrics_routing_errors_and_dashboard(budget_server):
         assert "model-select" in http.get("/dashboard").text
         bad = http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
         assert bad.status_code == 400 and json.loads(bad.text)["error"]
+
+
+def test_a_model_whose_engine_is_killed_is_loaded_again(budget_server):
+    """SIGKILL one model's engine process: /health says which model cannot serve, and its next request loads
+    it again and is served; the other model is untouched."""
+    import psutil
+
+    with httpx.Client(base_url=budget_server.url, timeout=120) as http:
+        complete(http, "lm-a", "before")
+        complete(http, "lm-b", "before")
+        engines = [p for p in psutil.Process(budget_server.proc.pid).children()
+                   if "spawn_main" in " ".join(p.cmdline())]
+        assert len(engines) == 2  # lm-a's and lm-b's
+        loads = {m["id"]: m["loads"] for m in http.get("/v1/models").json()["data"]}
+        victim = engines[0]
+        victim.kill()
+        victim.wait(10)
+        deadline = time.monotonic() + 10
+        while http.get("/health").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        health = http.get("/health")
+        assert health.status_code == 503 and "cannot serve" in health.json()["error"]["message"]
+        assert complete(http, "lm-a", "after") and complete(http, "lm-b", "after")
+        after = {m["id"]: m["loads"] for m in http.get("/v1/models").json()["data"]}
+        assert sum(after[n] - loads[n] for n in ("lm-a", "lm-b")) == 1  # the killed one only
+        assert http.get("/health").status_code == 200
+    assert "its engine is gone" in budget_server.log()
