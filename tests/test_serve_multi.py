@@ -152,6 +152,7 @@ def test_models_metrics_routing_errors_and_dashboard(budget_server):
         state = http.get("/dashboard/state", params={"model": "lm-a"}).json()
         assert state["model"] == "lm-a"
         assert "model-select" in http.get("/dashboard").text
+        assert http.get("/").status_code == 200  # the chat page: static, served without loading a model
         bad = http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
         assert bad.status_code == 400 and json.loads(bad.text)["error"]
 

@@ -43,14 +43,16 @@ ROUTE_KINDS: dict[str, tuple[ModelKind, ...]] = {
     "/v1/audio/transcriptions": T, "/v1/embeddings": E, "/embeddings": E,
     "/v1/images/generations": (ModelKind.IMAGE,), "/v1/videos": (ModelKind.VIDEO,),
     # the pages and the engine's GETs: an engine's model (?model=NAME picks it; else the default or the first)
-    "/": G, "/dashboard": G + T, "/props": G + T, "/tokenizer_info": G + T, "/debug/engine": G + T,
+    "/dashboard": G + T, "/props": G + T, "/tokenizer_info": G + T, "/debug/engine": G + T,
 }
-PREFIX_KINDS = (("/v1/responses/", G), ("/v1/videos/", (ModelKind.VIDEO,)), ("/dashboard/", G + T),
-                ("/chat/static/", G))
+PREFIX_KINDS = (("/v1/responses/", G), ("/v1/videos/", (ModelKind.VIDEO,)), ("/dashboard/", G + T))
 #: /invocations: the body's first key of these picks the kind (as server/invocations.py picks the route)
 INVOCATION_KINDS = (("messages", G), ("prompt", G), ("input", E))
-#: answered by this app itself, never routed to a model
-OWN_PATHS = frozenset({"/v1/models", "/models", "/health", "/metrics", "/version", "/docs", "/openapi.json"})
+#: answered by this app itself, never routed to a model (the chat page is static: it loads no model, so an
+#: unauthenticated GET / cannot make the server load one)
+OWN_PATHS = frozenset({"/v1/models", "/models", "/health", "/metrics", "/version", "/docs", "/openapi.json",
+                       "/"})
+OWN_PREFIXES = ("/chat/static/",)
 
 
 def route_kinds(path: str, body: dict[str, Any] | None) -> tuple[ModelKind, ...] | None:
@@ -116,7 +118,8 @@ class ModelRouter:
         self.app, self.pool, self.retry_after_s = app, pool, retry_after_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OWN_PATHS:
+        path = scope["path"]
+        if scope["type"] != "http" or path in OWN_PATHS or path.startswith(OWN_PREFIXES):
             return await self.app(scope, receive, send)
         body, disconnect = b"", None
         if scope["method"] not in ("GET", "HEAD", "OPTIONS"):
@@ -212,6 +215,9 @@ def build_multi_app(pool: ModelPool, config: ServerConfig) -> FastAPI:
     async def version() -> dict[str, str]:
         return {"version": forwardpass.__version__}
 
+    from forwardpass.server.chat_page import chat_page_router
+
+    app.include_router(chat_page_router())  # / : the web chat page (its selector lists the chat models)
     app.add_middleware(ModelRouter, pool=pool, retry_after_s=config.retry_after_s)  # innermost
     install_middleware(app, config)  # CORS, the API key, the body limit: before any routing
     return app
