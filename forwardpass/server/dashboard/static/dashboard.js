@@ -208,7 +208,8 @@
   const picked = new URLSearchParams(location.search).get("model");
   const query = picked ? "?model=" + encodeURIComponent(picked) : "";
   fetch("/v1/models").then((r) => r.json()).then((list) => {
-    const engines = list.data.filter((m) => !m.kind || m.kind === "generate" || m.kind === "transcribe");
+    // only a server of several models lists each model's kind (a one-model server: no selector)
+    const engines = list.data.filter((m) => m.kind === "generate" || m.kind === "transcribe");
     if (engines.length < 2) return;
     const select = $("model-select");
     for (const m of engines) {
