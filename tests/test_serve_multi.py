@@ -94,6 +94,7 @@ def test_a_model_over_the_memory_budget_is_refused_and_the_others_keep_serving(b
         assert complete(http, "lm-a", "still here") and http.get("/health").status_code == 200
         listed = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
         assert listed[GGUF.stem]["state"] == "unloaded" and listed["lm-a"]["loaded"]
+        assert listed["lm-a"]["max_model_len"] == 512 and listed[GGUF.stem]["max_model_len"] is None
         assert listed[GGUF.stem]["memory_bytes"] > 0.05e9 > listed["lm-a"]["memory_bytes"]
 
 

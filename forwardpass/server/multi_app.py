@@ -140,11 +140,13 @@ class ModelRouter:
 
 
 def _model_entry(slot: ModelSlot, created: int) -> dict[str, Any]:
+    engine = getattr(slot.model, "engine", None)  # a loaded language / speech model's engine
     return {"id": slot.name, "object": "model", "created": created, "owned_by": "forwardpass",
             "root": slot.name, "parent": None, "kind": slot.kind.value,
             "loaded": slot.state is ModelState.LOADED, "state": slot.state.value,
             "memory_bytes": slot.memory_bytes, "loads": slot.loads, "unloads": slot.unloads,
-            "load_seconds": slot.load_seconds}
+            "load_seconds": slot.load_seconds,
+            "max_model_len": engine.max_model_len if engine is not None else None}  # vLLM's field
 
 
 def merged_metrics(pool: ModelPool) -> bytes:
