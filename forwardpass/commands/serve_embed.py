@@ -28,9 +28,10 @@ def run_embed(args: argparse.Namespace, model: str, sock: socket.socket, device:
     ):
         if value:
             raise ValidationError(f"{flag} does not apply to an embedding model (--task embed)", param=flag)
-    name = args.served_model_name or (Path(model).resolve().name if args.model else "forwardpass-default")
-    if args.model and not Path(args.model).expanduser().exists() and not args.served_model_name:
-        name = args.model  # a Hugging Face id is served under that id, as vLLM does
+    from forwardpass.registry import served_name
+
+    # a packaged model by its name (all-minilm-l6-v2), a path by its last part, a Hugging Face id by that id
+    name = args.served_model_name or served_name(args.model, Path(model))
     api_key = args.api_key or envs.get("FORWARDPASS_API_KEY")
     config = ServerConfig(
         models={name: None},

@@ -85,11 +85,14 @@ def check_model(model_dir: str, engine_config: Any) -> dict[str, Any]:
                                "model class")
     resolve_model_class(cfg.architecture)
     spec = ModelSpec.from_config(cfg, name=model_name(model_dir))
+    from forwardpass.loader.ctranslate2 import is_converted_dir
     from forwardpass.loader.gguf import check_gguf_dir, is_gguf_dir
     from forwardpass.loader.weights import find_weight_files
 
     if is_gguf_dir(model_dir):  # a directory standing for a .gguf file: its weights are in that file
         check_gguf_dir(model_dir)
+        params = spec_parameters(spec)
+    elif is_converted_dir(model_dir):  # standing for a CTranslate2 model.bin (tiny.en): its weights are there
         params = spec_parameters(spec)
     else:
         find_weight_files(model_dir)  # no weights: one line now, not a traceback from the engine process

@@ -48,6 +48,7 @@ async function loadModels() {
     const body = await r.json();
     select.innerHTML = "";
     for (const m of body.data) {
+      if (m.kind && m.kind !== "generate") continue;  // a server of several models: only the chat ones
       const opt = document.createElement("option");
       opt.value = m.id;
       opt.textContent = m.parent ? m.id + " (adapter)" : m.id;

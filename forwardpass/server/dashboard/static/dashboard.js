@@ -204,9 +204,26 @@
   // and the page would freeze with the server still up. So the page opens a new stream itself when the browser
   // has given up, and whenever no state has arrived for 3 s (then it also says "disconnected").
   let source = null, lastMessage = Date.now();
+  // A server of several models: ?model=NAME picks whose engine this page shows (a selector lists them).
+  const picked = new URLSearchParams(location.search).get("model");
+  const query = picked ? "?model=" + encodeURIComponent(picked) : "";
+  fetch("/v1/models").then((r) => r.json()).then((list) => {
+    // only a server of several models lists each model's kind (a one-model server: no selector)
+    const engines = list.data.filter((m) => m.kind === "generate" || m.kind === "transcribe");
+    if (engines.length < 2) return;
+    const select = $("model-select");
+    for (const m of engines) {
+      const option = document.createElement("option");
+      option.value = option.textContent = m.id;
+      select.appendChild(option);
+    }
+    select.value = picked || engines[0].id;
+    select.onchange = () => { location.search = "?model=" + encodeURIComponent(select.value); };
+    select.hidden = false;
+  }).catch(() => {});
   function connect() {
     if (source) source.close();
-    const s = new EventSource("/dashboard/events");
+    const s = new EventSource("/dashboard/events" + query);
     s.onmessage = (ev) => { lastMessage = Date.now(); render(JSON.parse(ev.data)); };
     s.onerror = () => { if (s === source && s.readyState === EventSource.CLOSED) setTimeout(connect, 1000); };
     source = s;
@@ -218,7 +235,7 @@
       connect();
     }
   }, 1000);
-  fetch("/dashboard/state").then((r) => r.json()).then(render).catch(() => {});
+  fetch("/dashboard/state" + query).then((r) => r.json()).then(render).catch(() => {});
   connect();
   window.addEventListener("beforeunload", () => { if (source) source.close(); });
 })();
