@@ -78,6 +78,19 @@ def model_memory_need(model_dir: str | Path, config: EngineConfig) -> MemoryNeed
     return MemoryNeed(int(weights), int(kv), how)
 
 
+#: weight files, by name: what the loaders read (safetensors, PyTorch, GGUF, CTranslate2)
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def weight_file_bytes(source: str | Path) -> int:
+    """The bytes of the weight files at ``source`` (a file, or those under a directory): the estimate of a
+    model with no engine (an encoder, a diffusion pipeline), whose weights are held about as stored."""
+    source = Path(source)
+    if source.is_file():
+        return source.stat().st_size
+    return sum(f.stat().st_size for f in source.rglob("*") if f.is_file() and f.suffix in _WEIGHT_SUFFIXES)
+
+
 def _read_int(path: str) -> int | None:
     try:
         text = Path(path).read_text().strip()

@@ -88,6 +88,7 @@ def run_multi(args: argparse.Namespace) -> int:
     from forwardpass.distributed.executor import torchrun_world
     from forwardpass.engine.frontend.async_engine import EngineSpec
     from forwardpass.errors import ModelNotFoundError
+    from forwardpass.memory_need import model_memory_need, weight_file_bytes
     from forwardpass.registry import embedded_kind, embedded_path, packaged_path, require_name, resolve_model
     from forwardpass.registry import served_name as served_name_of
     from forwardpass.server.model_loaders import (
@@ -97,7 +98,6 @@ def run_multi(args: argparse.Namespace) -> int:
         load_engine_model,
         model_server_config,
     )
-    from forwardpass.server.model_memory import model_memory_estimate
     from forwardpass.server.model_pool import ModelKind, ModelPool, ModelSlot
     from forwardpass.server.multi_app import run_multi_server
 
@@ -146,22 +146,23 @@ def run_multi(args: argparse.Namespace) -> int:
     for name, kind, model_dir, source in plans:
         own = model_server_config(server_config, name)
         if kind in (ModelKind.GENERATE, ModelKind.TRANSCRIBE):
-            info = check_model(str(model_dir), engine_config)  # unsupported architectures, before loading
+            check_model(str(model_dir), engine_config)  # unsupported architectures, before loading
             kwargs = config_kwargs
             if kind is ModelKind.TRANSCRIBE and args.max_num_seqs is None:
                 kwargs = {**config_kwargs, "max_num_seqs": SPEECH_MAX_NUM_SEQS}
             spec = EngineSpec(model=str(model_dir), config_kwargs=kwargs, factory=factory,
                               log_level=level, num_threads=args.threads)
             load = functools.partial(load_engine_model, spec, own, settings)
-            memory = model_memory_estimate(source, engine_config, info["kv_bytes_per_token"])
+            # the same estimate a one-model server checks before loading (memory_need.py)
+            memory = model_memory_need(model_dir, EngineConfig(**kwargs)).total_bytes
         elif kind is ModelKind.EMBED:
             load = functools.partial(load_encoder_model, str(model_dir), own, dtype=args.dtype, device=device,
                                      max_model_len=args.max_model_len,
                                      max_num_batched_tokens=args.max_num_batched_tokens)
-            memory = model_memory_estimate(source)
+            memory = weight_file_bytes(source)
         else:
             load = functools.partial(load_diffusion_model, str(model_dir), kind.value, own)
-            memory = model_memory_estimate(source)
+            memory = weight_file_bytes(source)
         slots.append(ModelSlot(name, kind, memory, load))
     budget = None if args.models_memory is None else int(args.models_memory * GB)
     first = slots[0]

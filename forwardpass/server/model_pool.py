@@ -93,7 +93,7 @@ class ModelState(enum.StrEnum):
 class ModelSlot:
     name: str
     kind: ModelKind
-    memory_bytes: int  # the estimate the budget counts (server/model_memory.py)
+    memory_bytes: int  # the estimate the budget counts (memory_need.py)
     load: Callable[[], Awaitable[LoadedModel]]  # starts it; raises the load's error
     state: ModelState = ModelState.UNLOADED
     model: LoadedModel | None = None
