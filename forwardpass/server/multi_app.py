@@ -118,7 +118,7 @@ class ModelRouter:
         self.app, self.pool, self.retry_after_s = app, pool, retry_after_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope["path"]
+        path = scope.get("path", "")  # a lifespan scope has none
         if scope["type"] != "http" or path in OWN_PATHS or path.startswith(OWN_PREFIXES):
             return await self.app(scope, receive, send)
         body, disconnect = b"", None
