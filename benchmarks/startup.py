@@ -5,12 +5,13 @@ imports of ``generate``.
 Run it on quiet cores, the kernels built (``forwardpass warmup``; ``--warmup`` runs it first in ``--tree``):
 
     python benchmarks/startup.py                          # this checkout
-    git worktree add /tmp/before <commit>                 # the same for another version, to compare:
-    python benchmarks/startup.py --tree /tmp/before --warmup
+    git worktree add /tmp/before <commit>                 # to compare with another version, in turn:
+    python benchmarks/startup.py --tree /tmp/before --tree . --warmup
 
 Each command runs ``--repeat`` times in a fresh interpreter (``python -m forwardpass``, ``PYTHONPATH`` the
-tree); the median is printed (``--json`` for a script). ``transcribe`` reads ``--clip`` (made with espeak-ng
-when missing: "hello world", 22.05 kHz, so it is resampled too) with ``--speech-model`` (default tiny.en).
+tree; several trees in turn); the median is printed (``--json`` for a script). ``transcribe`` reads
+``--clip`` (made with espeak-ng when missing: "hello world", 22.05 kHz, so it is resampled too) with
+``--speech-model`` (default tiny.en).
 """
 
 from __future__ import annotations
@@ -102,49 +103,61 @@ def heaviest_imports(tree: Path, n: int = 8) -> list[tuple[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tree", type=Path, default=REPO, help="the checkout to run (default: this one)")
+    ap.add_argument("--tree", type=Path, action="append", default=None,
+                    help="a checkout to run (default: this one); repeat it to compare checkouts, run in turn "
+                    "(A B A B ...) so that load from other work falls on both alike")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--model", default=None, help="generate / chat / serve --model (default: the embedded)")
     ap.add_argument("--speech-model", default="tiny.en")
     ap.add_argument("--clip", type=Path, default=Path("/tmp/forwardpass-startup-clip.wav"))
     ap.add_argument("--commands", default="generate,chat,transcribe,serve")
-    ap.add_argument("--warmup", action="store_true", help="run `forwardpass warmup` in --tree first")
+    ap.add_argument("--warmup", action="store_true", help="run `forwardpass warmup` in each --tree first")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    tree = args.tree.resolve()
+    trees = [t.resolve() for t in (args.tree or [REPO])]
+    names = args.commands.split(",")
     fp = [sys.executable, "-m", "forwardpass"]
     if args.warmup:
-        subprocess.run([*fp, "warmup"], env=_env(tree), cwd=tree, check=True)
+        for tree in trees:
+            subprocess.run([*fp, "warmup"], env=_env(tree), cwd=tree, check=True)
     if not args.clip.exists():
         if shutil.which("espeak-ng") is None:
             raise SystemExit(f"--clip {args.clip} is missing and espeak-ng is not installed to make it")
         subprocess.run(["espeak-ng", "-w", str(args.clip), "hello world"], check=True)
     model = ["--model", args.model] if args.model else []
-    runs = {
-        "generate": lambda: first_output([*fp, "generate", "Hi", "--max-tokens", "1", *model], tree, skip=2),
-        "chat": lambda: first_output([*fp, "chat", "--max-tokens", "1", *model], tree, stdin=b"Hi\n"),
-        "transcribe": lambda: first_output([*fp, "transcribe", str(args.clip), "--model", args.speech_model],
-                                           tree),
-        "serve": lambda: health_after([*fp, "serve", *model], tree),
-    }
-    figures: dict[str, object] = {"tree": str(tree), "load_before": os.getloadavg()[0],
-                                  "cores": len(os.sched_getaffinity(0))}
-    for name in args.commands.split(","):
-        times = [runs[name]() for _ in range(args.repeat)]
-        figures[name] = {"median_s": round(statistics.median(times), 2),
-                         "runs_s": [round(t, 2) for t in times]}
-    figures["heaviest_imports_ms"] = {k: round(v) for k, v in heaviest_imports(tree)}
-    figures["load_after"] = os.getloadavg()[0]
+
+    def run(name: str, tree: Path) -> float:
+        if name == "generate":
+            return first_output([*fp, "generate", "Hi", "--max-tokens", "1", *model], tree, skip=2)
+        if name == "chat":
+            return first_output([*fp, "chat", "--max-tokens", "1", *model], tree, stdin=b"Hi\n")
+        if name == "transcribe":
+            return first_output([*fp, "transcribe", str(args.clip), "--model", args.speech_model], tree)
+        return health_after([*fp, "serve", *model], tree)
+
+    load = [os.getloadavg()[0]]
+    times: dict[Path, dict[str, list[float]]] = {t: {n: [] for n in names} for t in trees}
+    for _ in range(args.repeat):
+        for name in names:
+            for tree in trees:  # in turn, so that a burst of load falls on every tree alike
+                times[tree][name].append(run(name, tree))
+    load.append(os.getloadavg()[0])
+    figures = {"cores": len(os.sched_getaffinity(0)), "load_average_before_after": load, "trees": {
+        str(t): {**{n: {"median_s": round(statistics.median(v), 2), "runs_s": [round(x, 2) for x in v]}
+                    for n, v in times[t].items()},
+                 "heaviest_imports_ms": {k: round(v) for k, v in heaviest_imports(t)}}
+        for t in trees}}
     if args.json:
         print(json.dumps(figures, indent=1))
         return
-    print(f"{tree} ({figures['cores']} cores, load average {figures['load_before']:.1f} before, "
-          f"{figures['load_after']:.1f} after)")
-    for name in args.commands.split(","):
-        f = figures[name]
-        print(f"  {name:<11} {f['median_s']:6.2f} s  (runs: {', '.join(f'{t:.2f}' for t in f['runs_s'])})")
-    print("  heaviest imports of generate (cumulative ms): "
-          + ", ".join(f"{k} {v}" for k, v in figures["heaviest_imports_ms"].items()))
+    print(f"{figures['cores']} cores, load average {load[0]:.1f} before, {load[1]:.1f} after")
+    for tree, f in figures["trees"].items():
+        print(tree)
+        for name in names:
+            runs = ", ".join(f"{t:.2f}" for t in f[name]["runs_s"])
+            print(f"  {name:<11} {f[name]['median_s']:6.2f} s  (runs: {runs})")
+        print("  heaviest imports of generate (cumulative ms): "
+              + ", ".join(f"{k} {v}" for k, v in f["heaviest_imports_ms"].items()))
 
 
 if __name__ == "__main__":
