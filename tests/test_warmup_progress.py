@@ -27,7 +27,7 @@ def test_warmup_builds_what_the_engine_loads(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines == [f"[1/2] {cpu_kernel.KERNEL.what}: already built",
                      f"[2/2] {small_matmul.KERNEL.what}: already built"]
-    assert {b.group for b in planned_builds(["quant", "kblock"])} == {"quant", "kblock"}
+    assert [b.group for b in planned_builds(["kblock", "quant"])] == ["kblock", "quant"]  # the order asked
 
 
 def test_warmup_says_when_a_kernel_is_switched_off(capsys, monkeypatch):
@@ -98,7 +98,7 @@ def test_kernels_compile_side_by_side_in_processes_of_their_own(tmp_path):
 
 
 def test_the_estimate_packs_the_longest_builds_first_and_a_gguf_model_asks_for_its_kernel_first(tmp_path):
-    from forwardpass.commands.warmup import estimate_s, groups_first
+    from forwardpass.commands.warmup import estimate_s, groups_first, ordered
     from forwardpass.loader.gguf import MARKER
 
     kernels = [SleepyKernel(n, "", s) for n, s in (("a", 45), ("b", 25), ("c", 25), ("d", 20))]
@@ -106,6 +106,7 @@ def test_the_estimate_packs_the_longest_builds_first_and_a_gguf_model_asks_for_i
     (tmp_path / MARKER).write_text("{}")
     assert groups_first(tmp_path) == ["kblock", "decode"]
     assert groups_first(tmp_path.parent) == ["decode"]
+    assert ordered(["decode", "quant", "kblock"], []) == ["decode", "quant", "kblock"]
 
 
 def test_every_kernel_includes_the_light_torch_header():

@@ -51,23 +51,22 @@ class Build:
 
 
 def planned_builds(groups: list[str]) -> list[Build]:
-    """The builds this machine's plans load, in ``groups``; the same objects the engine loads through."""
+    """The builds this machine's plans load, in ``groups``, in their order; the same objects the engine
+    loads through."""
     from forwardpass.attention import cpu_kernel
     from forwardpass.kernel_build import cpu_flags
     from forwardpass.layers import small_matmul
     from forwardpass.quant import kernel as quant
 
-    out = []
-    if "decode" in groups:
-        out += [Build("decode", cpu_kernel.KERNEL, cpu_kernel.LOADER),
-                Build("decode", small_matmul.KERNEL, small_matmul.LOADER)]
-    if "quant" in groups:
-        out.append(Build("quant", quant.KERNEL, quant.LOADER))
-    if "kblock" in groups:
-        out.append(Build("kblock", quant.KBLOCK_KERNEL, quant.KBLOCK_LOADER))
-    if "amx" in groups and quant.gemm_path(cpu_flags()) == "amx":
-        out.append(Build("amx", quant.AMX_KERNEL, quant.AMX_LOADER))
-    return out
+    by_group = {
+        "decode": [Build("decode", cpu_kernel.KERNEL, cpu_kernel.LOADER),
+                   Build("decode", small_matmul.KERNEL, small_matmul.LOADER)],
+        "quant": [Build("quant", quant.KERNEL, quant.LOADER)],
+        "kblock": [Build("kblock", quant.KBLOCK_KERNEL, quant.KBLOCK_LOADER)],
+        "amx": ([Build("amx", quant.AMX_KERNEL, quant.AMX_LOADER)]
+                if quant.gemm_path(cpu_flags()) == "amx" else []),
+    }
+    return [b for g in dict.fromkeys(groups) for b in by_group[g]]
 
 
 def groups_first(model_dir: Path) -> list[str]:
