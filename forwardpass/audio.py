@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import math
+import sys
 import wave
 from functools import lru_cache
 from pathlib import Path
@@ -24,6 +25,8 @@ SAMPLE_RATE = 16_000
 N_FFT = 400
 HOP_LENGTH = 160
 WHISPER_FRAMES = 3000  # 30 s
+#: audio longer than this (seconds) is resampled by scipy (its import paid once, its C code 10x faster)
+LONG_AUDIO_S = 60
 
 
 class AudioError(ValueError):
@@ -116,10 +119,16 @@ def resample(audio: np.ndarray, sample_rate: int, target_rate: int = SAMPLE_RATE
     audio = np.asarray(audio, dtype=np.float32)
     if sample_rate == target_rate:
         return audio
-    from scipy.signal import resample_poly  # imported here: only audio requests pay for scipy
-
     g = math.gcd(int(sample_rate), int(target_rate))
-    return resample_poly(audio, target_rate // g, int(sample_rate) // g).astype(np.float32)
+    up, down = target_rate // g, int(sample_rate) // g
+    if len(audio) <= LONG_AUDIO_S * sample_rate and "scipy.signal" not in sys.modules:
+        # a clip: the same filter in NumPy (forwardpass/resample.py), without scipy.signal's 1-2 s import
+        from forwardpass.resample import resample_poly
+
+        return resample_poly(audio, up, down).astype(np.float32)
+    from scipy.signal import resample_poly as scipy_resample_poly  # long audio: its C code, 10x faster
+
+    return scipy_resample_poly(audio, up, down).astype(np.float32)
 
 
 def to_mono_16k(audio: np.ndarray, sample_rate: int) -> np.ndarray:

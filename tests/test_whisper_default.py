@@ -81,3 +81,21 @@ def test_default_model_transcribes_fresh_speech(tmp_path, capsys):
     errors = sum(word_errors(want, hyp) for (_, want), hyp in zip(UTTERANCES, texts, strict=True))
     words = sum(len(want.split()) for _, want in UTTERANCES)
     assert errors / words <= MAX_WER, f"word error rate {errors / words:.2f}: {texts}"
+
+
+def test_several_files_in_one_command_read_as_each_alone(tmp_path, capsys):
+    """``forwardpass transcribe a.wav b.wav``: one model load for all (start-up paid once), the windows
+    batched, each transcript printed after its file's name, the same as that file transcribed alone."""
+    paths = []
+    for i, (said, _) in enumerate(UTTERANCES[:3]):
+        paths.append(tmp_path / f"u{i}.wav")
+        _speak(said, paths[-1])
+    alone = []
+    for p in paths:
+        assert main(["transcribe", str(p)]) == 0
+        alone.append(capsys.readouterr().out.strip())
+    assert main(["transcribe", *map(str, paths)]) == 0
+    together = capsys.readouterr().out.strip().split("\n\n")
+    assert together == [f"==> {p} <==\n{text}" for p, text in zip(paths, alone)]
+    assert main(["transcribe", str(paths[0]), str(tmp_path / "missing.wav")]) == 1  # checked before loading
+    assert "missing.wav: no such file" in capsys.readouterr().err

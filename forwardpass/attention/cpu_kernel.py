@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from forwardpass.kernel_build import CppKernel, KernelLoader
+from forwardpass.kernel_build import TORCH_EXT, CppKernel, KernelLoader
 from forwardpass.layers import small_matmul
 
 logger = logging.getLogger(__name__)
@@ -29,8 +29,8 @@ logger = logging.getLogger(__name__)
 KERNEL = CppKernel(
     "forwardpass_paged_decode", Path(__file__).with_name("csrc") / "paged_decode.cpp",
     cflags=("-O3", "-mavx2", "-mfma", "-mf16c", "-ffast-math", "-fopenmp"), ldflags=("-fopenmp",),
-    what="the C++ paged-decode kernel", expected_s=30,
-    headers=(Path(__file__).with_name("csrc") / "decode_stack.h",),
+    what="the C++ paged-decode kernel", expected_s=25,
+    headers=(TORCH_EXT, Path(__file__).with_name("csrc") / "decode_stack.h"),
 )
 SMALL_MATMUL = small_matmul.KERNEL  # built with it (and by `forwardpass warmup`)
 # the whole extension: paged_decode and the fused per-layer ops (rms_norm, qk_norm_rope_); the small-batch

@@ -128,7 +128,31 @@ def load_engine(args: argparse.Namespace, **config_kwargs):
     config_kwargs.setdefault("speculative_config", getattr(args, "speculative_config", None))
     config = EngineConfig(dtype=args.dtype, max_model_len=args.max_model_len, device=device, **config_kwargs)
     with progress(f"loading {model if args.model else 'the embedded model'}"):
-        return LLMEngine(model, config)
+        engine = LLMEngine(model, config)
+    if getattr(args, "verbose", False):
+        print_plan(engine, args.model or "the embedded model")
+    return engine
+
+
+def add_verbose_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="once loaded, print the execution plan on stderr: each layer kind's weight format "
+                   "and what multiplies it, the compiled kernels and their instruction sets, the KV cache's "
+                   "dtype, the threads")
+
+
+def print_plan(engine, name: str) -> None:
+    """The execution plan as ``serve``'s banner says it (``commands/plan_text.py``), on stderr."""
+    import torch
+
+    from forwardpass.commands.plan_text import plan_lines
+    from forwardpass.layers.weight_report import described_plan
+
+    plan = described_plan(engine.core.plan, engine.core.model)
+    print(f"forwardpass: {name}: {engine.spec.architecture}, computing in {plan['dtype']} on "
+          f"{plan['device']}", file=sys.stderr)
+    for line in plan_lines(plan, torch.get_num_threads()):
+        print(line, file=sys.stderr)
 
 
 def sampling_params_from_args(engine, args):

@@ -17,7 +17,12 @@ import sys
 from pathlib import Path
 from typing import Self
 
-from forwardpass.commands._common import add_model_args, add_quantization_arg, add_sampling_args
+from forwardpass.commands._common import (
+    add_model_args,
+    add_quantization_arg,
+    add_sampling_args,
+    add_verbose_arg,
+)
 
 HELP = """commands:
   /help            this list
@@ -33,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Chat with a model in the terminal. " + HELP.replace("\n", " "),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
+    add_verbose_arg(p)
     add_quantization_arg(p)
     add_sampling_args(p, max_tokens=256)
     p.add_argument("--system", default=None, help="system message")

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from forwardpass.commands._common import add_model_args, add_quantization_arg, add_sampling_args
+from forwardpass.commands._common import (
+    add_model_args,
+    add_quantization_arg,
+    add_sampling_args,
+    add_verbose_arg,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -13,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt (streams tokens)")
     p.add_argument("prompt", help="the prompt text; - reads it from standard input")
     add_model_args(p)
+    add_verbose_arg(p)
     add_quantization_arg(p)
     add_sampling_args(p)
     p.add_argument("--stats", action="store_true", help="print time to first token and decode speed")

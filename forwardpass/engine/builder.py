@@ -105,7 +105,8 @@ def build_engine_core(
     # ----- KV budget -------------------------------------------------------------------------------
     kv_spec = executor.local_spec(spec)  # this rank's KV heads
     groups = plan_groups(
-        _layer_specs(kv_spec, config),
+        # the loaded model asked when this rank holds all of it: a meta-device build imports torch._dynamo
+        _layer_specs(kv_spec, config, net if kv_spec is spec else None),
         config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY,
         config.num_kv_blocks,
         config.max_num_seqs,
@@ -217,11 +218,12 @@ def build_engine_core(
     )
 
 
-def _layer_specs(spec: ModelSpec, config: EngineConfig) -> list[KVCacheSpec | None]:
+def _layer_specs(spec: ModelSpec, config: EngineConfig, net: torch.nn.Module | None
+                 ) -> list[KVCacheSpec | None]:
     """What each layer caches, in ``config.kv_cache_dtype``: that applies to plain K/V pages only (the other
     caches are read by code that computes in the model's dtype), so a model with any
     other cache refuses it."""
-    specs = layer_specs(spec, config.block_size, config.torch_dtype)
+    specs = layer_specs(spec, config.block_size, config.torch_dtype, net)
     if config.torch_kv_dtype == config.torch_dtype:
         return specs
     other = {type(s).__name__ for s in specs

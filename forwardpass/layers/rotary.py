@@ -72,7 +72,17 @@ def _yarn_inv_freq(head_dim: int, theta: float, scaling: dict) -> tuple[torch.Te
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:
-    """Return (inverse frequencies, attention scaling factor applied to cos/sin)."""
+    """Return (inverse frequencies, attention scaling factor applied to cos/sin), on the default device.
+
+    Computed on the CPU, then moved: under ``torch.device("meta")`` (``kv_cache_spec.layer_specs`` builds a
+    model there to read its layers) ``1.0 / t`` runs through torch's Python reference ops, whose first call
+    imports torch._dynamo, sympy and triton: seconds of every command's start-up, for nothing."""
+    with torch.device("cpu"):
+        inv_freq, scale = _inv_freq(head_dim, theta, scaling)
+    return inv_freq.to(torch.get_default_device()), scale
+
+
+def _inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:
     inv_freq = _default_inv_freq(head_dim, theta)
     if not scaling:
         return inv_freq, 1.0

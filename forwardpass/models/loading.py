@@ -8,10 +8,12 @@ second full copy of the weights.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from forwardpass.errors import MissingFileError
 from forwardpass.loader.config import load_model_config
@@ -38,10 +40,23 @@ def load_weights(model: nn.Module, source: WeightSource) -> None:
             load_into(target, source, ckpt_name)
 
 
+class _NoInitOnMeta(TorchFunctionMode):
+    """A model built on the meta device (to read its layers' cache specs) has nothing to initialise: the
+    ``torch.nn.init`` functions (``nn.Embedding``'s ``normal_``, ``nn.Conv1d``'s ``kaiming_uniform_``) return
+    their tensor untouched. Run, they go through torch's Python reference ops on meta tensors, whose first
+    call imports torch._dynamo, sympy and triton: seconds of a command's start-up."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else next(iter((kwargs or {}).values()))
+        return func(*args, **(kwargs or {}))
+
+
 def build_model(spec: ModelSpec, dtype: torch.dtype = torch.float32, device: str = "cpu") -> nn.Module:
     """The model class of ``spec.architecture`` built from ``spec``, parameters allocated, not loaded."""
     cls = resolve_model_class(spec.architecture)
-    with torch.device(device):
+    meta = torch.device(device).type == "meta"
+    with torch.device(device), (_NoInitOnMeta() if meta else contextlib.nullcontext()):
         prev = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:

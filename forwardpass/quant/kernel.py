@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from forwardpass import envs
-from forwardpass.kernel_build import SHARED_CSRC, CppKernel, KernelLoader, cpu_flags, pick_isa
+from forwardpass.kernel_build import SHARED_CSRC, TORCH_EXT, CppKernel, KernelLoader, cpu_flags, pick_isa
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ def kernel_for(isa: str) -> CppKernel:
     """The build of the kernel for ``isa`` ("avx2" or "avx512vnni"); each has its own build folder."""
     return CppKernel(
         f"forwardpass_quant_matmul_{isa}", SOURCE, cflags=AVX512_FLAGS if isa == "avx512vnni" else AVX2_FLAGS,
-        ldflags=("-fopenmp",), what=f"the C++ quantized-matmul kernel ({isa})", expected_s=40,
-        headers=(HEADER, ACT_HEADER, GEMM_HEADER, *TILES_HEADERS),
+        ldflags=("-fopenmp",), what=f"the C++ quantized-matmul kernel ({isa})", expected_s=25,
+        headers=(TORCH_EXT, HEADER, ACT_HEADER, GEMM_HEADER, *TILES_HEADERS),
     )  # fmt: skip
 
 
@@ -96,7 +96,7 @@ def gemm_path(flags: frozenset[str]) -> str:
 AMX_KERNEL = CppKernel(
     "forwardpass_quant_amx", SOURCE.with_name("amx_matmul.cpp"), cflags=AMX_FLAGS, ldflags=("-fopenmp",),
     what="the C++ AMX quantized-matmul kernel", expected_s=30,
-    headers=(HEADER, TRANSPOSE_HEADER, SOURCE.with_name("amx_state.h")),
+    headers=(TORCH_EXT, HEADER, TRANSPOSE_HEADER, SOURCE.with_name("amx_state.h")),
 )  # fmt: skip
 
 
@@ -137,8 +137,8 @@ def kblock_kernel_for(isa: str) -> CppKernel:
         f"forwardpass_kblock_matmul_{isa}", KBLOCK_SOURCE,
         # AMX-INT8 for batches of 9-31 rows (kblock_amx.h), only where the CPU has it (checked at run time)
         cflags=(*AVX512_FLAGS, "-mamx-tile", "-mamx-int8") if isa == "avx512vnni" else AVX2_FLAGS,
-        ldflags=("-fopenmp",), what=f"the C++ GGUF K-block matmul kernel ({isa})", expected_s=40,
-        headers=(HEADER, ACT_HEADER, *(KBLOCK_SOURCE.with_name(h) for h in KBLOCK_HEADERS)),
+        ldflags=("-fopenmp",), what=f"the C++ GGUF K-block matmul kernel ({isa})", expected_s=45,
+        headers=(TORCH_EXT, HEADER, ACT_HEADER, *(KBLOCK_SOURCE.with_name(h) for h in KBLOCK_HEADERS)),
     )  # fmt: skip
 
 

@@ -8,7 +8,7 @@
 // q/k-norm + rotary in place on the qkv projection, SwiGLU, the K/V store): at batch 1 they touch a few KB, and as chains of 5-8
 // torch ops they cost 30-55 us each in dispatch, ~8 ms of a 0.6B model's token.
 // References: forwardpass/layers/norm.py::RMSNorm, forwardpass/layers/rotary.py::apply_rotary.
-#include <torch/extension.h>
+#include "torch_ext.h"  // forwardpass/csrc/: torch/extension.h less the C++ frontend
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

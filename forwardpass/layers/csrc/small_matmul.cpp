@@ -17,7 +17,7 @@
 // The float sums run in a different order than the library GEMMs (lane-wise partial sums, then a tree),
 // so results agree with ``x @ W.T`` to rounding (tests/test_small_matmul.py bounds it), not bit for bit.
 // Built twice: AVX-512 (16 lanes, 4 × 4 blocks in 32 registers) and AVX2/FMA (8 lanes, 2 × 4 blocks in 16).
-#include <torch/extension.h>
+#include "torch_ext.h"  // forwardpass/csrc/: torch/extension.h less the C++ frontend
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

@@ -23,7 +23,7 @@
 // Not done, measured: fp32 weights through the same tiles, each fp32 operand split into three bf16 parts whose
 // nine products sum to the fp32 product (the "bf16x9" emulation), ran at 57-109 fp32-GFLOP/s on this kind of
 // machine's two cores vs 160-266 for oneDNN's fp32 GEMM: the tile unit here does ~3x fp32's rate, not 9x.
-#include <torch/extension.h>
+#include "torch_ext.h"  // forwardpass/csrc/: torch/extension.h less the C++ frontend
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

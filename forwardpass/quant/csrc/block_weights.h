@@ -3,7 +3,7 @@
 // uint8 [N, nb·16] (the GGUF layouts). One check of the arguments against it, for both, and the block unpacking
 // the quant_matmul.cpp build shares with its VNNI GEMM (vnni_gemm.h).
 #pragma once
-#include <torch/extension.h>
+#include "torch_ext.h"  // forwardpass/csrc/
 #include <immintrin.h>
 
 #include <cstdint>

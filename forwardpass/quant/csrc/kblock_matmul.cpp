@@ -14,7 +14,7 @@
 //
 // Reference: forwardpass/quant/kblocks.py (reference_matmul: the dequantized int8 activations times the dequantized
 // weights in fp32; they differ in float rounding only). Threads: at::parallel_for over the tiles (torch's pool).
-#include <torch/extension.h>
+#include "torch_ext.h"  // forwardpass/csrc/: torch/extension.h less the C++ frontend
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

@@ -13,7 +13,7 @@
 // Reference semantics: forwardpass/quant/reference.py (the same activation quantization bit for bit, then the
 // same sums in float, so kernel and reference agree to float rounding). Threads: at::parallel_for over the
 // output rows, i.e. torch's own OpenMP pool (the extension links the libgomp torch already loaded).
-#include <torch/extension.h>
+#include "torch_ext.h"  // forwardpass/csrc/: torch/extension.h less the C++ frontend
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
