@@ -64,7 +64,13 @@ class LLM:
 
             self.embedder = build_runner(model, dtype, engine_kwargs)
             return
-        self.engine = LLMEngine(model, EngineConfig(dtype=dtype, **engine_kwargs))
+        config = EngineConfig(dtype=dtype, **engine_kwargs)
+        from forwardpass.memory_need import check_memory
+
+        # weights + KV cache against the memory there is, before loading (generate, chat, this API; serve
+        # checks in its own process): refused with the numbers, not killed by the OS halfway through the load
+        check_memory(model, config)
+        self.engine = LLMEngine(model, config)
 
     def __getattr__(self, name: str) -> Any:
         if name == "engine" and self.__dict__.get("task") == "embed":

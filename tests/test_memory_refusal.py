@@ -67,3 +67,19 @@ def test_the_address_space_limit_counts():
                          timeout=100)
     assert out.returncode == 0, out.stderr
     assert "is available (the address-space limit (ulimit -v))" in out.stdout
+
+
+def test_llm_refuses_a_kv_cache_larger_than_the_machine_before_loading(monkeypatch):
+    """``LLM()`` (and so ``generate`` and ``chat``) checks before it loads: a 1 PiB KV cache is refused with
+    the numbers, and no weight is read."""
+    from forwardpass import LLM
+    from forwardpass.memory_need import InsufficientMemoryError
+    from forwardpass.models import loading
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("weights were loaded before the memory check")
+
+    monkeypatch.setattr(loading, "load_weights", no_load)
+    refused = r"KV cache 1048576\.00 GiB\) but [\d.]+ GiB is available"
+    with pytest.raises(InsufficientMemoryError, match=refused):
+        LLM(default_llm_path(), kv_cache_memory=1 << 50)
