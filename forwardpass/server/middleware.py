@@ -86,7 +86,7 @@ class BodyLimitMiddleware:
                 break
         body = b"".join(chunks)
         if _is_binary_upload(scope):  # multipart forms (audio files) are checked by their route, not as JSON
-            return await self.app(scope, _replay(body, receive), send)
+            return await self.app(scope, replay_body(body, receive), send)
         try:  # JSON is UTF-8 (RFC 8259); raw NUL bytes only occur in UTF-16/32, which json.loads would guess
             body.decode("utf-8")
             if b"\x00" in body:
@@ -96,7 +96,7 @@ class BodyLimitMiddleware:
             return await _send_error(send, 400,
                                      f"the request body must be UTF-8 encoded JSON (byte {exc.start} "
                                      "is not valid UTF-8 JSON text)")
-        return await self.app(scope, _replay(body, receive), send)
+        return await self.app(scope, replay_body(body, receive), send)
 
 
 class RootPathMiddleware:
@@ -143,7 +143,7 @@ def _is_binary_upload(scope: Scope) -> bool:
     return False
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay_body(body: bytes, receive: Receive) -> Receive:
     """A ``receive`` that yields the body already read, then the client's next message (its disconnect)."""
     replayed = False
 

@@ -30,7 +30,7 @@ import forwardpass
 from forwardpass.errors import ForwardpassError
 from forwardpass.server import errors
 from forwardpass.server.config import ServerConfig
-from forwardpass.server.middleware import install_middleware
+from forwardpass.server.middleware import install_middleware, replay_body
 from forwardpass.server.model_pool import GB, ModelKind, ModelPool, ModelSlot, ModelState
 
 logger = logging.getLogger("forwardpass.serve")
@@ -76,19 +76,6 @@ async def _read_body(receive: Receive) -> tuple[bytes, Message | None]:
             return b"".join(chunks), None
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
 async def _requested_model(scope: Scope, body: bytes, receive: Receive) -> tuple[str | None, dict | None]:
     """(the ``model`` the request names or None, its JSON body when it has one)."""
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
@@ -97,7 +84,7 @@ async def _requested_model(scope: Scope, body: bytes, receive: Receive) -> tuple
     content_type = next((v for k, v in scope.get("headers", ()) if k == b"content-type"), b"")
     if content_type.split(b";")[0].strip().lower() == b"multipart/form-data":
         with contextlib.suppress(Exception):  # a malformed form: the model's route answers its 400
-            async with Request(scope, _replay(body, receive)).form() as form:
+            async with Request(scope, replay_body(body, receive)).form() as form:
                 value = form.get("model")
                 return (value if isinstance(value, str) and value else None), None
         return None, None
@@ -134,7 +121,7 @@ class ModelRouter:
         except ForwardpassError as exc:
             return await errors.from_exception(exc, self.retry_after_s)(scope, receive, send)
         try:
-            await model.app(scope, _replay(body, receive), send)
+            await model.app(scope, replay_body(body, receive), send)
         finally:
             self.pool.release(slot)
 
