@@ -121,7 +121,6 @@ def gguf_seed(work: Path, keep_tokens: int = 256) -> Seed:
     out += buf[start:pos]
     out += b"\0" * (-len(out) % real.alignment)
     size = len(out) + (path.stat().st_size - real.data_start)
-    os.environ["XDG_CACHE_HOME"] = str(work / "cache")  # the model directories made from the parses
     return Seed("gguf", size, [(0, bytes(out))], gguf_model_dir, one_segment=True)
 
 
@@ -263,6 +262,9 @@ def run(fmt: str, cases: int, rng_seed: int, work: Path) -> dict:
     from forwardpass.errors import ForwardpassError
 
     work.mkdir(parents=True, exist_ok=True)
+    # the model directories made from the parses go here: run() is this helper's own process (its __main__),
+    # so the variable never reaches the test process (where it would move every later test's cache)
+    os.environ["XDG_CACHE_HOME"] = str(work / "cache")
     seed = SEEDS[fmt](work)
     path = work / f"case.{fmt}"
     writer = CaseWriter(path)
