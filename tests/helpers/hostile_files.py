@@ -262,10 +262,10 @@ def run(fmt: str, cases: int, rng_seed: int, work: Path) -> dict:
     from forwardpass.errors import ForwardpassError
 
     work.mkdir(parents=True, exist_ok=True)
+    seed = SEEDS[fmt](work)  # found where forwardpass keeps it: the user's cache, before the move below
     # the model directories made from the parses go here: run() is this helper's own process (its __main__),
     # so the variable never reaches the test process (where it would move every later test's cache)
     os.environ["XDG_CACHE_HOME"] = str(work / "cache")
-    seed = SEEDS[fmt](work)
     path = work / f"case.{fmt}"
     writer = CaseWriter(path)
     writer.write(seed.size, seed.segments)
