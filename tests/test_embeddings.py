@@ -273,7 +273,7 @@ def test_bert_config_checks(random_bert, tmp_path):
     with pytest.raises(ConfigError, match="layer_norm_eps"):
         ModelSpec.from_config({**cfg, "layer_norm_eps": -1.0})
     spec = ModelSpec.from_config(cfg)
-    assert ((BertSpec.of(spec).type_vocab_size, spec.rms_norm_eps, spec.max_position_embeddings)
+    assert ((BertSpec.of(spec).type_vocab_size, spec.norm.eps, spec.max_position_embeddings)
             == (2, 1e-12, 512))
     # a config whose vocabulary disagrees with the checkpoint's word embeddings fails before allocation
     bad = tmp_path / "bad"

@@ -85,7 +85,7 @@ def test_windowed_groups_switch_prefix_caching_off_with_a_log_line(caplog):
 
 
 def test_layer_specs_group_full_and_sliding_layers():
-    spec = ModelSpec(name="m", architecture="Gemma2ForCausalLM", model_type="gemma2", hidden=64, layers=4,
+    spec = ModelSpec(name="m", architecture="Gemma2ForCausalLM", hidden=64, layers=4,
                      heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512,
                      layer_windows=(16, None, 16, None))
     groups = plan_groups(layer_specs(spec, 8, torch.float32), None, 32)

@@ -95,14 +95,14 @@ class ToyLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, spec.head_dim
-        self.attn_norm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.attn_norm = RMSNorm(spec.hidden, spec.norm.eps)
         self.q_proj = Linear(spec.hidden, spec.q_dim)
         self.k_proj = Linear(spec.hidden, spec.kv_dim)
         self.v_proj = Linear(spec.hidden, spec.kv_dim)
         self.o_proj = Linear(spec.q_dim, spec.hidden)
         scale = spec.head_dim**-0.5 / spec.family.temperature
         self.attn = ToyCachedAttention(layer_idx, scale=scale)
-        self.mlp_norm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.mlp_norm = RMSNorm(spec.hidden, spec.norm.eps)
         self.up_proj = Linear(spec.hidden, spec.intermediate)
         self.down_proj = Linear(spec.intermediate, spec.hidden)
 
@@ -120,7 +120,7 @@ class ToyForCausalLM(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
         self.layers = nn.ModuleList(ToyLayer(spec, i) for i in range(spec.layers))
-        self.norm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.norm = RMSNorm(spec.hidden, spec.norm.eps)
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope.theta, spec.rope.scaling)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None = None):

@@ -46,7 +46,7 @@ def forward_ops(
     layer.append(linear(stage, "q_proj", T, H, qd, wb=wb, ab=ab))
     layer.append(linear(stage, "k_proj", T, H, kvd, wb=wb, ab=ab, out_kv_bytes=kvb))
     layer.append(linear(stage, "v_proj", T, H, kvd, wb=wb, ab=ab, out_kv_bytes=kvb))
-    if shape.qk_norm:
+    if shape.norm.qk:
         layer.append(
             elementwise(
                 stage,

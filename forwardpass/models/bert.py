@@ -33,7 +33,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(spec.max_position_embeddings, spec.hidden)
         types = BertSpec.of(spec).type_vocab_size
         self.token_type_embeddings = nn.Embedding(types, spec.hidden) if types else None
-        self.LayerNorm = nn.LayerNorm(spec.hidden, eps=spec.rms_norm_eps)
+        self.LayerNorm = nn.LayerNorm(spec.hidden, eps=spec.norm.eps)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         positions = torch.arange(
@@ -89,7 +89,7 @@ class BertAttention(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.self = BertSelfAttention(spec)
-        self.output = BertSelfOutput(spec.q_dim, spec.hidden, spec.rms_norm_eps)
+        self.output = BertSelfOutput(spec.q_dim, spec.hidden, spec.norm.eps)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None, backend: str) -> torch.Tensor:
         return self.output(self.self(x, key_padding_mask, backend), x)
@@ -110,7 +110,7 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = BertAttention(spec)
         self.intermediate = BertIntermediate(spec)
-        self.output = BertSelfOutput(spec.intermediate, spec.hidden, spec.rms_norm_eps)
+        self.output = BertSelfOutput(spec.intermediate, spec.hidden, spec.norm.eps)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None, backend: str) -> torch.Tensor:
         h = self.attention(x, key_padding_mask, backend)

@@ -68,7 +68,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = embedding if embedding is not None else token_embedding(spec)
         self.layers = nn.ModuleList(layer(spec, i) for i in range(spec.layers))
-        self.norm = norm(spec.hidden, spec.rms_norm_eps)
+        self.norm = norm(spec.hidden, spec.norm.eps)
         self.rotary = rotary  # None: no positions (the state carries the order)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -55,12 +55,12 @@ class MLAttention(nn.Module):
         qk = self.nope + self.rope
         if mla.q_lora_rank:
             self.q_a_proj = Linear(spec.hidden, mla.q_lora_rank, bias=spec.biases.qkv)
-            self.q_a_layernorm = RMSNorm(mla.q_lora_rank, spec.rms_norm_eps)
+            self.q_a_layernorm = RMSNorm(mla.q_lora_rank, spec.norm.eps)
             self.q_b_proj = Linear(mla.q_lora_rank, self.heads * qk)
         else:
             self.q_proj = Linear(spec.hidden, self.heads * qk)
         self.kv_a_proj_with_mqa = Linear(spec.hidden, self.rank + self.rope, bias=spec.biases.qkv)
-        self.kv_a_layernorm = RMSNorm(self.rank, spec.rms_norm_eps)
+        self.kv_a_layernorm = RMSNorm(self.rank, spec.norm.eps)
         # absorbed: a matrix
         self.kv_b_proj = Linear(self.rank, self.heads * (self.nope + self.v_dim), role="dense")
         self.o_proj = Linear(self.heads * self.v_dim, spec.hidden, bias=spec.biases.o)
@@ -141,9 +141,9 @@ class DeepseekMoE(FusedMoE):
 class DeepseekDecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.input_layernorm = RMSNorm(spec.hidden, spec.norm.eps)
         self.self_attn = MLAttention(spec, layer_idx)
-        self.post_attention_layernorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden, spec.norm.eps)
         self.mlp: nn.Module = (DeepseekMoE(spec) if spec.moe and layer_idx in spec.moe.layer_ids
                                else GatedMLP(spec.hidden, spec.intermediate, spec.hidden_act))
 

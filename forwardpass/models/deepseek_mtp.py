@@ -45,7 +45,7 @@ def mtp_prefix(spec: ModelSpec) -> str:
 class SharedHead(nn.Module):
     def __init__(self, spec: ModelSpec, own_head: bool):
         super().__init__()
-        self.norm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.norm = RMSNorm(spec.hidden, spec.norm.eps)
         self.head = Linear(spec.hidden, spec.vocab, role="lm_head") if own_head else None
 
 
@@ -59,8 +59,8 @@ class DeepseekMTPLayer(DeepseekDecoderLayer):
             moe = dataclasses.replace(moe, layer_ids=(*moe.layer_ids, layer_idx))
             spec = dataclasses.replace(spec, moe=moe)
         super().__init__(spec, layer_idx)
-        self.enorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
-        self.hnorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.enorm = RMSNorm(spec.hidden, spec.norm.eps)
+        self.hnorm = RMSNorm(spec.hidden, spec.norm.eps)
         self.eh_proj = Linear(2 * spec.hidden, spec.hidden)
         self.shared_head = SharedHead(spec, own_head)
         self.embed_tokens = TokenEmbedding(spec.vocab, spec.hidden) if own_embed else None

@@ -140,7 +140,7 @@ class DeepseekV4DecoderLayer(nn.Module):
         super().__init__()
         v4 = spec.dsv4
         assert v4 is not None
-        self.v4, self.eps, self.compressed = v4, spec.rms_norm_eps, bool(v4.compress_rates[layer])
+        self.v4, self.eps, self.compressed = v4, spec.norm.eps, bool(v4.compress_rates[layer])
         self.attn = DeepseekV4Attention(spec, layer)
         self.ffn = DeepseekV4MoE(spec, layer)
         self.attn_norm, self.ffn_norm = Norm(spec.hidden), Norm(spec.hidden)
@@ -202,7 +202,7 @@ class DeepseekV4Model(DecoderModel):
         assert v4 is not None
         super().__init__(spec, DeepseekV4DecoderLayer, norm=lambda hidden, eps: Norm(hidden),
                          embedding=nn.Embedding(spec.vocab, spec.hidden, _freeze=True))
-        self.v4, self.eps = v4, spec.rms_norm_eps
+        self.v4, self.eps = v4, spec.norm.eps
         self.hc_head = HyperHead(spec)
         # sliding layers rotate with the "main" base, compressed layers (and their entries) with "compress"
         self.rotary = (  # type: ignore[assignment]  # two tables: run_layers passes both

@@ -105,7 +105,7 @@ class DeepseekV4Attention(nn.Module):
         super().__init__()
         v4 = spec.dsv4
         assert v4 is not None
-        self.v4, self.layer, self.eps = v4, layer, spec.rms_norm_eps
+        self.v4, self.layer, self.eps = v4, layer, spec.norm.eps
         self.heads, self.dim, self.groups = spec.heads, spec.head_dim, v4.o_groups
         self.rate, self.sparse = v4.compress_rates[layer], v4.sparse(layer)
         self.wq_a = Linear(spec.hidden, v4.q_lora_rank)

@@ -42,11 +42,11 @@ class ModelFamily:
 
     def norm_params(self, s: ModelSpec) -> int:
         """The RMSNorms of one layer: two (and Qwen3's per-head q/k norms)."""
-        return 2 * s.hidden + (2 * s.head_dim if s.qk_norm else 0)
+        return 2 * s.hidden + (2 * s.head_dim if s.norm.qk else 0)
 
     def total_norm_params(self, s: ModelSpec) -> int:
         """The RMSNorms of every layer (q/k norms only where there is attention), not the final one."""
-        qk = 2 * s.head_dim if s.qk_norm else 0
+        qk = 2 * s.head_dim if s.norm.qk else 0
         return s.layers * (self.norm_params(s) - qk) + s.attention_layers * qk
 
     def router_params(self, s: ModelSpec) -> int:

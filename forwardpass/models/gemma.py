@@ -47,9 +47,9 @@ class GemmaRMSNorm(nn.Module):
 class GemmaAttention(DecoderAttention):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         super().__init__(spec, layer_idx)
-        if spec.qk_norm:
-            self.q_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps)
-            self.k_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps)
+        if spec.norm.qk:
+            self.q_norm = GemmaRMSNorm(spec.head_dim, spec.norm.eps)
+            self.k_norm = GemmaRMSNorm(spec.head_dim, spec.norm.eps)
         gemma = GemmaSpec.of(spec)
         scale = gemma.attn_scale if gemma.attn_scale is not None else spec.head_dim**-0.5
         self.attn = CachedAttention(layer_idx, scale=scale, sliding_window=spec.layer_windows[layer_idx],
@@ -59,7 +59,7 @@ class GemmaAttention(DecoderAttention):
 class GemmaDecoderLayer(DecoderLayer):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         nn.Module.__init__(self)  # not DecoderLayer's: its norms and attention are replaced
-        eps = spec.rms_norm_eps
+        eps = spec.norm.eps
         self.mlp = self.build_mlp(spec, layer_idx)
         self.self_attn = GemmaAttention(spec, layer_idx)
         self.input_layernorm = GemmaRMSNorm(spec.hidden, eps)

@@ -52,8 +52,8 @@ class DecoderAttention(nn.Module):
                 bias=spec.biases.qkv,
             )
             self.o_proj = Linear(spec.q_dim, spec.hidden, bias=spec.biases.o)
-        self.q_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
+        self.q_norm = RMSNorm(d, spec.norm.eps) if spec.norm.qk else None
+        self.k_norm = RMSNorm(d, spec.norm.eps) if spec.norm.qk else None
         self.attn = CachedAttention(layer_idx, scale=d**-0.5, sliding_window=spec.layer_windows[layer_idx])
         # the plan's compiled q/k norm + rotary, for exactly this class (Gemma's attention changes the math)
         self.fused: Any = current_plan().fused_ops if type(self) is DecoderAttention else None
@@ -83,9 +83,9 @@ class DecoderAttention(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.input_layernorm = RMSNorm(spec.hidden, spec.norm.eps)
         self.self_attn = DecoderAttention(spec, layer_idx)
-        self.post_attention_layernorm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden, spec.norm.eps)
         self.mlp = self.build_mlp(spec, layer_idx)
 
     def build_mlp(self, spec: ModelSpec, layer_idx: int) -> nn.Module:

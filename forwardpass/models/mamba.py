@@ -195,7 +195,7 @@ class NemotronHMoE(nn.Module):
 class MambaBlock(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         super().__init__()
-        self.norm = RMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.norm = RMSNorm(spec.hidden, spec.norm.eps)
         kind = spec.mixer(layer_idx)
         self.mixer: nn.Module = (Mamba2Mixer(spec, layer_idx) if kind == MIXER_MAMBA
                                  else NemotronHAttention(spec, layer_idx) if kind == MIXER_ATTENTION

@@ -67,6 +67,15 @@ class Biases:
 
 
 @dataclass(frozen=True)
+class NormSpec:
+    """The decoder's normalization: the epsilon of its RMSNorm (LayerNorm in BERT and Whisper), and whether
+    q and k get a per-head RMSNorm too (Qwen3, Gemma 3, Qwen3-Next)."""
+
+    eps: float = 1e-6
+    qk: bool = False
+
+
+@dataclass(frozen=True)
 class RopeSpec:
     """The rotary embedding of the attention layers: its base and HF's ``rope_scaling`` variant (linear,
     llama3, yarn; ``layers/rotary.py``), or None for plain RoPE."""
@@ -83,7 +92,6 @@ class ModelSpec:
 
     name: str
     architecture: str
-    model_type: str
     hidden: int
     layers: int
     heads: int
@@ -92,10 +100,9 @@ class ModelSpec:
     intermediate: int  # dense MLP width (0 when every layer is MoE and none is given)
     vocab: int
     tied: bool = False
-    qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
     biases: Biases = Biases()  # which projections add a bias
     hidden_act: str = "silu"
-    rms_norm_eps: float = 1e-6
+    norm: NormSpec = NormSpec()  # the norms' epsilon, and q/k norms
     rope: RopeSpec = RopeSpec()
     max_position_embeddings: int | None = None
     # one entry per layer: the sliding window of that layer, or None for full attention
@@ -231,7 +238,7 @@ class ModelSpec:
 
 
 # ---- the common core -----------------------------------------------------------------------------
-def decoder_spec(cfg: Mapping[str, Any], name: str = "", **given: Any) -> ModelSpec:
+def decoder_spec(cfg: Mapping[str, Any], name: str = "", *, qk_norm: bool = False, **given: Any) -> ModelSpec:
     """The spec of a decoder from the keys most families share (Llama's: ``hidden_size``,
     ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
     ``intermediate_size``, ``vocab_size``, the ``num_experts`` / ``num_local_experts`` MoE keys, rope,
@@ -239,7 +246,8 @@ def decoder_spec(cfg: Mapping[str, Any], name: str = "", **given: Any) -> ModelS
 
     A family's derivation passes what it resolves itself as ``given`` ModelSpec fields: those are taken as
     they are and their keys not read (Mamba2 gives its layers and heads, DeepSeek its MLA sizes and routing);
-    any other field it adds (its sub-spec) goes into the spec too."""
+    any other field it adds (its sub-spec) goes into the spec too. ``qk_norm``: the family norms q and k per
+    head (its configs do not say so; the epsilon is still the config's)."""
     f = dict(given)
 
     def need(key: str) -> Any:
@@ -257,7 +265,6 @@ def decoder_spec(cfg: Mapping[str, Any], name: str = "", **given: Any) -> ModelS
     get("head_dim", lambda: int(cfg.get("head_dim") or hidden // heads))
     get("vocab", lambda: int(need("vocab_size")))
     arch = get("architecture", lambda: architecture(cfg))
-    get("model_type", lambda: str(cfg.get("model_type") or ""))
     if heads % kv_heads:
         raise ConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}",
                           param="num_key_value_heads")
@@ -281,7 +288,7 @@ def decoder_spec(cfg: Mapping[str, Any], name: str = "", **given: Any) -> ModelS
         "biases": Biases(qkv=attention_bias, o=attention_bias, mlp=bool(cfg.get("mlp_bias", False))),
         "hidden_act": str(cfg.get("mlp_hidden_act") or cfg.get("hidden_act") or cfg.get("hidden_activation")
                           or "silu"),
-        "rms_norm_eps": float(eps if eps is not None else cfg.get("layer_norm_epsilon") or 1e-6),
+        "norm": NormSpec(float(eps if eps is not None else cfg.get("layer_norm_epsilon") or 1e-6), qk_norm),
         "max_position_embeddings": int(max_pos) if max_pos else None,
         "eos_token_ids": eos_token_ids(cfg),
         "torch_dtype": str(dtype) if dtype else None,

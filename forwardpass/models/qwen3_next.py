@@ -49,7 +49,7 @@ class GatedDeltaNet(nn.Module):
         super().__init__()
         assert spec.gdn is not None
         g: GDNSpec = spec.gdn
-        self.g, self.layer_idx, self.eps = g, layer_idx, spec.rms_norm_eps
+        self.g, self.layer_idx, self.eps = g, layer_idx, spec.norm.eps
         self.in_proj_qkvz = Linear(spec.hidden, 2 * g.k_heads * g.k_dim + 2 * g.v_heads * g.v_dim)
         self.in_proj_ba = Linear(spec.hidden, 2 * g.v_heads)
         self.conv1d = Conv1d(g.conv_dim, g.conv_kernel, bias=False)
@@ -128,8 +128,8 @@ class GatedAttention(nn.Module):
         self.qkv_proj = MergedLinear(spec.hidden, {"q_proj": 2 * spec.q_dim, "k_proj": spec.kv_dim,
                                                    "v_proj": spec.kv_dim}, bias=spec.biases.qkv)
         self.o_proj = Linear(spec.q_dim, spec.hidden, bias=spec.biases.qkv)
-        self.q_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps)
+        self.q_norm = GemmaRMSNorm(spec.head_dim, spec.norm.eps)
+        self.k_norm = GemmaRMSNorm(spec.head_dim, spec.norm.eps)
         self.attn = CachedAttention(layer_idx, scale=spec.head_dim**-0.5)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -163,8 +163,8 @@ class SharedExpertMoE(FusedMoE):
 class Qwen3NextDecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         super().__init__()
-        self.input_layernorm = GemmaRMSNorm(spec.hidden, spec.rms_norm_eps)
-        self.post_attention_layernorm = GemmaRMSNorm(spec.hidden, spec.rms_norm_eps)
+        self.input_layernorm = GemmaRMSNorm(spec.hidden, spec.norm.eps)
+        self.post_attention_layernorm = GemmaRMSNorm(spec.hidden, spec.norm.eps)
         self.linear = spec.mixer(layer_idx) == MIXER_GDN
         if self.linear:
             self.linear_attn = GatedDeltaNet(spec, layer_idx)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from forwardpass.errors import ConfigError
 from forwardpass.loader.config import eos_token_ids
 from forwardpass.models.family import ModelFamily
-from forwardpass.models.model_spec import Biases, ModelSpec
+from forwardpass.models.model_spec import Biases, ModelSpec, NormSpec
 
 if TYPE_CHECKING:
     import torch
@@ -92,7 +92,6 @@ def whisper_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     return ModelSpec(
         name=name or str(cfg.get("_name_or_path") or archs[0]),
         architecture=str(archs[0]),
-        model_type="whisper",
         hidden=hidden,
         layers=need("decoder_layers"),
         heads=heads,
@@ -103,7 +102,7 @@ def whisper_spec(cfg: Mapping[str, Any], name: str) -> ModelSpec:
         tied=True,
         biases=Biases(qkv=True, o=True, mlp=True),  # q and v have biases, k has none (the model knows)
         hidden_act="gelu",
-        rms_norm_eps=1e-5,  # torch LayerNorm's default, which Whisper uses
+        norm=NormSpec(eps=1e-5),  # torch LayerNorm's default, which Whisper uses
         max_position_embeddings=need("max_target_positions"),
         eos_token_ids=eos_token_ids(cfg),
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "") or None,
