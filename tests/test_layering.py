@@ -319,3 +319,19 @@ def test_the_builder_and_tensor_parallelism_do_not_import_each_other():
              for line, module in imports(source, rel)
              if module.startswith("forwardpass.engine.builder")]
     assert not found, found
+
+
+def test_the_spec_keeps_the_common_core_and_families_keep_their_own():
+    """``ModelSpec``'s own fields are what every decoder has; a family's sizes live in its ``family``
+    sub-spec, so no field is named after a family and the core stays about twenty fields."""
+    import dataclasses
+
+    from forwardpass.models.model_spec import ModelSpec
+    from forwardpass.models.registry import _SPEC_MODEL_TYPES
+
+    names = [f.name for f in dataclasses.fields(ModelSpec)]
+    assert len(names) <= 21, names
+    families = {"gemma", "mla", "deepseek", "whisper", "bert", "mamba", "ssm", "gdn", "qwen", "mixtral",
+                *_SPEC_MODEL_TYPES}
+    assert len(families) > 10  # the registry's model types were read
+    assert not [n for n in names for fam in families if fam in n], names
