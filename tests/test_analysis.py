@@ -483,7 +483,7 @@ class FakeLLM:
 def test_measure_compares_predicted_and_measured(tmp_path, fake_cache, monkeypatch):
     from types import SimpleNamespace
 
-    from forwardpass.analysis import measure as measure_mod
+    from forwardpass.explain import measure as measure_mod
 
     monkeypatch.setattr(measure_mod, "time", SimpleNamespace(perf_counter=lambda: FakeLLM.clock[0]))
     (tmp_path / "config.json").write_text(json.dumps(PRESETS["qwen3-0.6b"]))
@@ -526,7 +526,7 @@ class FakeStatsLLM:
 
 
 def test_measure_uses_engine_step_records(tmp_path, fake_cache):
-    from forwardpass.analysis.measure import measure
+    from forwardpass.explain.measure import measure
 
     (tmp_path / "config.json").write_text(json.dumps(PRESETS["qwen3-0.6b"]))
     res = measure(tmp_path, batches=[4], prompt_tokens=16, new_tokens=6, runs=2, llm_factory=FakeStatsLLM)
@@ -540,7 +540,7 @@ def test_measure_uses_engine_step_records(tmp_path, fake_cache):
 def test_measure_without_engine_says_so(tmp_path, fake_cache, monkeypatch):
     import importlib.util
 
-    from forwardpass.analysis import measure as measure_mod
+    from forwardpass.explain import measure as measure_mod
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -566,8 +566,8 @@ def test_measure_adds_the_overhead_bound_and_states_its_settings(tmp_path, fake_
 
     from rich.console import Console
 
-    from forwardpass.analysis.measure import measure
     from forwardpass.analysis.report import render_measure
+    from forwardpass.explain.measure import measure
 
     (tmp_path / "config.json").write_text(json.dumps(PRESETS["qwen3-0.6b"]))
     res = measure(tmp_path, batches=[4], prompt_tokens=16, new_tokens=6, runs=2, llm_factory=FakeStatsLLM)
@@ -590,9 +590,9 @@ def test_measure_adds_the_overhead_bound_and_states_its_settings(tmp_path, fake_
 
 
 def test_measured_points_sit_beside_the_predicted_ones(tmp_path, fake_cache):
-    from forwardpass.analysis.measure import measure
     from forwardpass.analysis.overhead import measured_points
     from forwardpass.analysis.plot import plot_report
+    from forwardpass.explain.measure import measure
 
     (tmp_path / "config.json").write_text(json.dumps(PRESETS["qwen3-0.6b"]))
     res = measure(tmp_path, batches=[2], prompt_tokens=16, new_tokens=6, runs=1, llm_factory=FakeStatsLLM)

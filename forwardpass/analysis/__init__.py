@@ -6,9 +6,10 @@
 - :mod:`~forwardpass.analysis.attention` — naive vs fused attention kernel traffic.
 - :mod:`~forwardpass.analysis.diffusion` — DiT denoiser cost per step.
 - :mod:`~forwardpass.analysis.plot` / :mod:`~forwardpass.analysis.report` — roofline PNG and rich tables.
-- :mod:`~forwardpass.analysis.measure` — predicted vs measured on this machine (needs the engine).
 
-Nothing here imports torch at module import time; only the ``this-machine`` microbenchmark does.
+Predicted against measured on this machine needs the engine, which stands above this package:
+:mod:`forwardpass.explain.measure`. Nothing here imports torch at module import time; only the
+``this-machine`` microbenchmark does.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def _tiny_step_time(layers: int, device: str, steps: int) -> float:
         process_weights_after_loading(net)
         return net, spec
 
-    # the engine's compiled CPU path, as the engines it is compared with (analysis/measure.py) run: with it a
+    # the engine's compiled CPU path, as the engines it is compared with (explain/measure.py) run: with it a
     # decode step's layers are one C++ call (models/llama_decode_stack.py), so its per-layer
     # cost is the kernels' own
     config = EngineConfig(device=device, num_kv_blocks=64, enable_prefix_caching=False, cpu_kernels=True)

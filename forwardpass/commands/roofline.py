@@ -179,7 +179,7 @@ def _run_model(args: argparse.Namespace) -> int:
                                   interconnect=args.interconnect, hardware=report.hardware)
     measured = None
     if args.measure:
-        from forwardpass.analysis.measure import measure
+        from forwardpass.explain.measure import measure
 
         with progress(f"running the engine on {args.target} (--measure: {args.runs} runs per batch size)"):
             measured = measure(

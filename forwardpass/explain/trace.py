@@ -87,11 +87,11 @@ def explain(
     cached) or None. ``batch_sizes``: afterwards, the prompt decoded beside copies of itself at each of these
     batch sizes (``batching.py``: FLOP/s and bytes/s against the roofs as the batch grows)."""
     if engine is None:
-        from forwardpass.commands._common import resolve_model
         from forwardpass.config import EngineConfig
         from forwardpass.engine.frontend.llm_engine import LLMEngine
+        from forwardpass.registry import resolve_model
 
-        engine = LLMEngine(resolve_model(str(model) if model else None),
+        engine = LLMEngine(str(resolve_model(str(model) if model else None)),
                            EngineConfig(dtype=dtype, device=device, speculative_config=speculative_config))
     core, tok, spec = engine.core, engine.tokenizer, engine.spec
     params = _params(engine, max_tokens, seed, ignore_eos, temperature=temperature, top_k=top_k,
