@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from forwardpass.distributed.parallel_state import TensorParallel
+from forwardpass.parallel_state import TensorParallel
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ def moe_checkpoint(tmp_path_factory):
     ids=["experts-split", "expert-parallel"],
 )
 def test_moe_tensor_and_expert_parallel_match_one_rank(moe_checkpoint, expert_parallel):
-    from forwardpass.distributed.moe import rank_loads
+    from forwardpass.engine.worker.routing_stats import rank_loads
 
     prompts = random_prompts(2, [21, 6], seed=2)
     llm = check_parity(moe_checkpoint, prompts, hf=False, enable_expert_parallel=expert_parallel)

@@ -1,7 +1,7 @@
 """Communication of tensor / expert parallelism per engine step, and its time on an interconnect.
 
 What the engine's parallel layers send (``forwardpass/layers/parallel_linear.py``,
-``forwardpass/distributed/moe.py``), for a step of ``T`` tokens on ``N`` ranks:
+``forwardpass/layers/parallel_moe.py``), for a step of ``T`` tokens on ``N`` ranks:
 
 * one all-reduce of the ``[T, hidden]`` activations after the vocab-parallel embedding, after every
   attention block (``o_proj``) and after every MLP or MoE block (``down_proj`` / the experts' partial

@@ -16,7 +16,6 @@ from typing import Any
 
 from forwardpass.config import EngineConfig
 from forwardpass.distributed.executor import ParallelGroup, StepMessage
-from forwardpass.distributed.parallel_state import TensorParallel
 from forwardpass.distributed.worker import WorkerSetup
 from forwardpass.engine.scheduling.batch import RunnerOutput, SchedulerOutput
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
@@ -25,6 +24,7 @@ from forwardpass.errors import ConfigError, ForwardpassError
 from forwardpass.layers.parallel_linear import even_split
 from forwardpass.loader.config import load_model_config
 from forwardpass.models.model_spec import ModelSpec, model_name
+from forwardpass.parallel_state import TensorParallel
 from forwardpass.plan import ExecutionPlan
 
 #: architectures whose layers are built for tensor parallelism (the Llama family and its MoE variants)

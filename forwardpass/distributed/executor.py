@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 
 from forwardpass.config import EngineConfig
-from forwardpass.distributed.parallel_state import TensorParallel, create_group
 from forwardpass.engine.scheduling.batch import SchedulerOutput
 from forwardpass.errors import ConfigError, EngineDeadError
+from forwardpass.parallel_state import TensorParallel, create_group
 
 logger = logging.getLogger(__name__)
 

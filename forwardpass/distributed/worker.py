@@ -27,10 +27,10 @@ import torch.distributed as dist
 from forwardpass import envs
 from forwardpass.config import EngineConfig
 from forwardpass.distributed.executor import PREFIX, STARTUP_TIMEOUT_S, StepMessage, WorkerLaunch, rank_device
-from forwardpass.distributed.parallel_state import create_group
 from forwardpass.engine.scheduling.kv_cache_spec import KVCacheGroup
 from forwardpass.engine.worker.model_runner import ModelRunner
 from forwardpass.models.prepare import prepare_model, resolve_plan
+from forwardpass.parallel_state import create_group
 
 logger = logging.getLogger(__name__)
 #: module:Class of a ``WorkerRunner`` subclass to run instead (the fault-injection tests set it)

@@ -17,7 +17,7 @@ than KV heads each KV head is replicated on ``N / kv_heads`` ranks (rank ``r`` u
 ``r // (N / kv_heads)``), which keeps every query head next to the KV head it attends to.
 
 Every sharded parameter says where its rows come from in the checkpoint (:class:`Shard`), so the
-loader (``distributed/loading.py``) reads only those rows or columns from the safetensors file.
+loader (``models/parallel_loading.py``) reads only those rows or columns from the safetensors file.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from forwardpass.distributed.parallel_state import TensorParallel
 from forwardpass.errors import ConfigError
 from forwardpass.layers.activation import get_activation, silu_and_mul
 from forwardpass.layers.dense_matmul import dense_matmul
+from forwardpass.parallel_state import TensorParallel
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from forwardpass.plan import current_plan
 def load_weights(model: nn.Module, source: WeightSource) -> None:
     # tensor parallel (the plan the model is built under): this rank's slices only, read with get_slice
     if current_plan().tensor_parallel.enabled:
-        from forwardpass.distributed.loading import load_sharded
+        from forwardpass.models.parallel_loading import load_sharded
 
         load_sharded(model, source)
         return

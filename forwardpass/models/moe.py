@@ -25,7 +25,7 @@ class MoEDecoderLayer(DecoderLayer):
             return super().build_mlp(spec, layer_idx)
         # experts partitioned (expert parallel) or each one split
         if (tp := current_plan().tensor_parallel).enabled:
-            from forwardpass.distributed.moe import ParallelFusedMoE
+            from forwardpass.layers.parallel_moe import ParallelFusedMoE
 
             return ParallelFusedMoE(spec.hidden, moe.num_experts, moe.expert_intermediate,
                                     moe.experts_per_tok, renormalize=moe.renormalize_topk,

@@ -80,3 +80,13 @@ class RoutingStats(deque):
             imbalance = max(counts) / mean if mean else 0.0
             lines.append(f"{layer:>5} {total:>9} {used:>3}/{len(counts):<2} {imbalance:>9.2f}  {busiest}")
         return "\n".join(lines)
+
+
+def rank_loads(stats: RoutingStats, num_ranks: int) -> dict[int, list[int]]:
+    """Decoder layer → token assignments each expert-parallel rank received (contiguous expert ranges,
+    as ``layers/parallel_moe.py`` partitions the experts)."""
+    out = {}
+    for layer, counts in stats.totals().items():
+        per = len(counts) // num_ranks
+        out[layer] = [sum(counts[r * per : (r + 1) * per]) for r in range(num_ranks)]
+    return out

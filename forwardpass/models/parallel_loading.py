@@ -14,10 +14,10 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from forwardpass.distributed.moe import ParallelFusedMoE
 from forwardpass.errors import MissingTensorError, WeightShapeError
 from forwardpass.layers.moe import ExpertWeights
 from forwardpass.layers.parallel_linear import Shard
+from forwardpass.layers.parallel_moe import ParallelFusedMoE
 from forwardpass.loader.weights import WeightSource, load_into
 from forwardpass.models.moe_loading import QWEN_EXPERT_LAYOUT, ExpertCheckpointLayout
 

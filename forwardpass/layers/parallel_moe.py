@@ -18,7 +18,8 @@ to travel to its expert: every rank already has them all. An all-to-all pays off
 that gloo on CPU runs as well as NCCL on GPU.
 
 Routing statistics: the router is replicated, so rank 0 counts every expert's assignments as with one
-rank (``ModelRoutingCounter``); :func:`rank_loads` sums them per rank's expert range.
+rank (``ModelRoutingCounter``); ``engine/worker/routing_stats.py``'s :func:`rank_loads` sums them per rank's
+expert range.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from forwardpass.distributed.parallel_state import TensorParallel
-from forwardpass.engine.worker.routing_stats import RoutingStats
 from forwardpass.layers.activation import get_activation, silu_and_mul
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.moe import ExpertWeights, FusedMoE, route
 from forwardpass.layers.parallel_linear import Shard, even_split
 from forwardpass.layers.weight_interface import matmul
+from forwardpass.parallel_state import TensorParallel
 
 
 def local_experts(
@@ -117,12 +117,3 @@ class ParallelFusedMoE(FusedMoE):
         if which == "gate_up_proj":
             return experts, [Shard("gate", (0, n), 0, (c0, c1)), Shard("up", (n, 2 * n), 0, (c0, c1))]
         return experts, [Shard("down", (0, self.experts.down_proj.shape[1]), 1, (c0, c1))]
-
-
-def rank_loads(stats: RoutingStats, num_ranks: int) -> dict[int, list[int]]:
-    """Decoder layer → token assignments each expert-parallel rank received (contiguous expert ranges)."""
-    out = {}
-    for layer, counts in stats.totals().items():
-        per = len(counts) // num_ranks
-        out[layer] = [sum(counts[r * per : (r + 1) * per]) for r in range(num_ranks)]
-    return out
