@@ -23,7 +23,6 @@ from torch import nn
 
 from forwardpass import LLM, SamplingParams
 from forwardpass.analysis.roofline import analyze
-from forwardpass.analysis.state import state_layer_ops
 from forwardpass.attention.context import AttentionContext, GroupMetadata
 from forwardpass.attention.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 from forwardpass.attention.layer import CachedAttention
@@ -38,6 +37,7 @@ from forwardpass.models import accounting
 from forwardpass.models.family import ModelFamily
 from forwardpass.models.model_spec import ModelSpec, decoder_spec, load_model_spec
 from forwardpass.models.registry import register_model, unregister_model
+from forwardpass.models.state_ops import state_layer_ops
 
 ARCH = "ToyForCausalLM"
 CONFIG = {

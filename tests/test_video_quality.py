@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from forwardpass.analysis.ops import MATMUL
 from forwardpass.analysis.video import batch_sweep, frames_sweep, video_dit_cost
 from forwardpass.diffusion.video.quality import centres, clip_metrics, recentre
+from forwardpass.op_cost import MATMUL
 
 
 def _blob_clip(xs: list[float], y: float = 16.0) -> np.ndarray:

@@ -26,8 +26,8 @@ from typing import Any
 
 from forwardpass.analysis.dtypes import DTYPE_BYTES, normalize_dtype
 from forwardpass.analysis.hardware import Hardware, get_hardware
-from forwardpass.analysis.ops import json_number
 from forwardpass.errors import ConfigError
+from forwardpass.op_cost import json_number
 
 SOFTMAX_FLOPS = 5.0
 

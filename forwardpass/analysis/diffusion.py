@@ -24,8 +24,8 @@ from typing import Any
 
 from forwardpass.analysis.dtypes import DTYPE_BYTES, normalize_dtype
 from forwardpass.analysis.hardware import Hardware, get_hardware
-from forwardpass.analysis.ops import MATMUL, OpCost, StageTotals, elementwise, json_number, linear, totals
 from forwardpass.errors import ConfigError
+from forwardpass.op_cost import MATMUL, OpCost, StageTotals, elementwise, json_number, linear, totals
 
 LN_FLOPS = 7.0  # LayerNorm (mean, variance, normalise) + scale/shift modulation, per element
 GELU_FLOPS = 8.0  # tanh-approximate GELU, per element

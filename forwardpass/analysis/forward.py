@@ -5,9 +5,9 @@ family's layers differ from attention + MLP, its family gives their ops (``model
 
 from __future__ import annotations
 
-from forwardpass.analysis.ops import MATMUL, OpCost, elementwise, linear
 from forwardpass.models.family import family_of
 from forwardpass.models.model_spec import ModelSpec
+from forwardpass.op_cost import MATMUL, OpCost, elementwise, linear
 
 NORM_FLOPS = 4.0  # per element: square, accumulate, scale by rsqrt, scale by weight
 SOFTMAX_FLOPS = 5.0  # per score: max, subtract, exp, accumulate, divide

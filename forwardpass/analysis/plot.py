@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from forwardpass.analysis.hardware import Hardware
-from forwardpass.analysis.ops import OpCost
+from forwardpass.op_cost import OpCost
 
 STAGE_COLOURS = {
     "prefill": "tab:blue",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from forwardpass.analysis.ops import OpCost
+from forwardpass.op_cost import OpCost
 
 
 def _si(x: float, unit: str, *, digits: int = 3) -> str:

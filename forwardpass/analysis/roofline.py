@@ -21,7 +21,7 @@ Accounting assumptions (also listed in ``RooflineReport.assumptions``):
   ``B·L·2·layers·kv_heads·head_dim·kv_bytes`` and writes one position per sequence; prefill writes
   P positions and reads them back once. Sliding-window layers read (and score) at most their window
   of positions; with some layers sliding and others not, L and the prefill pairs are layer averages.
-* **State layers** (Mamba2, Gated DeltaNet; ``analysis/state.py``) keep a float32 state per sequence,
+* **State layers** (Mamba2, Gated DeltaNet; ``models/state_ops.py``) keep a float32 state per sequence,
   read and written once per pass whatever the context (counted as KV traffic), plus projections, a
   short conv and the scan (~6 / ~8 FLOPs per state value per token).
 * **MoE**: routing is assumed uniform, so T tokens touch ``E·(1 − (1 − k/E)^T)`` distinct experts
@@ -46,11 +46,11 @@ from typing import Any
 from forwardpass.analysis.dtypes import DTYPE_BYTES, normalize_dtype
 from forwardpass.analysis.forward import ACT_FLOPS, LOGIT_BYTES, NORM_FLOPS, SOFTMAX_FLOPS, forward_ops
 from forwardpass.analysis.hardware import Hardware, get_hardware
-from forwardpass.analysis.ops import MATMUL, OpCost, StageTotals, json_number, totals
 from forwardpass.analysis.presets import PRESETS
 from forwardpass.errors import ConfigError, ModelNotFoundError
 from forwardpass.models import accounting
 from forwardpass.models.model_spec import ModelSpec, model_name
+from forwardpass.op_cost import MATMUL, OpCost, StageTotals, json_number, totals
 
 WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 ACT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")

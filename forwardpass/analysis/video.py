@@ -28,8 +28,8 @@ from typing import Any
 from forwardpass.analysis.diffusion import GELU_FLOPS, LN_FLOPS, SOFTMAX_FLOPS, T_EMBED_DIM
 from forwardpass.analysis.dtypes import DTYPE_BYTES, normalize_dtype
 from forwardpass.analysis.hardware import Hardware, get_hardware
-from forwardpass.analysis.ops import MATMUL, OpCost, StageTotals, elementwise, json_number, linear, totals
 from forwardpass.errors import ConfigError
+from forwardpass.op_cost import MATMUL, OpCost, StageTotals, elementwise, json_number, linear, totals
 
 ATTENTION_OPS = ("self_attn", "self_softmax", "space_attn", "space_softmax", "time_attn", "time_softmax",
                  "cross_attn")  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from forwardpass.analysis.ops import MATMUL, OpCost, elementwise, linear
+from forwardpass.op_cost import MATMUL, OpCost, elementwise, linear
 
 if TYPE_CHECKING:
     from forwardpass.models.model_spec import ModelSpec

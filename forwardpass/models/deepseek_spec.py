@@ -21,7 +21,7 @@ from forwardpass.models.model_spec import ModelSpec, architecture, decoder_spec,
 from forwardpass.models.moe_spec import MoESpec
 
 if TYPE_CHECKING:
-    from forwardpass.analysis.ops import OpCost
+    from forwardpass.op_cost import OpCost
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from forwardpass.analysis.ops import MATMUL, VECTOR, OpCost, elementwise, linear
+from forwardpass.op_cost import MATMUL, VECTOR, OpCost, elementwise, linear
 
 if TYPE_CHECKING:
     from forwardpass.models.deepseek_v4_spec import DeepseekV4Spec

@@ -19,7 +19,7 @@ from forwardpass.models.model_spec import ModelSpec, RopeSpec, decoder_spec, req
 from forwardpass.models.moe_spec import MoESpec
 
 if TYPE_CHECKING:
-    from forwardpass.analysis.ops import OpCost
+    from forwardpass.op_cost import OpCost
 
 DSV4_SLIDING = "sliding_attention"
 # compressed every m tokens, an indexer picks top-k entries per query

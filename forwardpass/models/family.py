@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from forwardpass.analysis.ops import OpCost
     from forwardpass.models.model_spec import ModelSpec
+    from forwardpass.op_cost import OpCost
 
 
 class ModelFamily:

@@ -17,9 +17,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from forwardpass.errors import ConfigError
 from forwardpass.models.deepseek_spec import deepseek_moe
 from forwardpass.models.family import ModelFamily
-
-if TYPE_CHECKING:
-    from forwardpass.analysis.ops import OpCost
 from forwardpass.models.model_spec import (
     MIXER_ATTENTION,
     MIXER_MAMBA,
@@ -31,6 +28,10 @@ from forwardpass.models.model_spec import (
     json_float,
     require,
 )
+from forwardpass.models.state_ops import state_layer_ops
+
+if TYPE_CHECKING:
+    from forwardpass.op_cost import OpCost
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,6 @@ class SSMSpec(ModelFamily):
 
     def mixer_ops(self, s: ModelSpec, stage: str, *, tokens: int, batch: int, wb: float,
                   ab: float) -> list[OpCost]:
-        from forwardpass.analysis.state import state_layer_ops
-
         return state_layer_ops("mamba", s.mamba_layers, stage, tokens=tokens, batch=batch, hidden=s.hidden,
                                proj_out=self.inner + self.conv_dim + self.heads, conv_dim=self.conv_dim,
                                inner=self.inner, conv_kernel=self.conv_kernel, values=self.ssm_state_size,

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from forwardpass.errors import ConfigError
 from forwardpass.models.family import ModelFamily
 from forwardpass.models.model_spec import MIXER_ATTENTION, MIXER_GDN, ModelSpec, decoder_spec, require
+from forwardpass.models.state_ops import state_layer_ops
 
 if TYPE_CHECKING:
-    from forwardpass.analysis.ops import OpCost
+    from forwardpass.op_cost import OpCost
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,6 @@ class GDNSpec(ModelFamily):
 
     def mixer_ops(self, s: ModelSpec, stage: str, *, tokens: int, batch: int, wb: float,
                   ab: float) -> list[OpCost]:
-        from forwardpass.analysis.state import state_layer_ops
-
         proj_out = 2 * self.k_heads * self.k_dim + 2 * self.v_heads * self.v_dim + 2 * self.v_heads
         return state_layer_ops("gdn", s.gdn_layers, stage, tokens=tokens, batch=batch, hidden=s.hidden,
                                proj_out=proj_out, conv_dim=self.conv_dim, inner=self.v_heads * self.v_dim,

@@ -1,6 +1,9 @@
 """One operation's cost (FLOPs and bytes by kind) and its roofline time on a device.
 
-Shared by the LLM accounting (:mod:`.roofline`) and the DiT accounting (:mod:`.diffusion`).
+The vocabulary every cost is written in: the LLM accounting (``analysis/roofline.py``,
+``analysis/forward.py``), the DiT and video accounting, and the roofline terms each model family gives for
+itself (``models/family.py``, ``models/*_roofline.py``) — which is why it sits below both ``analysis/`` and
+``models/``.
 
 Time model: ``time = max(flops / peak, bytes / bandwidth)`` per operation, and operations run one after
 another (a stage's time is the sum of its operations' times, never overlapped). ``peak`` is the dense
@@ -12,12 +15,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any
-
-from forwardpass.analysis.hardware import Hardware
+from typing import Any, Protocol
 
 MATMUL = "matmul"
 VECTOR = "vector"
+
+
+class Roofs(Protocol):
+    """What an operation's time needs of a device (``analysis/hardware.py``'s ``Hardware`` has it)."""
+
+    vector_flops: float
+    bandwidth: float
+
+    def peak(self, dtype: str) -> float: ...
 
 
 @dataclass
@@ -66,7 +76,7 @@ class OpCost:
             count=count if count is not None else int(self.count * k),
         )
 
-    def evaluate(self, hw: Hardware, dtype: str) -> OpCost:
+    def evaluate(self, hw: Roofs, dtype: str) -> OpCost:
         """Fill ``peak``, the two times, ``time_s`` and ``bound`` for device ``hw`` computing in ``dtype``."""
         self.peak = hw.peak(dtype) if self.kind == MATMUL else hw.vector_flops
         self.compute_time_s = self.flops / self.peak
