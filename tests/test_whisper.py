@@ -143,3 +143,32 @@ def test_requests_without_audio_or_with_bad_audio_are_refused(whisper, checkpoin
             use_tqdm=False,
         )
     assert err.value.param == "multi_modal_data"
+
+
+def test_max_num_seqs_lowered_to_the_requests_a_kv_budget_holds(whisper):
+    """Each request's cross-attention K/V is paid first from the KV budget; where the configured batch of
+    requests would leave no room for one full decoder sequence, fewer run at once (the most that leave it)
+    instead of the engine refusing to start: ``forwardpass serve --model tiny.en`` with the defaults."""
+    from forwardpass.errors import ConfigError
+
+    d, hf, _ = whisper("mel80_30s")
+    spec = load_model_spec(d)
+    specs = [s for s in layer_specs(spec, 16, torch.float32) if s is not None]
+    state = sum(s.page_bytes_per_layer for s in specs if isinstance(s, CrossAttentionSpec))
+    page = sum(s.page_bytes_per_layer for s in specs if isinstance(s, FullAttentionSpec))
+    blocks = -(-spec.max_position_embeddings // 16)  # one sequence of max_model_len tokens
+    budget = 5 * state + blocks * page + page // 2  # five requests and one sequence, not six
+    llm = LLM(str(d), kv_cache_memory=budget)  # max_num_seqs left at its default (64)
+    assert llm.engine.config.max_num_seqs == 5
+    kv = llm.engine.kv
+    cross = next(g for g in kv.groups if isinstance(g.spec, CrossAttentionSpec))
+    paged = next(g for g in kv.groups if isinstance(g.spec, FullAttentionSpec))
+    assert cross.num_blocks == 5 and paged.num_blocks == blocks
+    prompt, (mels, positions) = prompt_ids(d), CONFIGS["mel80_30s"]
+    clips = [make_clip(1.0 + i, i) for i in range(7)]  # more requests than slots: they queue
+    outs = llm.generate([{"prompt_token_ids": prompt, "multi_modal_data": {"audio": (c, 16_000)}}
+                         for c in clips], GREEDY, use_tqdm=False)
+    assert _tokens(outs) == [_expected(hf, c, mels, positions, prompt) for c in clips]
+    llm.engine.check_invariants()
+    with pytest.raises(ConfigError, match="kv_cache_memory"):  # not even one request: refused, as before
+        LLM(str(d), kv_cache_memory=state + page)

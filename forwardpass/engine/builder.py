@@ -32,6 +32,7 @@ from forwardpass.engine.scheduling.kv_cache_spec import (
     layer_specs,
     plan_groups,
     sequence_capacity,
+    slots_that_fit,
 )
 from forwardpass.engine.scheduling.scheduler import Scheduler
 from forwardpass.engine.speculative.mtp_stash import hidden_sink
@@ -104,13 +105,14 @@ def build_engine_core(
 
     # ----- KV budget -------------------------------------------------------------------------------
     kv_spec = executor.local_spec(spec)  # this rank's KV heads
-    groups = plan_groups(
-        # the loaded model asked when this rank holds all of it: a meta-device build imports torch._dynamo
-        _layer_specs(kv_spec, config, net if kv_spec is spec else None),
-        config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY,
-        config.num_kv_blocks,
-        config.max_num_seqs,
-    )
+    # the loaded model asked when this rank holds all of it: a meta-device build imports torch._dynamo
+    specs = _layer_specs(kv_spec, config, net if kv_spec is spec else None)
+    budget, chunk = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY, config.max_num_batched_tokens
+    if config.num_kv_blocks is None:  # per-request state slots are paid first: as many requests as leave room
+        longest = config.max_model_len or spec.max_position_embeddings or chunk
+        fit = slots_that_fit(specs, budget, config.max_num_seqs, longest, chunk)
+        config = dataclasses.replace(config, max_num_seqs=fit or config.max_num_seqs)  # 0: refused below
+    groups = plan_groups(specs, budget, config.num_kv_blocks, config.max_num_seqs)
     paged = [g for g in groups if not isinstance(g.spec, StateSpec)]
     num_blocks = paged[0].num_blocks if paged else groups[0].num_blocks
     for g in groups:
@@ -118,7 +120,6 @@ def build_engine_core(
             logger.info("state slots: %d layers x %d bytes per request (constant in its length), %d slots = "
                         "%d bytes; prefix caching is off for them", len(g.layer_ids),
                         g.spec.page_bytes_per_layer, g.num_blocks, g.page_bytes * g.num_blocks)
-    chunk = config.max_num_batched_tokens
     # what one sequence can hold: windowed groups free blocks behind the window as it grows
     capacity = sequence_capacity(groups, chunk)
     # a model without positions (Mamba2) whose cache does not grow has no length limit of its own
@@ -144,16 +145,9 @@ def build_engine_core(
     # ----- plug-ins --------------------------------------------------------------------------------
     lora = None
     if lora_batch is not None:
-        lora = LoRAManager(
-            net,
-            spec,
-            lora_batch,
-            max_loras=config.max_loras,
-            max_lora_rank=config.max_lora_rank,
-            max_cpu_loras=config.max_cpu_loras,
-            dtype=dtype,
-            device=config.device,
-        )
+        lora = LoRAManager(net, spec, lora_batch, max_loras=config.max_loras,
+                           max_lora_rank=config.max_lora_rank, max_cpu_loras=config.max_cpu_loras,
+                           dtype=dtype, device=config.device)
     has_moe = bool(moe_layers(net))
     routing_stats = RoutingStats(maxlen=config.max_stats_records) if has_moe else None
     try:  # FLOPs / bytes per step for achieved FLOP/s and GB/s; optional, never fatal

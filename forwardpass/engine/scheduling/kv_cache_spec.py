@@ -29,6 +29,7 @@ dtype)`` → ``{cache id: spec}``) and ``layer_specs`` walks the model's modules
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -44,6 +45,8 @@ from forwardpass.attention.kv_cache_interface import (
     StateSpec,
 )
 from forwardpass.models.model_spec import ModelSpec
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["NULL_BLOCK", "FullAttentionSpec", "KVCacheGroup", "KVCacheSpec", "MLASpec", "SlidingWindowSpec",
            "StateSpec", "layer_specs", "plan_groups", "sequence_capacity", "trim_table"]
@@ -128,6 +131,32 @@ def plan_groups(
         num_blocks = max(0, memory_bytes - state_bytes) // per_block if per_block else 0
     return [KVCacheGroup(spec, tuple(ids), max_num_seqs if isinstance(spec, StateSpec) else num_blocks)
             for spec, ids in by_spec.items()]
+
+
+def slots_that_fit(specs: Sequence[KVCacheSpec | None], memory_bytes: int, max_num_seqs: int, tokens: int,
+                   max_chunk: int) -> int:
+    """The most running requests (at most ``max_num_seqs``) whose state slots, paid first from
+    ``memory_bytes``, still leave every paged group room for one sequence of ``tokens``; 0 when not even one
+    does. A Whisper request keeps its cross-attention K/V (18 MB for tiny.en, ~0.5 GB for large), so the
+    default ``max_num_seqs`` may not fit a default budget: fewer requests run at once instead of none."""
+
+    def fits(n: int) -> bool:
+        return all(g.spec.max_blocks_per_sequence(tokens, max_chunk) <= g.num_blocks
+                   for g in plan_groups(specs, memory_bytes, None, n) if not isinstance(g.spec, StateSpec))
+
+    if fits(max_num_seqs):
+        return max_num_seqs
+    lo, hi = 0, max_num_seqs  # fits(lo) or lo == 0; not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    if lo:
+        per_request = sum(s.page_bytes_per_layer for s in specs if isinstance(s, StateSpec))
+        logger.warning("max_num_seqs %d -> %d: each request keeps %.1f MB of state (cross-attention K/V or "
+                       "a recurrent state), and %d requests' worth leaves no room for one %d-token sequence "
+                       "in a %.0f MB KV budget (raise --kv-cache-memory to run more at once)",
+                       max_num_seqs, lo, per_request / 1e6, max_num_seqs, tokens, memory_bytes / 1e6)
+    return lo
 
 
 def sequence_capacity(groups: list[KVCacheGroup], max_chunk: int) -> int | None:
