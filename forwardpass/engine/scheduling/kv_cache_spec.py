@@ -49,7 +49,7 @@ from forwardpass.models.model_spec import ModelSpec
 logger = logging.getLogger(__name__)
 
 __all__ = ["NULL_BLOCK", "FullAttentionSpec", "KVCacheGroup", "KVCacheSpec", "MLASpec", "SlidingWindowSpec",
-           "StateSpec", "layer_specs", "plan_groups", "sequence_capacity", "trim_table"]
+           "StateSpec", "layer_specs", "plan_groups", "sequence_capacity", "slots_that_fit", "trim_table"]
 
 NULL_BLOCK = -1  # a block-table entry whose block was freed (behind a sliding window)
 
