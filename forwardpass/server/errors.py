@@ -44,12 +44,11 @@ def from_exception(exc: BaseException, retry_after_s: int = 1) -> JSONResponse:
     """The response for an exception raised while handling a request."""
     if isinstance(exc, ForwardpassError):
         headers = {"Retry-After": str(retry_after_s)} if isinstance(exc, QueueFullError) else None
-        restarting = isinstance(exc, EngineRestartingError)
         if isinstance(exc, EngineRestartingError):  # back once the engine has reloaded: it knows when
-            headers = {"Retry-After": str(exc.retry_after_s)}
-        code = exc.code or ("context_length_exceeded" if isinstance(exc, ContextLengthError) else None)
-        if exc.status_code >= 500 and not restarting:  # the supervisor logs a restart once, not per request
+            headers = {"Retry-After": str(exc.retry_after_s)}  # not logged: the supervisor logs the restart
+        elif exc.status_code >= 500:
             logger.warning("request failed: %s", exc)
+        code = exc.code or ("context_length_exceeded" if isinstance(exc, ContextLengthError) else None)
         return error_response(exc.status_code, exc.message, exc.error_type, exc.param, code, headers)
     logger.error("unhandled error", exc_info=exc)
     return error_response(500, f"internal server error: {type(exc).__name__}", "internal_error")
