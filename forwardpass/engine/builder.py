@@ -29,6 +29,7 @@ from forwardpass.engine.scheduling.kv_cache_spec import (
     KVCacheSpec,
     SlidingWindowSpec,
     StateSpec,
+    groups_too_short,
     layer_specs,
     plan_groups,
     sequence_capacity,
@@ -126,7 +127,7 @@ def build_engine_core(
     max_pos = spec.max_position_embeddings or capacity or _NO_POSITION_LIMIT
     max_model_len = (config.max_model_len if config.max_model_len is not None
                      else min(max_pos, capacity or max_pos))
-    short = [g for g in groups if g.spec.max_blocks_per_sequence(max_model_len, chunk) > g.num_blocks]
+    short = groups_too_short(groups, max_model_len, chunk)
     if short or num_blocks < 1 or max_model_len < 2:
         per_block = sum(g.page_bytes for g in groups)
         held = max(g.spec.max_blocks_per_sequence(max_model_len, chunk) for g in groups)

@@ -49,7 +49,8 @@ from forwardpass.models.model_spec import ModelSpec
 logger = logging.getLogger(__name__)
 
 __all__ = ["NULL_BLOCK", "FullAttentionSpec", "KVCacheGroup", "KVCacheSpec", "MLASpec", "SlidingWindowSpec",
-           "StateSpec", "layer_specs", "plan_groups", "sequence_capacity", "slots_that_fit", "trim_table"]
+           "StateSpec", "groups_too_short", "layer_specs", "plan_groups", "sequence_capacity",
+           "slots_that_fit", "trim_table"]
 
 NULL_BLOCK = -1  # a block-table entry whose block was freed (behind a sliding window)
 
@@ -140,9 +141,8 @@ def slots_that_fit(specs: Sequence[KVCacheSpec | None], memory_bytes: int, max_n
     does. A Whisper request keeps its cross-attention K/V (18 MB for tiny.en, ~0.5 GB for large), so the
     default ``max_num_seqs`` may not fit a default budget: fewer requests run at once instead of none."""
 
-    def fits(n: int) -> bool:
-        return all(g.spec.max_blocks_per_sequence(tokens, max_chunk) <= g.num_blocks
-                   for g in plan_groups(specs, memory_bytes, None, n) if not isinstance(g.spec, StateSpec))
+    def fits(n: int) -> bool:  # n >= 1: a state group's one slot per sequence always fits
+        return not groups_too_short(plan_groups(specs, memory_bytes, None, n), tokens, max_chunk)
 
     if fits(max_num_seqs):
         return max_num_seqs
@@ -157,6 +157,11 @@ def slots_that_fit(specs: Sequence[KVCacheSpec | None], memory_bytes: int, max_n
                        "in a %.0f MB KV budget (raise --kv-cache-memory to run more at once)",
                        max_num_seqs, lo, per_request / 1e6, max_num_seqs, tokens, memory_bytes / 1e6)
     return lo
+
+
+def groups_too_short(groups: list[KVCacheGroup], tokens: int, max_chunk: int) -> list[KVCacheGroup]:
+    """The groups that cannot hold one sequence of ``tokens`` (computed ``max_chunk`` at a time) alone."""
+    return [g for g in groups if g.spec.max_blocks_per_sequence(tokens, max_chunk) > g.num_blocks]
 
 
 def sequence_capacity(groups: list[KVCacheGroup], max_chunk: int) -> int | None:
