@@ -57,6 +57,9 @@ class ExecutionPlan:
     quant_kernel: bool = True
     #: fp32 projections packed once for oneDNN and read in place by the small-batch kernel (layers/packed.py)
     packed_weights: bool = False
+    #: what packed projections are stored in: float32, or a bf16 / fp16 checkpoint's own dtype, upcast to
+    #: float32 in the kernel's registers (layers/half_panels.py); computing stays ``dtype``
+    weight_storage: torch.dtype = torch.float32
     #: a decode step's Llama-family layers in one C++ call (models/llama_decode_stack.py)
     decode_stack: bool = False
     kv_cache_dtype: torch.dtype = torch.float32

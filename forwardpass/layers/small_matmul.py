@@ -17,7 +17,7 @@ from forwardpass.kernel_build import SHARED_CSRC, TORCH_EXT, CppKernel, KernelLo
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "small_matmul.cpp"
-AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
+AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 AVX512_FLAGS = (*AVX2_FLAGS, "-mavx512f")
 
 
@@ -26,7 +26,7 @@ def kernel_for(isa: str) -> CppKernel:
     return CppKernel(
         f"forwardpass_small_matmul_{isa}", SOURCE, cflags=AVX512_FLAGS if isa == "avx512" else AVX2_FLAGS,
         ldflags=("-fopenmp",), what=f"the C++ small-batch matmul kernel ({isa})", expected_s=20,
-        headers=(TORCH_EXT, SHARED_CSRC / "transpose16.h"),
+        headers=(TORCH_EXT, SHARED_CSRC / "transpose16.h", SOURCE.with_name("half_panels.h")),
     )  # fmt: skip
 
 

@@ -4,8 +4,8 @@ A :class:`~forwardpass.layers.linear.Linear` takes its method from the execution
 (:func:`method_for`, by the layer's role) and hands it three moments of its life:
 
 * ``create_weights``: the parameters the checkpoint loader fills (an fp32 ``weight`` for every method here);
-* ``process_weights_after_loading``: once, after loading: pack the weight for oneDNN, or quantize it to
-  blocks;
+* ``process_weights_after_loading``: once, after loading: pack the weight for oneDNN, keep a bf16 / fp16
+  checkpoint's weight in its dtype (``layers/half_panels.py``), or quantize it to blocks;
 * ``apply``: ``x · Wᵀ (+ bias)``: a weight in a format of its own (quantized blocks, packed panels:
   ``layers/weight_interface.py::Weight``) through its own matmul, a plain fp32 tensor through the dense
   matmul (``layers/dense_matmul.py``).
@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from forwardpass.layers.dense_matmul import dense_matmul
+from forwardpass.layers.half_panels import HalfPanelWeight
 from forwardpass.layers.packed import PackedWeight
 from forwardpass.layers.weight_interface import Weight
 from forwardpass.quant.weight import QuantizedWeight
@@ -110,6 +111,29 @@ class PackedFp32Method(Fp32Method):
 
 
 @dataclass(frozen=True)
+class HalfPanelMethod(PackedFp32Method):
+    """A bf16 / fp16 checkpoint's weights kept in their dtype, in panels the small-batch kernel upcasts in
+    registers (layers/half_panels.py); a weight whose values are not all of that dtype is packed as fp32."""
+
+    storage: torch.dtype = torch.bfloat16
+
+    @property
+    def name(self) -> str:
+        return str(self.storage).removeprefix("torch.") + "-panels"
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        w = layer.weight
+        if not isinstance(w, nn.Parameter) or w.dim() != 2:  # blocks from a GGUF file: kept as stored
+            return
+        half = HalfPanelWeight.pack(w.data, self.storage, self.kernel_module)
+        if half is None:
+            super().process_weights_after_loading(layer)
+            return
+        del layer.weight  # the fp32 parameter goes: the panels are the only copy
+        layer.weight = half
+
+
+@dataclass(frozen=True)
 class QuantizeAtLoadMethod(Fp32Method):
     """fp32 weights loaded, then quantized to ``fmt`` blocks one matrix at a time (peak memory: the fp32 model
     plus one quantized matrix); the C++ kernels multiply them (``kernel=False``: the PyTorch reference)."""
@@ -140,5 +164,7 @@ def method_for(plan: ExecutionPlan, role: str) -> Fp32Method:
     if fmt is not None:
         return QuantizeAtLoadMethod(small, invariant, fmt=fmt, kernel=plan.quant_kernel)
     if plan.packed_weights and small is not None and plan.kernels.small_matmul_module is not None:
+        if plan.weight_storage != torch.float32:
+            return HalfPanelMethod(small, invariant, plan.kernels.small_matmul_module, plan.weight_storage)
         return PackedFp32Method(small, invariant, plan.kernels.small_matmul_module)
     return Fp32Method(small, invariant)

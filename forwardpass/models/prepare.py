@@ -74,13 +74,15 @@ def resolve_plan(
             raise ConfigError("batch_invariant with quantized weights needs the C++ quantized-matmul kernel, "
                               "which could not be built here", param="batch_invariant")
         isa.update(quant_matmul=quant_isa(), quant_gemm=gemm_path(cpu_flags()))
+    packed = small is not None and envs.get("FORWARDPASS_PACKED_WEIGHTS")
     return ExecutionPlan(
         device=config.device,
         dtype=dtype,
         checkpoint_format="gguf" if gguf else "ctranslate2" if is_converted_dir(model_dir) else "hf",
         quantized_format=fmt,
         head_format=HEAD_FORMAT if fmt is not None else None,
-        packed_weights=small is not None and envs.get("FORWARDPASS_PACKED_WEIGHTS"),
+        packed_weights=packed,
+        weight_storage=half_storage(model_dir, dtype) if packed and fmt is None and not gguf else torch.float32,
         # kept by the batch-invariant plan: the stack calls the same kernels as the layers, so a pure decode
         # step computes bitwise what a mixed step's layers do (tests/test_batch_invariance.py runs both kinds)
         decode_stack=ops is not None,
@@ -92,6 +94,20 @@ def resolve_plan(
                                 small_matmul_module=loaded_kernel() if small is not None else None),
         isa=isa,
     )  # fmt: skip
+
+
+def half_storage(model_dir: str | Path, dtype: torch.dtype) -> torch.dtype:
+    """What a CPU engine computing in ``dtype`` keeps a Hugging Face checkpoint's packed projections in: its
+    own bfloat16 / float16 where it computes in float32 (layers/half_panels.py: the kernel upcasts them in
+    registers, exactly), else float32. ``FORWARDPASS_HALF_WEIGHTS=0`` keeps float32."""
+    from forwardpass.loader.config import load_model_config
+    from forwardpass.loader.ctranslate2 import is_converted_dir
+
+    if dtype != torch.float32 or not envs.get("FORWARDPASS_HALF_WEIGHTS") or is_converted_dir(model_dir):
+        return torch.float32
+    cfg = load_model_config(model_dir)
+    stored = str(cfg.get("torch_dtype") or cfg.get("dtype") or "")
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(stored, torch.float32)
 
 
 def check_batch_invariant(config: EngineConfig, model_dir: str | Path) -> None:

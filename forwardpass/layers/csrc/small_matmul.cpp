@@ -220,6 +220,8 @@ void matmul(const float* x, const float* w, const float* bias, float* y, int64_t
 
 }  // namespace panel
 
+#include "half_panels.h"  // bfloat16 / float16 panels, upcast to fp32 in registers
+
 #if defined(__AVX512F__)
 #include "transpose16.h"  // forwardpass/csrc/
 
@@ -360,8 +362,10 @@ void gemm(const float* x, const float* w, const float* bias, float* y, int64_t M
 }  // namespace
 
 torch::Tensor small_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kFloat32, "float32 only");
-  const bool panels = w.dim() == 3;  // [N/64, Kp, 64] (panel::), else [N, K]
+  const bool panels = w.dim() == 3;  // [N/64, Kp, 64] (panel::, half::), else [N, K]
+  const bool half_panels = panels && (w.dtype() == torch::kBFloat16 || w.dtype() == torch::kHalf);
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && (w.dtype() == torch::kFloat32 || half_panels),
+              "float32 activations and float32 weights (or bfloat16 / float16 panels) only");
   TORCH_CHECK(x.dim() == 2 && (panels ? w.size(2) == panel::P && x.size(1) <= w.size(1)
                                       : w.dim() == 2 && x.size(1) == w.size(1)),
               "x [M, K] and W [N, K] or panels [N/64, Kp >= K, 64] expected");
@@ -379,9 +383,18 @@ torch::Tensor small_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch
   }
   auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
+  if (half_panels) {
+    const auto* hp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+    if (w.dtype() == torch::kBFloat16) {
+      half::matmul<half::Kind::bf16>(xp, hp, bp, yp, M, K, w.size(1), N);
+    } else {
+      half::matmul<half::Kind::fp16>(xp, hp, bp, yp, M, K, w.size(1), N);
+    }
+    return y;
+  }
+  const float* wp = w.data_ptr<float>();
   if (panels) {
     panel::matmul(xp, wp, bp, yp, M, K, w.size(1), N);
     return y;
@@ -427,7 +440,8 @@ torch::Tensor panels_view(torch::Tensor owner, int64_t ptr, int64_t panels, int6
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panels_view", &panels_view, "a [panels, Kp, 64] view of oneDNN's packed fp32 weight buffer",
         py::arg("owner"), py::arg("ptr"), py::arg("panels"), py::arg("kp"));
-  m.def("small_matmul", &small_matmul, "x @ W.T (+ bias) for small batches (CPU, fp32)", py::arg("x"),
+  m.def("small_matmul", &small_matmul, "x @ W.T (+ bias) for small batches (CPU, fp32; any batch on half panels)",
+        py::arg("x"),
         py::arg("w"), py::arg("bias") = py::none());
   // the entry point for C++ callers (attention/csrc/decode_stack.h), named after its signature
   m.def("matmul_capsule", [] { return py::capsule(reinterpret_cast<void*>(&small_matmul), "forwardpass.dense_matmul"); });
