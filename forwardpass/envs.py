@@ -53,8 +53,8 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("FORWARDPASS_PACKED_WEIGHTS", bool, True,
         "0: fp32 weights stay plain tensors, not packed once for oneDNN's GEMM (layers/packed.py)"),
     Var("FORWARDPASS_HALF_WEIGHTS", bool, True,
-        "0: a bf16 / fp16 checkpoint's projections are upcast to float32 on a float32 CPU engine, not kept in "
-        "their dtype (layers/half_panels.py)"),
+        "0: a bf16 / fp16 checkpoint's projections are upcast to float32 on a float32 CPU engine, not "
+        "kept in their dtype (layers/half_panels.py)"),
     Var("FORWARDPASS_HUGE_PAGES", bool, True,
         "0: the weights and KV cache stay on the allocator's pages, not moved to 2 MB pages (huge_pages.py)"),
     Var("FORWARDPASS_TP_WORKER_RUNNER", str, None,

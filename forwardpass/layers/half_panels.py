@@ -64,7 +64,8 @@ class HalfPanelWeight(nn.Module):
         """fp32 ``W[ids]`` (an embedding lookup on a tied LM head's matrix), gathered across the panels."""
         flat = ids.reshape(-1)
         if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
-            raise IndexError(f"index out of range: ids must be in [0, {self.out_features})")  # as nn.Embedding
+            # as nn.Embedding
+            raise IndexError(f"index out of range: ids must be in [0, {self.out_features})")
         return self.panels[flat // PANEL, :, flat % PANEL].float().view(*ids.shape, self.in_features)
 
     @classmethod

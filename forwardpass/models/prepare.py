@@ -82,7 +82,8 @@ def resolve_plan(
         quantized_format=fmt,
         head_format=HEAD_FORMAT if fmt is not None else None,
         packed_weights=packed,
-        weight_storage=half_storage(model_dir, dtype) if packed and fmt is None and not gguf else torch.float32,
+        weight_storage=(half_storage(model_dir, dtype) if packed and fmt is None and not gguf
+                        else torch.float32),
         # kept by the batch-invariant plan: the stack calls the same kernels as the layers, so a pure decode
         # step computes bitwise what a mixed step's layers do (tests/test_batch_invariance.py runs both kinds)
         decode_stack=ops is not None,
