@@ -10,7 +10,10 @@ Paths (``docs/weight-paths.md`` has the table and the knobs):
   and the LM head's weight packed once for oneDNN (``layers/packed.py``), decode steps on the small-batch
   kernel;
 * ``int8`` / ``int4``: ``quantization=`` with the compiled kernels: projections and expert stacks ``q8_0`` /
-  ``q4_0`` blocks, the LM head (or tied embedding) ``q8_0``.
+  ``q4_0`` blocks, the LM head (or tied embedding) ``q8_0``;
+* ``bf16-panels``: the same checkpoint saved in bfloat16, ``cpu_kernels=True``: every projection and the LM
+  head kept in bfloat16 panels the kernel upcasts in registers (``layers/half_panels.py``); its reference is
+  transformers on that bf16 checkpoint read in float32 (the same values).
 
 Each cell checks that the plan chose the path and that it really applies (every plan-built layer's method and
 what its weight became after loading; no torch ``nn.Linear`` the plan cannot reach), then runs a few greedy
@@ -42,6 +45,7 @@ from torch import nn
 
 from forwardpass import LLM, SamplingParams
 from forwardpass.layers.embedding import TokenEmbedding
+from forwardpass.layers.half_panels import HalfPanelWeight
 from forwardpass.layers.linear import Linear
 from forwardpass.layers.moe import ExpertWeights
 from forwardpass.layers.packed import PANEL, PackedWeight
@@ -95,7 +99,10 @@ PATHS: dict[str, tuple[dict, str, str]] = {
     "fp32-packed": ({"cpu_kernels": True}, "fp32-packed", "fp32-packed"),
     "int8": ({"cpu_kernels": True, "quantization": "int8"}, "q8_0", "q8_0"),
     "int4": ({"cpu_kernels": True, "quantization": "int4"}, "q4_0", "q8_0"),
+    "bf16-panels": ({"cpu_kernels": True}, "bfloat16-panels", "bfloat16-panels"),
 }
+#: the paths that read the checkpoint saved in bfloat16
+HALF_PATHS = {"bf16-panels"}
 # 69 prefill rows: over the small-batch kernel's 64 (oneDNN's GEMM)
 PROMPTS = random_prompts(2, [9, 60], seed=11)
 STEPS = 6
@@ -106,17 +113,37 @@ GREEDY = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, logpro
 AGREEMENT: dict[tuple[str, str], tuple[int, int]] = {}
 
 
+def bf16_copy(src: Path, dest: Path) -> Path:
+    """``src`` saved again in bfloat16 (its floating tensors rounded, ``config.json``'s dtype saying so), as
+    ``save_pretrained`` writes a bf16 model."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dest, dirs_exist_ok=True)
+    for f in dest.glob("*.safetensors"):
+        tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(f).items()}
+        save_file(tensors, f, metadata={"format": "pt"})
+    cfg = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16", "dtype": "bfloat16"}))
+    return dest
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """``reference(arch) -> (checkpoint, transformers' greedy tokens for PROMPTS)``, made once per module."""
-    cache: dict[str, tuple[Path, list[list[int]]]] = {}
+    """``reference(arch, half=False) -> (checkpoint, transformers' greedy tokens for PROMPTS)``, made once per
+    module; ``half``: the checkpoint saved in bfloat16, and transformers' tokens on it read in float32."""
+    cache: dict[tuple[str, bool], tuple[Path, list[list[int]]]] = {}
 
-    def get(arch: str) -> tuple[Path, list[list[int]]]:
-        if arch not in cache:
+    def get(arch: str, half: bool = False) -> tuple[Path, list[list[int]]]:
+        if (arch, half) not in cache:
             path = ARCHS[arch](tmp_path_factory.mktemp(arch))
+            if half:
+                path = bf16_copy(path, tmp_path_factory.mktemp(f"{arch}-bf16"))
             hf = hf_model(path)
-            cache[arch] = path, [hf_greedy(hf, p, STEPS) for p in PROMPTS]
-        return cache[arch]
+            cache[arch, half] = path, [hf_greedy(hf, p, STEPS) for p in PROMPTS]
+        return cache[arch, half]
 
     return get
 
@@ -186,6 +213,13 @@ def _check_weights(model: nn.Module, plan: ExecutionPlan, path: str) -> None:
     for name, role, out, k, w in held:
         if path == "fp32":
             assert isinstance(w, nn.Parameter), name
+        elif path in HALF_PATHS:  # bf16 panels exactly where the outputs are whole panels; else fp32 as
+            # packing leaves it (packed where oneDNN lays the shape out as panels, plain otherwise)
+            if out % PANEL == 0:
+                assert isinstance(w, HalfPanelWeight) and w.panels.dtype == torch.bfloat16, (name, type(w))
+                packed += 1
+            else:
+                assert isinstance(w, PackedWeight | nn.Parameter), (name, type(w).__name__)
         elif path == "fp32-packed":  # packed exactly where the outputs are whole panels and oneDNN lays the
             # shape out as panels: its blocking depends on the thread count (here N=192 packs at 1 thread, not
             # at 2), so the expectation asks the same layout check for the shape
@@ -194,7 +228,7 @@ def _check_weights(model: nn.Module, plan: ExecutionPlan, path: str) -> None:
             packed += isinstance(w, PackedWeight)
         else:
             assert isinstance(w, QuantizedWeight) and w.fmt == fmt[role], (name, type(w).__name__)
-    if path == "fp32-packed":
+    if path == "fp32-packed" or path in HALF_PATHS:
         assert 2 * packed >= len(held), f"only {packed} of {len(held)} weights packed: widen the checkpoint"
 
 
@@ -207,7 +241,7 @@ def _lps(out) -> list[float]:
 def test_weight_path(arch, path, reference, compiled_kernels, request):
     if path != "fp32" and not compiled_kernels:
         pytest.skip("no compiled CPU kernels on this machine: the plan cannot pick this path")
-    ckpt, want = reference(arch)
+    ckpt, want = reference(arch, half=path in HALF_PATHS)
     options = PATHS[path][0]
     llm = LLM(str(ckpt), **ENGINE, **options)
     _check_weights(llm.engine.model, llm.engine.core.plan, path)
@@ -243,16 +277,27 @@ def whisper_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def whisper(whisper_checkpoint):
-    """(checkpoint, decoder prompt, clip, transformers' greedy tokens)."""
+def whisper(whisper_checkpoint, tmp_path_factory):
+    """``whisper(half=False) -> (checkpoint, decoder prompt, clip, transformers' greedy tokens)``; ``half``:
+    the checkpoint saved in bfloat16, transformers reading it in float32."""
     from forwardpass.audio import log_mel_spectrogram
     from tests.helpers.whisper_checkpoints import hf_greedy as whisper_greedy
     from tests.helpers.whisper_checkpoints import make_clip, prompt_ids
 
-    hf = transformers.WhisperForConditionalGeneration.from_pretrained(whisper_checkpoint).eval()
-    prompt, clip = prompt_ids(whisper_checkpoint), make_clip(1.2, 3)
-    return whisper_checkpoint, prompt, clip, whisper_greedy(hf, log_mel_spectrogram(clip, 80, 200), prompt,
-                                                            STEPS)
+    cache = {}
+
+    def get(half: bool = False):
+        if half not in cache:
+            ckpt = whisper_checkpoint
+            if half:
+                ckpt = bf16_copy(whisper_checkpoint, tmp_path_factory.mktemp("whisper-bf16"))
+            hf = transformers.WhisperForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32)
+            prompt, clip = prompt_ids(ckpt), make_clip(1.2, 3)
+            mel = log_mel_spectrogram(clip, 80, 200)
+            cache[half] = ckpt, prompt, clip, whisper_greedy(hf.eval(), mel, prompt, STEPS)
+        return cache[half]
+
+    return get
 
 
 @pytest.mark.parametrize("path", list(PATHS), ids=lambda p: f"whisper-{p}")
@@ -263,7 +308,7 @@ def test_whisper_weight_path(path, whisper, compiled_kernels, request):
     teacher-forced agreement reported."""
     if path != "fp32" and not compiled_kernels:
         pytest.skip("no compiled CPU kernels on this machine: the plan cannot pick this path")
-    ckpt, prompt, clip, want = whisper
+    ckpt, prompt, clip, want = whisper(half=path in HALF_PATHS)
     llm = LLM(str(ckpt), num_kv_blocks=32, max_num_seqs=2, **PATHS[path][0])
     plan, model = llm.engine.core.plan, llm.engine.model
     _check_weights(model, plan, path)
