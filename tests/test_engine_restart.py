@@ -140,6 +140,32 @@ def test_with_no_restarts_the_server_exits_non_zero(model):
     assert "error: the engine died and was not restarted" in log
 
 
+def test_a_stop_signal_to_the_whole_group_drains_and_exits_cleanly(model):
+    """SIGTERM sent to every process of the server (systemd's default ``KillMode=control-group``, a
+    benchmark's ``killpg``), the engine first: the engine is not a casualty — the stream in flight is drained
+    to its end, the server exits 0, and nothing says the engine died or is restarting."""
+    with ServerProcess(model, "--engine-restarts", "2") as srv:
+        body = {"prompt": "hello", "max_tokens": 200, "stream": True, "ignore_eos": True, "temperature": 0}
+        events: list[str] = []
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=120) as r:
+            lines = r.iter_lines()
+            for line in lines:
+                if line.startswith("data: {"):
+                    events.append(line)
+                    break
+            engine = httpx.get(srv.url + "/debug/engine", timeout=30).json()["pid"]
+            os.kill(engine, signal.SIGTERM)
+            srv.proc.send_signal(signal.SIGTERM)
+            events += [line for line in lines if line.startswith("data: ")]
+        assert srv.proc.wait(60) == 0, srv.log()
+        log = srv.log_path.read_text(errors="replace")
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert "error" not in chunks[-1] and chunks[-1]["choices"][0]["finish_reason"] == "length", chunks[-1]
+    assert sum(len(c["choices"][0]["text"]) > 0 for c in chunks) > 1
+    assert "engine died" not in log and "restarting" not in log and "Traceback" not in log, log[-3000:]
+
+
 def test_a_dead_engine_loop_is_restarted_in_process(model):
     """The same, inside ``AsyncLLMEngine`` (what every engine of a server gets): a fault that breaks the KV
     cache kills the loop; requests meanwhile get ``EngineRestartingError`` with a Retry-After; a fresh loop

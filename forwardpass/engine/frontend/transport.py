@@ -55,7 +55,13 @@ class ThreadTransport:
 
 def _process_main(spec: EngineSpec, inbox: Any, conn: Connection) -> None:
     """Entry point of the engine process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server decides
+    # Ctrl-C reaches the whole process group, and so does a stop signal sent to it (systemd's default
+    # KillMode, a benchmark's killpg): the server decides. It drains its requests and then stops this engine
+    # (ProcessTransport.join, SIGKILL as the last resort); an engine that went down with the signal would fail
+    # the requests being drained and look like a crash to the restart policy. The loop also ends when its
+    # parent is gone.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=spec.log_level, format="%(levelname)s %(name)s [engine]: %(message)s")
     parent = multiprocessing.parent_process()
     try:
