@@ -59,18 +59,28 @@ def _smollm2():
     return path
 
 
-@pytest.mark.parametrize("quantization", [None, "int8", "gguf", "bf16-kv"],
-                         ids=["fp32", "int8", "smollm2-q4_1-gguf", "fp32-bfloat16-kv"])
-def test_a_request_computes_alike_in_every_batch(quantization):
+@pytest.mark.parametrize("quantization", [None, "int8", "gguf", "bf16-kv", "bf16-checkpoint"],
+                         ids=["fp32", "int8", "smollm2-q4_1-gguf", "fp32-bfloat16-kv", "bf16-checkpoint"])
+def test_a_request_computes_alike_in_every_batch(quantization, tmp_path):
     """The embedded model in fp32 and int8, a real GGUF file (SmolLM2's Q4_1 on the K-block kernel, whose
     matmuls of every row count are the same operations row by row — on AVX2 hosts its GEMM mode — with its K/V
-    in float16, the file's default), and fp32 with its K/V kept in bfloat16 (a bf16 checkpoint's default)."""
-    gguf, bf16_kv = quantization == "gguf", quantization == "bf16-kv"
-    llm = _llm(None if gguf or bf16_kv else quantization, batch_invariant=True,
-               model=_smollm2() if gguf else None, **({"kv_cache_dtype": "bfloat16"} if bf16_kv else {}))
-    assert llm.engine.core.plan.kv_cache_dtype == (torch.bfloat16 if bf16_kv else
-                                                   torch.float16 if gguf else torch.float32)
-    assert llm.engine.core.plan.batch_invariant
+    in float16, the file's default), fp32 with its K/V kept in bfloat16, and the embedded model saved in
+    bfloat16 (its weights kept in bf16 panels, layers/half_panels.py, its K/V in bfloat16: its defaults)."""
+    from forwardpass.layers.half_panels import HalfPanelWeight
+    from tests.helpers.checkpoints import bf16_copy
+
+    gguf, bf16_kv, bf16 = quantization == "gguf", quantization == "bf16-kv", quantization == "bf16-checkpoint"
+    model = _smollm2() if gguf else bf16_copy(default_llm_path(), tmp_path / "bf16") if bf16 else None
+    llm = _llm(quantization if quantization in (None, "int8") else None, batch_invariant=True, model=model,
+               **({"kv_cache_dtype": "bfloat16"} if bf16_kv else {}))
+    plan = llm.engine.core.plan
+    assert plan.kv_cache_dtype == (torch.bfloat16 if bf16_kv or bf16 else torch.float16 if gguf else
+                                   torch.float32)
+    assert plan.batch_invariant
+    if bf16:
+        assert plan.weight_storage == torch.bfloat16
+        linears = [m for m in llm.engine.model.modules() if type(m).__name__ in ("Linear", "MergedLinear")]
+        assert linears and all(isinstance(m.weight, HalfPanelWeight) for m in linears)
     reqs = _requests()
     alone = _run(llm, *reqs, n=0)
     assert len(alone[0]) == 8

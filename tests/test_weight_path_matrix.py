@@ -55,7 +55,7 @@ from forwardpass.models.weight_path_checks import check_weight_path
 from forwardpass.plan import ExecutionPlan
 from forwardpass.quant.weight import QuantizedWeight
 from tests.helpers.attention_checkpoints import make_attention_checkpoint
-from tests.helpers.checkpoints import make_checkpoint, random_prompts
+from tests.helpers.checkpoints import bf16_copy, make_checkpoint, random_prompts
 from tests.helpers.deepseek_v4_checkpoints import make_deepseek_v4_checkpoint
 from tests.helpers.moe_checkpoints import make_moe_checkpoint
 from tests.helpers.oracle import hf_greedy, hf_model
@@ -111,23 +111,6 @@ GREEDY = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, logpro
 
 #: (arch, path) → (top-1 agreements, positions), teacher-forced on transformers' fp32 greedy tokens
 AGREEMENT: dict[tuple[str, str], tuple[int, int]] = {}
-
-
-def bf16_copy(src: Path, dest: Path) -> Path:
-    """``src`` saved again in bfloat16 (its floating tensors rounded, ``config.json``'s dtype saying so), as
-    ``save_pretrained`` writes a bf16 model."""
-    import json
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(src, dest, dirs_exist_ok=True)
-    for f in dest.glob("*.safetensors"):
-        tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(f).items()}
-        save_file(tensors, f, metadata={"format": "pt"})
-    cfg = json.loads((dest / "config.json").read_text())
-    (dest / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16", "dtype": "bfloat16"}))
-    return dest
 
 
 @pytest.fixture(scope="module")

@@ -65,3 +65,20 @@ def make_checkpoint(directory: Path, variant: str = "qwen3", seed: int = 0, dtyp
 def random_prompts(n: int, lengths: list[int], vocab: int = 512, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (lengths[i % len(lengths)],), generator=g).tolist() for i in range(n)]
+
+
+def bf16_copy(src: Path, dest: Path) -> Path:
+    """``src`` saved again in bfloat16 (its floating tensors rounded, ``config.json``'s dtype saying so), as
+    ``save_pretrained`` writes a bf16 model."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dest, dirs_exist_ok=True)
+    for f in dest.glob("*.safetensors"):
+        tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(f).items()}
+        save_file(tensors, f, metadata={"format": "pt"})
+    cfg = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16", "dtype": "bfloat16"}))
+    return dest

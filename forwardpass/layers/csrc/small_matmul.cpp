@@ -440,9 +440,8 @@ torch::Tensor panels_view(torch::Tensor owner, int64_t ptr, int64_t panels, int6
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panels_view", &panels_view, "a [panels, Kp, 64] view of oneDNN's packed fp32 weight buffer",
         py::arg("owner"), py::arg("ptr"), py::arg("panels"), py::arg("kp"));
-  m.def("small_matmul", &small_matmul, "x @ W.T (+ bias) for small batches (CPU, fp32; any batch on half panels)",
-        py::arg("x"),
-        py::arg("w"), py::arg("bias") = py::none());
+  m.def("small_matmul", &small_matmul, "x @ W.T (+ bias): small batches of fp32 weights, any batch of half panels",
+        py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
   // the entry point for C++ callers (attention/csrc/decode_stack.h), named after its signature
   m.def("matmul_capsule", [] { return py::capsule(reinterpret_cast<void*>(&small_matmul), "forwardpass.dense_matmul"); });
 }
