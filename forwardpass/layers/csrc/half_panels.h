@@ -6,10 +6,12 @@
 // the bytes: a decode step streams half of them from memory, and a bf16 checkpoint is held in its own size.
 //
 // * one row (batch-1 decode): all 64 outputs of a panel in NV accumulators, the weights converted as they load;
-// * more rows: a chunk of KC k's of the panel is converted once into an fp32 buffer (64 KB, L2), then register
-//   blocks of RB rows × SV vectors of outputs pass over it (AVX2: 6 rows × 16 outputs = 12 accumulators, 2 weight
-//   vectors and a broadcast of the 16 registers; per k 8 loads feed 12 FMAs, where panel::'s one-row block needs
-//   9 for 8), the partial sums parked in y between chunks (a float stored and reloaded is the same float).
+// * more rows: a chunk of KC k's of the panel is converted once into an fp32 buffer (64 KB, L2), strip by strip
+//   of SV vectors of outputs (a strip contiguous: 16 KB on AVX2, in L1 while it is used; 1.05-1.16x over the
+//   panel's own row order, which maps a strip's rows to a quarter of L1's sets), then register blocks of RB rows
+//   × SV vectors pass over each strip (AVX2: 6 rows × 16 outputs = 12 accumulators, 2 weight vectors and a
+//   broadcast of the 16 registers; per k 8 loads feed 12 FMAs, where panel::'s one-row block needs 9 for 8), the
+//   partial sums parked in y between chunks (a float stored and reloaded is the same float).
 //   Large batches (prefill chunks) run here too: there is no library GEMM that reads 2-byte weights into fp32
 //   sums on a CPU without bf16 arithmetic.
 // Work items are (panel, group of up to 64 rows), so a prefill chunk of a projection with few panels still
@@ -65,8 +67,9 @@ inline void row1(const float* x, int64_t K, const uint16_t* w, float* y, int64_t
   }
 }
 
-// rows x[0..R) (K apart) against the converted chunk buf [kc][64] (k0 its first k), outputs out..out+SV·L of
-// the panel → y[i][col + out ..] (rows N apart); `first`: start the sums at zero; `last`: add the bias
+// rows x[0..R) (K apart) against one strip of the converted chunk, buf [kc][SV·L] (k0 its first k): the
+// panel's outputs out..out+SV·L → y[i][col + out ..] (rows N apart); `first`: start the sums at zero; `last`:
+// add the bias
 template <int R>
 inline void block(const float* x, int64_t K, const float* buf, int64_t kc, int64_t k0, float* y, int64_t N,
                   int64_t col, int64_t out, const float* bias, bool first, bool last) {
@@ -79,8 +82,8 @@ inline void block(const float* x, int64_t K, const float* buf, int64_t kc, int64
   const float* xr[R];
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i) xr[i] = x + i * K + k0;
-  const float* wb = buf + out;
-  for (int64_t kk = 0; kk < kc; ++kk, wb += P) {
+  const float* wb = buf;
+  for (int64_t kk = 0; kk < kc; ++kk, wb += SV * Vec::L) {
     const typename Vec::T w0 = Vec::load(wb), w1 = Vec::load(wb + Vec::L);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
@@ -130,12 +133,16 @@ void matmul(const float* x, const uint16_t* w, const float* bias, float* y, int6
       const uint16_t* wp = w + p * Kp * P;
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kc = std::min(KC, K - k0);
+        // strip-major: the SV vectors of strip s for every k side by side ([strip][kk][SV·L]), so a strip is
+        // one contiguous 16 KB (AVX2) that stays in L1 while the row blocks pass over it
         for (int64_t kk = 0; kk < kc; ++kk)
-          for (int j = 0; j < NV; ++j) Vec::store(buf.get() + kk * P + j * Vec::L, load<KIND>(wp + (k0 + kk) * P + j * Vec::L));
-        for (int64_t out = 0; out < P; out += SV * Vec::L)
+          for (int j = 0; j < NV; ++j)
+            Vec::store(buf.get() + (j / SV) * kc * SV * Vec::L + kk * SV * Vec::L + (j % SV) * Vec::L,
+                       load<KIND>(wp + (k0 + kk) * P + j * Vec::L));
+        for (int s = 0; s < NV / SV; ++s)
           for (int64_t m = m0; m < m1; m += RB)
-            block_any<RB>(std::min<int64_t>(RB, m1 - m), x + m * K, K, buf.get(), kc, k0, y + m * N, N, p * P, out,
-                          bias, k0 == 0, k0 + kc >= K);
+            block_any<RB>(std::min<int64_t>(RB, m1 - m), x + m * K, K, buf.get() + s * kc * SV * Vec::L, kc, k0,
+                          y + m * N, N, p * P, s * SV * Vec::L, bias, k0 == 0, k0 + kc >= K);
       }
     }
   });
