@@ -19,8 +19,9 @@ _DTYPES = {
 
 def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     """``auto`` means float32 on CPU: without native bf16 (AVX512-BF16/AMX) torch's bf16 matmul on CPU
-    runs ~300× slower than fp32 (0.3 vs 98 GFLOP/s measured on the AVX2 machines we test on), so
-    bf16 checkpoints are upcast at load. On CUDA ``auto`` means bfloat16."""
+    runs ~300× slower than fp32 (0.3 vs 98 GFLOP/s measured on the AVX2 machines we test on), so a bf16
+    checkpoint computes in float32 (its projections kept in bf16 and upcast in the kernel's registers:
+    ``layers/half_panels.py``). On CUDA ``auto`` means bfloat16."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
