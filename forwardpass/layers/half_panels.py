@@ -17,36 +17,19 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
-PANEL = 64  # outputs per panel (the kernel's panel::P)
+from forwardpass.layers.packed import PANEL, PanelWeight
+
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
-class HalfPanelWeight(nn.Module):
-    """``W [N, K]`` held as ``dtype`` panels; ``matmul(x)`` = ``x · Wᵀ`` in fp32 through the compiled kernel.
-
-    ``panels`` is a buffer (``state_dict`` counts its 2-byte elements, the huge-page move may rehome it).
-    """
-
-    panels: torch.Tensor
-
-    def __init__(self, panels: torch.Tensor, out_features: int, in_features: int, kernel: Any):
-        super().__init__()
-        self._kernel = kernel  # the compiled small_matmul module (layers/small_matmul.py)
-        self.out_features, self.in_features = out_features, in_features
-        self.register_buffer("panels", panels, persistent=True)
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.out_features, self.in_features))
+class HalfPanelWeight(PanelWeight):
+    """``W [N, K]`` held as ``dtype`` panels (``Kp = K``); ``matmul(x)`` = ``x · Wᵀ`` in fp32 through the
+    compiled kernel. The huge-page move may rehome ``panels`` (it is an ordinary tensor)."""
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        shape = x.shape
-        if shape[-1] != self.in_features:
-            raise ValueError(f"x has {shape[-1]} features, the weight {self.in_features}")
-        out = self._kernel.small_matmul(x.reshape(-1, shape[-1]), self.panels, bias)
-        return out.view(*shape[:-1], self.out_features)
+        out = self._kernel.small_matmul(self._rows_of(x), self.panels, bias)
+        return out.view(*x.shape[:-1], self.out_features)
 
     # one kernel, one FMA chain per output in k order, for every batch size: already batch-invariant
     matmul_batch_invariant = matmul
@@ -55,18 +38,6 @@ class HalfPanelWeight(nn.Module):
         """``(format, what multiplies it)`` for people (``layers/weight_report.py``)."""
         kind = str(self.panels.dtype).removeprefix("torch.")
         return kind, f"the panel kernel ({kind} read, upcast to float32 in registers, every batch size)"
-
-    def dense(self) -> torch.Tensor:
-        """The plain ``[N, K]`` fp32 weight (a copy)."""
-        return self.panels.transpose(1, 2).reshape(self.out_features, self.in_features).float()
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """fp32 ``W[ids]`` (an embedding lookup on a tied LM head's matrix), gathered across the panels."""
-        flat = ids.reshape(-1)
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
-            # as nn.Embedding
-            raise IndexError(f"index out of range: ids must be in [0, {self.out_features})")
-        return self.panels[flat // PANEL, :, flat % PANEL].float().view(*ids.shape, self.in_features)
 
     @classmethod
     def pack(cls, weight: torch.Tensor, dtype: torch.dtype, kernel: Any) -> HalfPanelWeight | None:

@@ -45,33 +45,66 @@ _ONEDNN = (
 )
 
 
-class PackedWeight(nn.Module):
-    """``W [N, K]`` in oneDNN's packed layout; ``matmul(x)`` = ``x · Wᵀ``.
-
-    ``panels`` (a buffer, so ``state_dict`` counts its bytes) is a view of the packed tensor's memory, which
-    it keeps alive. The module cannot move to another device: it is built for the CPU engine that holds it.
-    """
+class PanelWeight(nn.Module):
+    """``W [N, K]`` in the small-batch kernel's panels ``[N/64][Kp >= K][64]``, whatever their element type
+    (fp32 here, bf16 / fp16 in ``layers/half_panels.py``): reading the values back, and the check the kernel
+    cannot make. ``panels`` is a buffer, so ``state_dict`` counts its bytes."""
 
     panels: torch.Tensor
+
+    def __init__(self, panels: torch.Tensor, out_features: int, in_features: int, kernel: Any):
+        super().__init__()
+        self._kernel = kernel  # the compiled small_matmul (``layers/small_matmul.py``) that reads the panels
+        self.out_features, self.in_features = out_features, in_features
+        self.register_buffer("panels", panels, persistent=True)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.out_features, self.in_features))
+
+    def _rows_of(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as ``[M, K]`` rows; the kernel knows only the padded Kp, so K is checked here."""
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x has {x.shape[-1]} features, the weight {self.in_features}")
+        return x.reshape(-1, x.shape[-1])
+
+    def dense(self) -> torch.Tensor:
+        """The plain ``[N, K]`` fp32 weight (a copy), e.g. for tests and references."""
+        k = self.in_features
+        return self.panels[:, :k].transpose(1, 2).reshape(self.out_features, k).float()
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """fp32 ``W[ids]`` (an embedding lookup on a tied LM head's matrix): each row gathered across its
+        panel."""
+        flat = ids.reshape(-1)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
+            # as nn.Embedding
+            raise IndexError(f"index out of range: ids must be in [0, {self.out_features})")
+        out = self.panels[flat // PANEL, : self.in_features, flat % PANEL].float()
+        return out.view(*ids.shape, self.in_features)
+
+
+class PackedWeight(PanelWeight):
+    """``W [N, K]`` in oneDNN's packed layout; ``matmul(x)`` = ``x · Wᵀ``.
+
+    ``panels`` is a view of the packed tensor's memory, which it keeps alive. The module cannot move to
+    another device: it is built for the CPU engine that holds it.
+    """
+
     # panels views oneDNN's buffer: a copy elsewhere (engine/huge_pages.py) would be a second one
     keeps_own_memory = True
 
     def __init__(self, onednn: torch.Tensor, panels: torch.Tensor, out_features: int, in_features: int,
                  kernel: Any):
-        super().__init__()
+        super().__init__(panels, out_features, in_features, kernel)
         self._onednn = onednn
-        self._kernel = kernel  # the compiled small_matmul (``layers/small_matmul.py``) that reads the panels
-        self.out_features, self.in_features = out_features, in_features
-        self.register_buffer("panels", panels, persistent=True)
 
     def _apply(self, fn, recurse=True):
         raise RuntimeError("a PackedWeight lives where it was packed (CPU memory shared with oneDNN)")
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
-        if shape[-1] != self.in_features:  # the kernel knows only the padded Kp
-            raise ValueError(f"x has {shape[-1]} features, the weight {self.in_features}")
-        x2 = x.reshape(-1, shape[-1])
+        x2 = self._rows_of(x)
         if x2.shape[0] <= MAX_ROWS:
             out = self._kernel.small_matmul(x2, self.panels, bias)
         else:
@@ -90,19 +123,6 @@ class PackedWeight(nn.Module):
     def describe(self) -> tuple[str, str]:
         """``(format, what multiplies it)`` for people (``layers/weight_report.py``)."""
         return "fp32", "the small-batch kernel on panels packed once (oneDNN for large batches)"
-
-    def dense(self) -> torch.Tensor:
-        """The plain ``[N, K]`` weight (a copy), e.g. for tests and references."""
-        return self.panels[:, : self.in_features].transpose(1, 2).reshape(self.out_features, self.in_features)
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """``W[ids]`` (an embedding lookup on a tied LM head's matrix): each row gathered across its panel."""
-        flat = ids.reshape(-1)
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
-            # as nn.Embedding
-            raise IndexError(f"index out of range: ids must be in [0, {self.out_features})")
-        out = self.panels[flat // PANEL, : self.in_features, flat % PANEL]
-        return out.view(*ids.shape, self.in_features)
 
     @classmethod
     def pack(cls, weight: torch.Tensor, kernel: Any) -> PackedWeight | None:

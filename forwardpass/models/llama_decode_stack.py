@@ -21,8 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from forwardpass.attention.context import AttentionContext, GroupMetadata
-from forwardpass.layers.half_panels import HalfPanelWeight
-from forwardpass.layers.packed import PackedWeight
+from forwardpass.layers.packed import PanelWeight
 from forwardpass.quant.kblock_weight import KBlockWeight
 from forwardpass.quant.weight import QuantizedWeight
 
@@ -87,7 +86,7 @@ def build_decode_stack(
                 return ops.Projection(matvec, w.qs, w.d, linear.bias, w._vnni.gemm_capsule(q4), w.gemm_rows)
             max_rows.append(w.gemm_rows - 1)  # more rows take a path outside this kernel (AMX, oneDNN)
             return ops.Projection(matvec, w.qs, w.d, linear.bias)
-        if isinstance(w, PackedWeight | HalfPanelWeight):  # the same kernel reads its panels (their matmul)
+        if isinstance(w, PanelWeight):  # the same kernel reads its panels (fp32 or half: their matmul)
             w = w.panels
         elif not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or w.device.type != "cpu":
             return None

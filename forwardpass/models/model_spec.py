@@ -136,6 +136,14 @@ class ModelSpec:
         if MIXER_GDN in self.layer_mixers and self.gdn is None:
             raise ConfigError("Gated DeltaNet layers need their sizes (gdn)", param="linear_num_key_heads")
 
+    @property
+    def half_dtype(self) -> Any:
+        """The checkpoint's ``torch.bfloat16`` / ``torch.float16`` where config.json says it is stored in one
+        (what a float32 CPU engine keeps its weights and K/V in), else None."""
+        import torch  # here: reading a spec needs no torch
+
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.torch_dtype or "")
+
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], name: str = "") -> ModelSpec:

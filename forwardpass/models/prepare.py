@@ -53,6 +53,7 @@ def resolve_plan(
 
     dtype = config.torch_dtype
     gguf = is_gguf_dir(model_dir)
+    checkpoint_format = "gguf" if gguf else "ctranslate2" if is_converted_dir(model_dir) else "hf"
     fmt = QUANTIZATIONS[config.quantization] if config.quantization is not None else None
     # refusals first, before any kernel is built (a GGUF file's types: loader/gguf.py::check_gguf_dir)
     if not gguf:
@@ -78,11 +79,11 @@ def resolve_plan(
     return ExecutionPlan(
         device=config.device,
         dtype=dtype,
-        checkpoint_format="gguf" if gguf else "ctranslate2" if is_converted_dir(model_dir) else "hf",
+        checkpoint_format=checkpoint_format,
         quantized_format=fmt,
         head_format=HEAD_FORMAT if fmt is not None else None,
         packed_weights=packed,
-        weight_storage=(half_storage(model_dir, dtype) if packed and fmt is None and not gguf
+        weight_storage=(half_storage(model_dir, dtype) if packed and fmt is None and checkpoint_format == "hf"
                         else torch.float32),
         # kept by the batch-invariant plan: the stack calls the same kernels as the layers, so a pure decode
         # step computes bitwise what a mixed step's layers do (tests/test_batch_invariance.py runs both kinds)
@@ -101,14 +102,11 @@ def half_storage(model_dir: str | Path, dtype: torch.dtype) -> torch.dtype:
     """What a CPU engine computing in ``dtype`` keeps a Hugging Face checkpoint's packed projections in: its
     own bfloat16 / float16 where it computes in float32 (layers/half_panels.py: the kernel upcasts them in
     registers, exactly), else float32. ``FORWARDPASS_HALF_WEIGHTS=0`` keeps float32."""
-    from forwardpass.loader.config import load_model_config
-    from forwardpass.loader.ctranslate2 import is_converted_dir
+    from forwardpass.models.model_spec import load_model_spec
 
-    if dtype != torch.float32 or not envs.get("FORWARDPASS_HALF_WEIGHTS") or is_converted_dir(model_dir):
+    if dtype != torch.float32 or not envs.get("FORWARDPASS_HALF_WEIGHTS"):
         return torch.float32
-    cfg = load_model_config(model_dir)
-    stored = str(cfg.get("torch_dtype") or cfg.get("dtype") or "")
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(stored, torch.float32)
+    return load_model_spec(model_dir).half_dtype or torch.float32
 
 
 def check_batch_invariant(config: EngineConfig, model_dir: str | Path) -> None:

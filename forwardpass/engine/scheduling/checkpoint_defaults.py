@@ -36,7 +36,7 @@ def checkpoint_kv_dtype(model_dir: Path, config: EngineConfig, *, gguf: bool) ->
         from forwardpass.models.model_spec import load_model_spec
 
         spec = load_model_spec(model_dir)
-        stored = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.torch_dtype or "")
+        stored = spec.half_dtype
         if stored is None:
             return None
         caches = layer_specs(spec, config.block_size, config.torch_dtype)
