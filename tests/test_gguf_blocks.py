@@ -219,6 +219,31 @@ def test_rows_are_computed_alone_whatever_rows_pass_a_tile_together(kernel, kind
 
 
 @pytest.mark.parametrize("kind", KBLOCK)
+def test_tile_passes_over_chunks_of_rows_are_the_one_row_calls(kernel, kind):
+    """Batches of more than one chunk of rows (256: prefill on the VNNI build, which takes every batch where
+    the CPU has no AMX) pass each tile chunk by chunk: every row bitwise its one-row call's, for a remainder
+    of 1 row, of 44 and two whole chunks; counted as tile passes (not the AVX2 GEMM mode, not AMX)."""
+    g = torch.Generator().manual_seed(8)
+    spec = kblocks.KINDS[kind.lower()]
+    k = 256 if "K" in kind[1:] else 96
+    raw = torch.from_numpy(random_blocks(kind, 21, k, 9))
+    codes, meta = kblocks.pack(spec, gguf_blocks.unpack(kind, raw, k))
+    matmul = getattr(kernel, f"{kind.lower()}_matmul")
+    x = torch.randn(512, k, generator=g)
+    alone = torch.cat([matmul(x[i : i + 1], codes, meta) for i in range(512)])
+    amx_before, gemm_before = kernel.set_amx_min_rows(0), kernel.set_gemm_min_rows(0)
+    try:
+        for m in (257, 300, 512):
+            calls, gemm_calls, amx_calls = kernel.calls(), kernel.gemm_calls(), kernel.amx_calls()
+            assert torch.equal(matmul(x[:m], codes, meta), alone[:m]), m
+            counts = (kernel.calls(), kernel.gemm_calls(), kernel.amx_calls())
+            assert counts == (calls + 1, gemm_calls, amx_calls)
+    finally:
+        kernel.set_amx_min_rows(amx_before)
+        kernel.set_gemm_min_rows(gemm_before)
+
+
+@pytest.mark.parametrize("kind", KBLOCK)
 def test_gemm_mode_rows_are_bitwise_the_tile_passes(kernel, kind):
     """The AVX2 build's GEMM mode (csrc/kblock_gemm_avx2.h: a tile unpacked once, 4 activation rows at a time)
     gives bitwise the tile passes' outputs (2 rows a pass) for every row count: the same exact integer sums
@@ -244,7 +269,8 @@ def test_gemm_mode_rows_are_bitwise_the_tile_passes(kernel, kind):
 def test_weight_reports_its_path_and_computes_large_batches():
     """``KBlockWeight`` on the host's build: decode-sized batches through the kernel (counted), prefill-sized
     ones through the dequantized rows and a float GEMM (bf16 where the CPU has bf16 hardware) or, on CPUs
-    without bf16 hardware, the AVX2 build's GEMM mode (counted), all close to fp32."""
+    without bf16 hardware, the AVX2 build's GEMM mode (counted) and on CPUs with VNNI but no AMX the VNNI
+    build's tile passes (counted), all close to fp32."""
     from forwardpass.quant.kblock_weight import KERNEL_TAKES_ALL, KBlockWeight
     from forwardpass.quant.kernel import load_kblock_kernel
 
@@ -262,11 +288,13 @@ def test_weight_reports_its_path_and_computes_large_batches():
     torch.testing.assert_close(
         small, kblocks.reference_matmul(x, spec, w.codes, w.meta), rtol=1e-4, atol=1e-3
     )
-    if w.gemm_rows == KERNEL_TAKES_ALL:  # no bf16 hardware: the AVX2 build's GEMM mode takes every batch
+    if w.gemm_rows == KERNEL_TAKES_ALL:  # the kernel takes every batch: the AVX2 build's GEMM mode (no bf16
+        # hardware) or the VNNI build's tile passes (VNNI, no AMX)
         big = torch.randn(300, 512)
         gemm_before = module.gemm_calls()
         out = w.matmul(big)
-        assert module.calls() == before + 2 and module.gemm_calls() == gemm_before + 1
+        assert module.calls() == before + 2
+        assert module.gemm_calls() == gemm_before + (1 if module.has_gemm_mode else 0)
         # within the kernel's float rounding of the reference, relative to the magnitudes it adds (as in
         # test_kernel_matmul_equals_reference)
         un = gguf_blocks.unpack("Q4_K", raw, 512)

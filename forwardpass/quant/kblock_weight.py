@@ -10,9 +10,10 @@ multiplies activations through its own kernels (:meth:`KBlockWeight.matmul`; the
   activations times the codes, reading the file's bits per weight;
 * more (prefill chunks): the weights dequantized a slab at a time by the kernel and a float GEMM (oneDNN), in
   bf16 where the CPU multiplies bf16 in hardware (as ``QuantizedWeight`` does,
-  ``quant/kernel.py::gemm_path``), else fp32 — except on CPUs without bf16 hardware (gemm path ``"avx2"``),
-  where the kernel's AVX2 build takes every row count: from 3 rows on in its GEMM mode
-  (``csrc/kblock_gemm_avx2.h``), which beats dequantizing for oneDNN's fp32 GEMM at every batch measured;
+  ``quant/kernel.py::gemm_path``), else fp32 — except where the kernel beats that at every batch measured and
+  so takes every row count: on CPUs without bf16 hardware (gemm path ``"avx2"``) the AVX2 build, from 3 rows
+  on in its GEMM mode (``csrc/kblock_gemm_avx2.h``); on CPUs with AVX-512 VNNI but no AMX (gemm path
+  ``"vnni"``: Intel Ice Lake, AMD Zen 4) the VNNI build's passes of 8 rows over a tile;
 * no kernel (no compiler, ``FORWARDPASS_QUANT_KERNEL=0``): the PyTorch reference
   (``kblocks.reference_matmul``).
 """
@@ -35,7 +36,9 @@ GEMM_SLAB = 8192  # weight rows dequantized at a time (bounds the temporary copy
 #: ``gemm_rows`` where the kernel takes every batch (the AVX2 build's GEMM mode; no row count reaches it).
 #: Measured on a Zen 3 core pair (AMD EPYC, AVX2 only), SmolLM2-135M's Q4_1 matrices, alternating in one
 #: process: the GEMM mode 145-165 GOP/s per core at 16-1024 rows against oneDNN's fp32 GEMM on the dequantized
-#: weight at 75-90 (benchmarks/quant_gemm.py; docs/gguf.md)
+#: weight at 75-90 (benchmarks/quant_gemm.py; docs/gguf.md). The AVX-512 VNNI build's passes, on a 2-core
+#: Intel Xeon (Ice Lake class: VNNI, no bf16, no AMX), Q4_1/Q4_K/Q5_0/Q6_K at 16-2048 rows on SmolLM2 and
+#: 1B-class shapes: 230-370 GOP/s against 25-230 for oneDNN's fp32 GEMM on the dequantized weight (1.1-9x)
 KERNEL_TAKES_ALL = 1 << 62
 #: rows per kernel call in the batch-invariant matmul (each row is computed alone by the kernel whatever the
 #: call)
@@ -62,9 +65,12 @@ class KBlockWeight(nn.Module):
         self._kernel = load_kblock_kernel() if kernel and codes.device.type == "cpu" else None
         path = gemm_path(cpu_flags())
         self.bf16_gemm = path in ("amx", "bf16") if bf16_gemm is None else bf16_gemm
-        # the AVX2 build's GEMM mode for every batch where the CPU has no bf16 hardware (KERNEL_TAKES_ALL)
-        self._kernel_takes_all = (self._kernel is not None and getattr(self._kernel, "has_gemm_mode", False)
-                                  and path == "avx2")  # fmt: skip
+        # the kernel for every batch (KERNEL_TAKES_ALL) where it beats dequantizing for a float GEMM: the AVX2
+        # build's GEMM mode on CPUs without bf16 hardware, the AVX-512 VNNI build's tile passes where the
+        # CPU has VNNI but no AMX (Intel Ice Lake, AMD Zen 4)
+        self._kernel_takes_all = self._kernel is not None and (
+            (path == "avx2" and getattr(self._kernel, "has_gemm_mode", False))
+            or (path == "vnni" and self._kernel.isa == "avx512vnni"))  # fmt: skip
         self.register_buffer("codes", codes, persistent=True)
         self.register_buffer("meta", meta, persistent=True)
 

@@ -51,7 +51,8 @@ std::atomic<int64_t> g_rows_per_pass{kb::MAX_MR};
 // matmuls that took it
 std::atomic<int64_t> g_gemm_min_rows{3};
 std::atomic<int64_t> g_gemm_calls{0};
-// GEMM mode: activation rows per chunk (a chunk's int8 rows stay in L2 while every tile passes them)
+// activation rows per chunk of the GEMM mode and of the tile passes (a chunk's int8 rows stay in L2 while every
+// tile passes them)
 constexpr int64_t GEMM_CHUNK = 256;
 
 bool use_amx(int64_t M) {
@@ -165,13 +166,16 @@ __attribute__((noinline)) torch::Tensor tile_matmul(torch::Tensor x, torch::Tens
   const uint8_t* mp = meta.data_ptr<uint8_t>();
   const int64_t cs = codes.size(1), ms = meta.size(1);
   float* y = out.data_ptr<float>();
-  // each tile's codes (16 rows: 8-12 KB at K = 1536) stay in L1 while every activation row passes them
+  // each tile's codes (16 rows: 8-12 KB at K = 1536) stay in L1 while every activation row of a chunk passes
+  // them; chunks of rows (prefill on the VNNI build, which takes every batch where the CPU has no AMX) keep
+  // their int8 rows in L2 while every tile passes them, as the GEMM mode's do
   if (amx) g_amx_calls.fetch_add(1, std::memory_order_relaxed);
-  at::parallel_for(0, (N + TILE - 1) / TILE, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t tiles = (N + TILE - 1) / TILE, chunks = amx ? 1 : (M + GEMM_CHUNK - 1) / GEMM_CHUNK;
+  at::parallel_for(0, tiles * chunks, 1, [&](int64_t u0, int64_t u1) {
 #ifdef KB_AMX
-    if (amx) {
+    if (amx) {  // one chunk: a unit is a tile
       kb::amx_configure<K>();  // per thread: the tile state is
-      for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t t = u0; t < u1; ++t) {
         const int64_t n0 = t * TILE, R = std::min<int64_t>(TILE, N - n0);
         for (int64_t m0 = 0; m0 < M; m0 += kb::AMX_ROWS)
           kb::amx_tile_rows<K>(cp + n0 * cs, mp + n0 * ms, R, a, m0, std::min(kb::AMX_ROWS, M - m0), y + n0, N);
@@ -181,12 +185,16 @@ __attribute__((noinline)) torch::Tensor tile_matmul(torch::Tensor x, torch::Tens
     }
 #endif
     const int64_t per_pass = g_rows_per_pass.load(std::memory_order_relaxed);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * TILE, R = std::min<int64_t>(TILE, N - n0);
+    // chunk-major units (a thread's units share their chunk of rows), walked without a division per unit:
+    // a one-row decode call over ~100 tiles takes ~15 us
+    int64_t t = u0 % tiles, m0 = u0 / tiles * GEMM_CHUNK;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t n0 = t * TILE, R = std::min<int64_t>(TILE, N - n0), m1 = std::min(M, m0 + GEMM_CHUNK);
       if (per_pass >= 8 && kb::MAX_MR >= 8)
-        rows_of_tile<K, kb::MAX_MR>(cp + n0 * cs, mp + n0 * ms, R, a, 0, M, y + n0, N);
+        rows_of_tile<K, kb::MAX_MR>(cp + n0 * cs, mp + n0 * ms, R, a, m0, m1, y + n0, N);
       else
-        rows_of_tile<K, std::min(4, kb::MAX_MR)>(cp + n0 * cs, mp + n0 * ms, R, a, 0, M, y + n0, N);
+        rows_of_tile<K, std::min(4, kb::MAX_MR)>(cp + n0 * cs, mp + n0 * ms, R, a, m0, m1, y + n0, N);
+      if (++t == tiles) t = 0, m0 += GEMM_CHUNK;
     }
   });
   return out;
