@@ -4,8 +4,9 @@ wait policies, and whether the oversubscription warning fires.
     python benchmarks/threads_under_load.py [--repeats 2] [--rounds 4] [--tokens 32] [--per-core 1]
 
 Starts ``--per-core`` busy-loop processes per usable core, waits until the 1-minute load average exceeds the
-cores, then runs children alternately with ``OMP_WAIT_POLICY=active`` (spinning workers: the policy before
-forwardpass set its own) and ``passive`` (forwardpass's default). Each child loads the embedded model once and
+cores, then runs children alternately with ``OMP_WAIT_POLICY=active`` (spinning workers without bound: the
+policy before forwardpass set its own), ``passive`` (sleeping at once) and ``default`` (forwardpass's own:
+passive with a bounded spin, ``forwardpass.OPENMP_WAIT``). Each child loads the embedded model once and
 alternates the default thread count and one thread over ``--rounds`` greedy requests (paired: the same
 prompt, back to back), recording decode tokens/s (pure-decode steps only), the oversubscription judge's
 measured / predicted ratio, and the warnings it logged. Prints medians and ranges; ``--json`` writes them.
@@ -93,10 +94,15 @@ def busy_machine(per_core: int = 1, wait_s: float = 120.0) -> Iterator[int]:
 
 def run_child(policy: str, rounds: int, tokens: int, modes: str = "default,one",
               env_extra: dict[str, str] | None = None) -> dict:
-    """One child process with ``OMP_WAIT_POLICY=policy`` (the thread count chosen by forwardpass);
-    ``env_extra`` adds to its environment (a test's hardware cache)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": policy, **(env_extra or {})}
-    env.pop("OMP_NUM_THREADS", None)
+    """One child process with ``OMP_WAIT_POLICY=policy`` (``"default"``: none, so forwardpass sets its own;
+    the thread count chosen by forwardpass); ``env_extra`` adds to its environment (a test's hardware cache).
+    The OpenMP settings this process inherited (``import forwardpass`` sets them) are not passed on."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        env.pop(name, None)
+    if policy != "default":
+        env["OMP_WAIT_POLICY"] = policy
+    env.update(env_extra or {})
     out = subprocess.run([sys.executable, "-c", CHILD, str(rounds), str(tokens), modes], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
@@ -144,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     ensure_prediction_cached()
-    children: dict[str, list[dict]] = {"active": [], "passive": []}
+    children: dict[str, list[dict]] = {"active": [], "passive": [], "default": []}
     with busy_machine(args.per_core) as cores:
         start_load = load_average()
         for _ in range(args.repeats):

@@ -15,10 +15,14 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# OpenMP workers that sleep between parallel regions instead of spinning (unless the user chose a policy):
-# with spinning workers, compute threads that outnumber the free cores made decode 5-20x slower on a shared
-# machine. Effective only when set before torch loads; see forwardpass/threads.py (prefer_passive_wait).
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+# OpenMP workers that spin a bounded while after a parallel region, then sleep (unless the user chose a
+# policy): spinning without bound made decode 5-20x slower on a shared machine when compute threads outnumber
+# the free cores; sleeping at once made every parallel region of a decode step wait for a woken thread (2x
+# slower decode on a quiet VM). Effective only when set before torch loads; see forwardpass/threads.py.
+OPENMP_WAIT = {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "100000"}
+if "OMP_WAIT_POLICY" not in os.environ:
+    for _name, _value in OPENMP_WAIT.items():
+        os.environ.setdefault(_name, _value)
 
 _LAZY = {
     "LLM": "forwardpass.llm",

@@ -144,15 +144,25 @@ def applied_threads() -> int | None:
 
 
 def prefer_passive_wait() -> None:
-    """Set ``OMP_WAIT_POLICY=passive`` unless the user chose a policy; a no-op once OpenMP is loaded.
+    """Set forwardpass's OpenMP wait (``forwardpass.OPENMP_WAIT``: ``OMP_WAIT_POLICY=passive`` with
+    ``GOMP_SPINCOUNT=100000``) unless the user chose a policy; a no-op once OpenMP is loaded.
 
-    With the default (active) policy each OpenMP worker spins after a parallel region, burning the core
-    another thread or process needs. Measured on a shared 2-core Xeon (AVX-512, AMX; load average 4-15), the
-    embedded model's decode with 2 threads: 1.7-36 tok/s spinning against 31-198 passive; with one thread no
-    difference beyond the noise (docs/cli.md, "Threads"). ``import forwardpass`` sets it
-    (``forwardpass/__init__.py``), so a script gets it when it imports forwardpass before torch; the command
-    sets it before anything else."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    With the default (active) policy each OpenMP worker spins after a parallel region without bound, burning
+    the core another thread or process needs. Measured on a shared 2-core Xeon (AVX-512, AMX; load average
+    4-15), the embedded model's decode with 2 threads: 1.7-36 tok/s spinning against 31-198 passive
+    (docs/cli.md, "Threads"). Passive alone sleeps at once, so every parallel region of a decode step (dozens
+    per token) waits for a woken worker; libgomp's spin count bounds the spin instead (~100k pause loops, a
+    few ms). Measured on a quiet 2-core Intel Xeon (Ice Lake class) VM, the embedded model's greedy decode
+    with 2 threads, fresh processes: passive 257 tok/s, passive + this spin 528, active 398; under two busy
+    loops per core 59, 121 and 6 (benchmarks/threads_under_load.py; SmolLM2 Q4_1 at batch 1: 54 against
+    124-131).
+    ``import forwardpass`` sets it (``forwardpass/__init__.py``), so a script gets it when it imports
+    forwardpass before torch; the command sets it before anything else."""
+    from forwardpass import OPENMP_WAIT
+
+    if "OMP_WAIT_POLICY" not in os.environ:
+        for name, value in OPENMP_WAIT.items():
+            os.environ.setdefault(name, value)
 
 
 #: Below this many parameters a network's per-call work is a few milliseconds of small matmuls, and a second
