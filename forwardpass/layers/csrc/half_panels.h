@@ -6,12 +6,13 @@
 // the bytes: a decode step streams half of them from memory, and a bf16 checkpoint is held in its own size.
 //
 // * one row (batch-1 decode): all 64 outputs of a panel in NV accumulators, the weights converted as they load;
-// * more rows: a chunk of KC k's of the panel is converted once into an fp32 buffer (64 KB, L2), strip by strip
-//   of SV vectors of outputs (a strip contiguous: 16 KB on AVX2, in L1 while it is used; 1.05-1.16x over the
-//   panel's own row order, which maps a strip's rows to a quarter of L1's sets), then register blocks of RB rows
-//   × SV vectors pass over each strip (AVX2: 6 rows × 16 outputs = 12 accumulators, 2 weight vectors and a
-//   broadcast of the 16 registers; per k 8 loads feed 12 FMAs, where panel::'s one-row block needs 9 for 8), the
-//   partial sums parked in y between chunks (a float stored and reloaded is the same float).
+// * more rows: a chunk of KC k's of the panel is converted once into an fp32 buffer (64 KB on AVX2, L2), strip by
+//   strip of SV vectors of outputs (a strip contiguous: 16 KB on AVX2, in L1 while it is used; 1.05-1.16x over
+//   the panel's own row order, which maps a strip's rows to a quarter of L1's sets), then register blocks of RB
+//   rows × SV vectors pass over each strip (AVX2: 6 rows × 16 outputs = 12 accumulators, 2 weight vectors and a
+//   broadcast of the 16 registers; per k 8 loads feed 12 FMAs, where panel::'s one-row block needs 9 for 8;
+//   AVX-512: the whole panel, below), the partial sums parked in y between chunks (a float stored and reloaded
+//   is the same float, so KC changes no result).
 //   Large batches (prefill chunks) run here too: there is no library GEMM that reads 2-byte weights into fp32
 //   sums on a CPU without bf16 arithmetic.
 // Work items are (panel, group of up to 64 rows), so a prefill chunk of a projection with few panels still
@@ -46,9 +47,19 @@ inline __m256 load<Kind::fp16>(const uint16_t* p) {
 
 constexpr int64_t P = panel::P;
 constexpr int NV = panel::NV;
-constexpr int SV = 2;            // output vectors per register block (block<> below spells out both)
+#if defined(__AVX512F__)
+// 32 zmm registers: the whole panel's 4 vectors × 6 rows = 24 accumulators, 4 weights and a broadcast; per k
+// 10 loads feed 24 FMAs. Measured on a 2-core Ice Lake Xeon against the AVX2 shape (2 vectors × 6 rows, KC
+// 256), benchmarks/half_panels.py, SmolLM2 and 1B shapes: 1.2-1.35x at 16-256 rows; KC 64 / 128 / 192 within
+// the noise of each other, 4 rows × 4 vectors and 12 rows × 2 vectors slower
+constexpr int SV = 4;            // output vectors per register block
+constexpr int RB = 6;            // rows per register block
+constexpr int64_t KC = 128;      // k per converted chunk: a strip of 128 × 64 floats = 32 KB, in L1
+#else
+constexpr int SV = 2;            // output vectors per register block
 constexpr int RB = 6;            // rows per register block
 constexpr int64_t KC = 256;      // k per converted chunk: 256 × 64 floats = 64 KB
+#endif
 constexpr int64_t ROW_GROUP = 64;  // rows per work item
 
 // one row against the panel w over all of K → y[col..col+64)
@@ -76,7 +87,7 @@ inline void block(const float* x, int64_t K, const float* buf, int64_t kc, int64
   typename Vec::T acc[R][SV];
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int v = 0; v < SV; ++v)
       acc[i][v] = first ? Vec::zero() : Vec::load(y + i * N + col + out + v * Vec::L);
   const float* xr[R];
@@ -84,17 +95,19 @@ inline void block(const float* x, int64_t K, const float* buf, int64_t kc, int64
   for (int i = 0; i < R; ++i) xr[i] = x + i * K + k0;
   const float* wb = buf;
   for (int64_t kk = 0; kk < kc; ++kk, wb += SV * Vec::L) {
-    const typename Vec::T w0 = Vec::load(wb), w1 = Vec::load(wb + Vec::L);
+    typename Vec::T w[SV];
+#pragma GCC unroll 4
+    for (int v = 0; v < SV; ++v) w[v] = Vec::load(wb + v * Vec::L);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const typename Vec::T b = Vec::bcast(xr[i] + kk);
-      acc[i][0] = Vec::fma(b, w0, acc[i][0]);
-      acc[i][1] = Vec::fma(b, w1, acc[i][1]);
+#pragma GCC unroll 4
+      for (int v = 0; v < SV; ++v) acc[i][v] = Vec::fma(b, w[v], acc[i][v]);
     }
   }
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int v = 0; v < SV; ++v) {
       typename Vec::T s = acc[i][v];
       if (last && bias) s = Vec::add(s, Vec::load(bias + col + out + v * Vec::L));
