@@ -12,8 +12,7 @@ would do without its kernel) and, where the CPU multiplies bf16 in hardware, one
 medians of ``--rounds``; GOP/s (2·M·N·K per second) and the engine's share of two roofs measured in the same
 run: the fp32 GEMM rate (2048³, the faster of MKL and oneDNN) and the int8 dot-product rate of this core type
 (a loop of independent ``maddubs`` accumulated in int16, the AVX2 kernels' inner loop; the roof of the AVX2
-builds, also on wider CPUs) and, where the CPU has AVX-512 VNNI, the rate of 512-bit ``vpdpbusd`` (the VNNI
-builds' inner loop). The last column says how much faster the engine's path is than the best float
+builds, also on wider CPUs). The last column says how much faster the engine's path is than the best float
 GEMM there."""
 
 from __future__ import annotations
@@ -58,44 +57,16 @@ double int8_roof(int64_t iters) {
 }
 """
 
-# The same with 512-bit vpdpbusd (64 u8 x s8 products summed into 16 int32 lanes per instruction), the AVX-512
-# VNNI builds' inner loop: the roof of those builds where the CPU has the instructions.
-VNNI_ROOF_SRC = r"""
-#include <torch/extension.h>
-#include <immintrin.h>
-#include <ATen/Parallel.h>
-double vnni_roof(int64_t iters) {
-  const auto t0 = std::chrono::steady_clock::now();
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
-    __m512i acc[8];
-    for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_si512();
-    for (int64_t it = 0; it < iters; ++it)
-      for (int i = 0; i < 8; ++i) {
-        acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
-        asm("" : "+v"(acc[i]));
-      }
-    if (_mm512_reduce_add_epi32(acc[0]) == 42) printf("!");
-  });
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return 2.0 * 64 * 8 * iters * at::get_num_threads() / s;
-}
-"""
 
-
-def int8_roof(vnni: bool = False) -> float | None:
-    """The int8 dot-product roof of this machine (ops/s, all threads): AVX2 ``maddubs`` or, ``vnni``, AVX-512
-    ``vpdpbusd``; None without a compiler."""
+def int8_roof() -> float | None:
+    """The int8 dot-product roof of this machine (ops/s, all threads), or None without a compiler."""
     try:
         from torch.utils.cpp_extension import load_inline
 
-        name, src = ("vnni_roof", VNNI_ROOF_SRC) if vnni else ("int8_roof", INT8_ROOF_SRC)
-        isa = ["-mavx512f", "-mavx512bw", "-mavx512vnni"] if vnni else ["-mavx2"]
-        mod = load_inline(f"fp_{name}", cpp_sources=src, functions=[name],
-                          extra_cflags=["-O3", *isa, "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"])
-        roof = getattr(mod, name)
-        roof(1 << 18)
-        return max(roof(1 << 22) for _ in range(3))
+        mod = load_inline("fp_int8_roof", cpp_sources=INT8_ROOF_SRC, functions=["int8_roof"],
+                          extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"])
+        mod.int8_roof(1 << 18)
+        return max(mod.int8_roof(1 << 22) for _ in range(3))
     except Exception as exc:  # noqa: BLE001 - the roof is a reference line, not the measurement
         print(f"(no int8 roof: {exc})")
         return None
@@ -158,8 +129,6 @@ def main() -> None:
     n, k = (int(v) for v in args.shape.lower().split("x"))
     bf16 = bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
     roofs = {"fp32 GEMM": fp32_roof(), "int8 dot products": int8_roof()}
-    if {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags():
-        roofs["VNNI dot products"] = int8_roof(vnni=True)
     roof_words = ", ".join(f"{name} {r / 1e9:.0f} GOP/s" for name, r in roofs.items() if r)
     print(f"{args.threads} threads; roofs: {roof_words}")
     rows_out = []
