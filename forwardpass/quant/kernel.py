@@ -67,7 +67,8 @@ def gemm_path(flags: frozenset[str]) -> str:
     * ``"vnni"``: the AVX-512 VNNI GEMM of the quantized-matmul kernel (``csrc/vnni_gemm.h``), int8
       activations times the int8 weights (in the tile layout, quant/tiles.py) copied a panel at a time (AMD
       Zen 4, Intel Ice Lake and others without AMX); measured on a Zen 4 core pair at 32-512 rows: 1.4-2x
-      oneDNN's bf16 GEMM on the dequantized weights;
+      oneDNN's bf16 GEMM on the dequantized weights. The K-block kinds (Q4_1, Q5_x, K-quants) take the K-block
+      kernel's VNNI tile passes at every batch there (``quant/kblock_weight.py``);
     * ``"bf16"``: the weights dequantized to bf16 in memory and oneDNN's bf16 GEMM, where the CPU multiplies
       bf16 in hardware but has neither of the above; measured on a Sapphire Rapids core at 128-512 rows, bf16
       ~3x fp32 GFLOP/s;
