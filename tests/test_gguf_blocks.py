@@ -192,19 +192,26 @@ def test_amx_sums_are_the_vnni_loops_bit_for_bit(kernel, kind):
             assert torch.equal(amx, vnni), (k, m, (amx - vnni).abs().max())
 
 
+def _one_row_outputs(kernel, kind: str, n: int, k: int, seed: int, rows: int, g: torch.Generator):
+    """A random ``kind`` matrix ``[n, k]`` packed for the kernel, ``rows`` random activation rows and each
+    row's one-row kernel call: ``(matmul, codes, meta, x, alone)``."""
+    spec = kblocks.KINDS[kind.lower()]
+    raw = torch.from_numpy(random_blocks(kind, n, k, seed))
+    codes, meta = kblocks.pack(spec, gguf_blocks.unpack(kind, raw, k))
+    matmul = getattr(kernel, f"{kind.lower()}_matmul")
+    x = torch.randn(rows, k, generator=g)
+    alone = torch.cat([matmul(x[i : i + 1], codes, meta) for i in range(rows)])
+    return matmul, codes, meta, x, alone
+
+
 @pytest.mark.parametrize("kind", KBLOCK)
 def test_rows_are_computed_alone_whatever_rows_pass_a_tile_together(kernel, kind):
     """Each activation row's output is bitwise the one-row call's, with 4 or (AVX-512) 8 rows passing a weight
     tile together and a tile's last rows in one pass of however many are left (1-7): what a speculative verify
     step (1 + k rows) relies on to round as one-row decoding."""
-    g = torch.Generator().manual_seed(4)
-    spec = kblocks.KINDS[kind.lower()]
     k = 512 if "K" in kind[1:] else 160
-    raw = torch.from_numpy(random_blocks(kind, 37, k, 6))
-    codes, meta = kblocks.pack(spec, gguf_blocks.unpack(kind, raw, k))
-    matmul = getattr(kernel, f"{kind.lower()}_matmul")
-    x = torch.randn(13, k, generator=g)
-    alone = torch.cat([matmul(x[i : i + 1], codes, meta) for i in range(13)])
+    g = torch.Generator().manual_seed(4)
+    matmul, codes, meta, x, alone = _one_row_outputs(kernel, kind, 37, k, 6, 13, g)
     amx_before = kernel.set_amx_min_rows(0)
     per_pass = kernel.set_rows_per_pass(8)
     try:
@@ -223,14 +230,9 @@ def test_tile_passes_over_chunks_of_rows_are_the_one_row_calls(kernel, kind):
     """Batches of more than one chunk of rows (256: prefill on the VNNI build, which takes every batch where
     the CPU has no AMX) pass each tile chunk by chunk: every row bitwise its one-row call's, for a remainder
     of 1 row, of 44 and two whole chunks; counted as tile passes (not the AVX2 GEMM mode, not AMX)."""
-    g = torch.Generator().manual_seed(8)
-    spec = kblocks.KINDS[kind.lower()]
     k = 256 if "K" in kind[1:] else 96
-    raw = torch.from_numpy(random_blocks(kind, 21, k, 9))
-    codes, meta = kblocks.pack(spec, gguf_blocks.unpack(kind, raw, k))
-    matmul = getattr(kernel, f"{kind.lower()}_matmul")
-    x = torch.randn(512, k, generator=g)
-    alone = torch.cat([matmul(x[i : i + 1], codes, meta) for i in range(512)])
+    g = torch.Generator().manual_seed(8)
+    matmul, codes, meta, x, alone = _one_row_outputs(kernel, kind, 21, k, 9, 512, g)
     amx_before, gemm_before = kernel.set_amx_min_rows(0), kernel.set_gemm_min_rows(0)
     try:
         for m in (257, 300, 512):
