@@ -20,9 +20,16 @@ __version__ = "0.1.0"
 # the free cores; sleeping at once made every parallel region of a decode step wait for a woken thread (2x
 # slower decode on a quiet VM). Effective only when set before torch loads; see forwardpass/threads.py.
 OPENMP_WAIT = {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "100000"}
-if "OMP_WAIT_POLICY" not in os.environ:
-    for _name, _value in OPENMP_WAIT.items():
-        os.environ.setdefault(_name, _value)
+
+
+def set_openmp_wait() -> None:
+    """Set :data:`OPENMP_WAIT` unless the user chose a policy (a user's own spin count is kept)."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        for name, value in OPENMP_WAIT.items():
+            os.environ.setdefault(name, value)
+
+
+set_openmp_wait()
 
 _LAZY = {
     "LLM": "forwardpass.llm",

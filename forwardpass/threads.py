@@ -158,11 +158,9 @@ def prefer_passive_wait() -> None:
     124-131).
     ``import forwardpass`` sets it (``forwardpass/__init__.py``), so a script gets it when it imports
     forwardpass before torch; the command sets it before anything else."""
-    from forwardpass import OPENMP_WAIT
+    from forwardpass import set_openmp_wait
 
-    if "OMP_WAIT_POLICY" not in os.environ:
-        for name, value in OPENMP_WAIT.items():
-            os.environ.setdefault(name, value)
+    set_openmp_wait()
 
 
 #: Below this many parameters a network's per-call work is a few milliseconds of small matmuls, and a second
