@@ -2,15 +2,18 @@
 wait policies, and whether the oversubscription warning fires.
 
     python benchmarks/threads_under_load.py [--repeats 2] [--rounds 4] [--tokens 32] [--per-core 1]
+        [--policies active,passive,default,spin:3000]
 
-Starts ``--per-core`` busy-loop processes per usable core, waits until the 1-minute load average exceeds the
-cores, then runs children alternately with ``OMP_WAIT_POLICY=active`` (spinning workers without bound: the
-policy before forwardpass set its own), ``passive`` (sleeping at once) and ``default`` (forwardpass's own:
-passive with a bounded spin, ``forwardpass.OPENMP_WAIT``). Each child loads the embedded model once and
-alternates the default thread count and one thread over ``--rounds`` greedy requests (paired: the same
-prompt, back to back), recording decode tokens/s (pure-decode steps only), the oversubscription judge's
-measured / predicted ratio, and the warnings it logged. Prints medians and ranges; ``--json`` writes them.
-The judge needs this machine's roofline and overhead cached (measured here first if missing, before the load).
+Starts ``--per-core`` busy-loop processes per usable core (0: none, the machine as it is), waits until the
+1-minute load average exceeds the cores, then runs children alternately with ``OMP_WAIT_POLICY=active``
+(spinning workers without bound: the policy before forwardpass set its own), ``passive`` (sleeping at once),
+``default`` (forwardpass's own: passive with a bounded spin, ``forwardpass.OPENMP_WAIT``) and ``spin:N``
+(forwardpass's passive policy with ``GOMP_SPINCOUNT=N``, to choose the bound). Each child loads the embedded
+model once and alternates the default thread count and one thread over ``--rounds`` greedy requests
+(paired: the same prompt, back to back), recording decode tokens/s (pure-decode steps only), the
+oversubscription judge's measured / predicted ratio, and the warnings it logged. Prints medians and ranges;
+``--json`` writes them. The judge needs this machine's roofline and overhead cached (measured here first if
+missing, before the load).
 """
 
 from __future__ import annotations
@@ -72,10 +75,14 @@ def load_average() -> float:
 @contextlib.contextmanager
 def busy_machine(per_core: int = 1, wait_s: float = 120.0) -> Iterator[int]:
     """``per_core`` busy-loop processes per usable core, until the 1-minute load average exceeds the cores;
-    yields the cores (raises TimeoutError if the load does not rise in ``wait_s``)."""
+    yields the cores (raises TimeoutError if the load does not rise in ``wait_s``); ``per_core=0``: no load
+    (the machine as it is)."""
     from forwardpass.threads import usable_cores
 
     cores = usable_cores()
+    if per_core == 0:
+        yield cores
+        return
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(per_core * cores)]
     try:
         deadline = time.monotonic() + wait_s
@@ -95,12 +102,15 @@ def busy_machine(per_core: int = 1, wait_s: float = 120.0) -> Iterator[int]:
 def run_child(policy: str, rounds: int, tokens: int, modes: str = "default,one",
               env_extra: dict[str, str] | None = None) -> dict:
     """One child process with ``OMP_WAIT_POLICY=policy`` (``"default"``: none, so forwardpass sets its own;
-    the thread count chosen by forwardpass); ``env_extra`` adds to its environment (a test's hardware cache).
+    ``"spin:N"``: forwardpass's own with ``GOMP_SPINCOUNT=N``; the thread count chosen by forwardpass);
+    ``env_extra`` adds to its environment (a test's hardware cache).
     The OpenMP settings this process inherited (``import forwardpass`` sets them) are not passed on."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         env.pop(name, None)
-    if policy != "default":
+    if policy.startswith("spin:"):
+        env["GOMP_SPINCOUNT"] = policy.removeprefix("spin:")
+    elif policy != "default":
         env["OMP_WAIT_POLICY"] = policy
     env.update(env_extra or {})
     out = subprocess.run([sys.executable, "-c", CHILD, str(rounds), str(tokens), modes], env=env, cwd=REPO,
@@ -146,11 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="children per policy (policies alternate)")
     ap.add_argument("--rounds", type=int, default=4, help="paired default / one-thread requests per child")
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--per-core", type=int, default=1, help="busy-loop processes per usable core")
+    ap.add_argument("--per-core", type=int, default=1, help="busy-loop processes per usable core (0: none)")
+    ap.add_argument("--policies", default="active,passive,default",
+                    help="comma-separated: active, passive, default (forwardpass's own), spin:N")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     ensure_prediction_cached()
-    children: dict[str, list[dict]] = {"active": [], "passive": [], "default": []}
+    children: dict[str, list[dict]] = {policy: [] for policy in args.policies.split(",")}
     with busy_machine(args.per_core) as cores:
         start_load = load_average()
         for _ in range(args.repeats):
@@ -162,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     for policy in children:
         s = summary[policy]
         paired = s["paired_ratio_one_over_default"]
-        print(f"{policy:7s} --threads 1 {min(s['one_tok_s']):.1f}-{max(s['one_tok_s']):.1f} tok/s, default "
+        print(f"{policy:11s} --threads 1 {min(s['one_tok_s']):.1f}-{max(s['one_tok_s']):.1f} tok/s, default "
               f"({s['default_threads']}) {min(s['default_tok_s']):.1f}-{max(s['default_tok_s']):.1f} tok/s; "
               f"paired one/default median {s['median_ratio']:.2f}x "
               f"({min(paired):.2f}-{max(paired):.2f}); "

@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 # policy): spinning without bound made decode 5-20x slower on a shared machine when compute threads outnumber
 # the free cores; sleeping at once made every parallel region of a decode step wait for a woken thread (2x
 # slower decode on a quiet VM). Effective only when set before torch loads; see forwardpass/threads.py.
-OPENMP_WAIT = {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "100000"}
+OPENMP_WAIT = {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "1000"}
 
 
 def set_openmp_wait() -> None:

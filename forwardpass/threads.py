@@ -145,17 +145,17 @@ def applied_threads() -> int | None:
 
 def prefer_passive_wait() -> None:
     """Set forwardpass's OpenMP wait (``forwardpass.OPENMP_WAIT``: ``OMP_WAIT_POLICY=passive`` with
-    ``GOMP_SPINCOUNT=100000``) unless the user chose a policy; a no-op once OpenMP is loaded.
+    ``GOMP_SPINCOUNT=1000``) unless the user chose a policy; a no-op once OpenMP is loaded.
 
     With the default (active) policy each OpenMP worker spins after a parallel region without bound, burning
     the core another thread or process needs. Measured on a shared 2-core Xeon (AVX-512, AMX; load average
     4-15), the embedded model's decode with 2 threads: 1.7-36 tok/s spinning against 31-198 passive
     (docs/cli.md, "Threads"). Passive alone sleeps at once, so every parallel region of a decode step (dozens
-    per token) waits for a woken worker; libgomp's spin count bounds the spin instead (~100k pause loops, a
-    few ms). Measured on a quiet 2-core Intel Xeon (Ice Lake class) VM, the embedded model's greedy decode
-    with 2 threads, fresh processes: passive 257 tok/s, passive + this spin 528, active 398; under two busy
-    loops per core 59, 121 and 6 (benchmarks/threads_under_load.py; SmolLM2 Q4_1 at batch 1: 54 against
-    124-131).
+    per token) waits for a woken worker; libgomp's spin count bounds the spin instead: 1,000 pause loops (tens
+    of microseconds) span the gaps inside a step. On a 2-core Zen 4, quiet, the embedded model at 2 threads:
+    passive 310-415 tok/s, this spin 839-1,274; under two busy loops per core one thread over two 1.03x
+    passive, 1.60x with this spin, 2.67x with 100,000 (some rounds collapse to 4 tok/s, as unbounded spinning
+    does; benchmarks/threads_under_load.py). SmolLM2 Q4_1 at batch 1: 86 tok/s passive, 185 with this spin.
     ``import forwardpass`` sets it (``forwardpass/__init__.py``), so a script gets it when it imports
     forwardpass before torch; the command sets it before anything else."""
     from forwardpass import set_openmp_wait

@@ -65,17 +65,18 @@ def test_a_loaded_machine_triggers_one_warning_and_the_default_stays_near_one_th
       warning, suggesting --threads 1 (once per process).
 
     forwardpass's own wait (passive with a bounded spin, forwardpass.OPENMP_WAIT): the default thread count
-    decodes within 3x of one thread under the same load (medians of three paired rounds), so the default no
-    longer collapses as spinning workers do (8-14x). Ratios seen with passive alone: 1.1x and 0.4x (slow
-    test), 2.2x in a full-suite run here (a 2-thread step waits for both threads at every layer, each of
-    which gets about a third of a core among four busy loops); with the bounded spin 0.9x (Ice Lake VM, two
-    busy loops per core); the bound was 2x over two rounds, and a "median" of two is their maximum."""
+    decodes within 4x of one thread under the same load (medians of five paired rounds), so the default does
+    not collapse as spinning workers do (8-14x; 17x in one CI run with a spin of 100,000, 120 against
+    7 tok/s). The bounded spin trades some speed under load for speed on a quiet machine (2.1-2.5x decode
+    there, docs/cli.md "Threads"): with 1,000 the paired medians were 1.2-3.2x on a Zen 4 VM under two busy
+    loops per core (twelve children; the loaded default steadies at 120-200 tok/s, the single thread gets
+    160-620 as the scheduler pleases), against 1.0-2.0x with passive alone (2.2x once in a full-suite run)."""
     if usable_cores() < 2:
         pytest.skip("one usable core: the default is already one thread")
     with busy_machine():
         own = _child("active", rounds=2, tokens=12, modes="default")  # two requests, 11 decode steps each
         fast = _child("active", rounds=2, tokens=12, modes="default", env_extra=fast_machine_env(tmp_path))
-        own_wait = _child("default", rounds=3, tokens=12)  # paired: default and one thread, alternating
+        own_wait = _child("default", rounds=5, tokens=12)  # paired: default and one thread, alternating
     for result in (own, fast):
         assert result["default_threads"] >= 2
     judged_slow = any(oversubscribed(j) for j in own["judgements"])
@@ -89,7 +90,7 @@ def test_a_loaded_machine_triggers_one_warning_and_the_default_stays_near_one_th
     one, default = _median(own_wait["rates"]["one"]), _median(own_wait["rates"]["default"])
     print(f"forwardpass's wait: --threads 1 {one:.0f} tok/s, default {default:.0f} tok/s: "
           f"{one / default:.1f}x")
-    assert one <= 3.0 * default, own_wait
+    assert one <= 4.0 * default, own_wait
 
 
 @pytest.mark.slow
