@@ -18,7 +18,8 @@ __version__ = "0.1.0"
 # OpenMP workers that spin a bounded while after a parallel region, then sleep (unless the user chose a
 # policy): spinning without bound made decode 5-20x slower on a shared machine when compute threads outnumber
 # the free cores; sleeping at once made every parallel region of a decode step wait for a woken thread (2x
-# slower decode on a quiet VM). Effective only when set before torch loads; see forwardpass/threads.py.
+# slower decode on a quiet VM); a long spin (100,000) collapsed under load as spinning without bound does.
+# Effective only when set before torch loads; see forwardpass/threads.py.
 OPENMP_WAIT = {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "1000"}
 
 

@@ -153,9 +153,10 @@ def prefer_passive_wait() -> None:
     (docs/cli.md, "Threads"). Passive alone sleeps at once, so every parallel region of a decode step (dozens
     per token) waits for a woken worker; libgomp's spin count bounds the spin instead: 1,000 pause loops (tens
     of microseconds) span the gaps inside a step. On a 2-core Zen 4, quiet, the embedded model at 2 threads:
-    passive 310-415 tok/s, this spin 839-1,274; under two busy loops per core one thread over two 1.03x
-    passive, 1.60x with this spin, 2.67x with 100,000 (some rounds collapse to 4 tok/s, as unbounded spinning
-    does; benchmarks/threads_under_load.py). SmolLM2 Q4_1 at batch 1: 86 tok/s passive, 185 with this spin.
+    passive 310-415 tok/s, this spin 839-1,274; under two busy loops per core one thread decodes 1.03x as
+    fast as two with passive, 1.60x with this spin, 2.67x with 100,000 (some rounds collapse to 4 tok/s, as
+    unbounded spinning does; benchmarks/threads_under_load.py). SmolLM2 Q4_1 at batch 1: 86 tok/s passive,
+    185 with this spin.
     ``import forwardpass`` sets it (``forwardpass/__init__.py``), so a script gets it when it imports
     forwardpass before torch; the command sets it before anything else."""
     from forwardpass import set_openmp_wait
