@@ -66,9 +66,7 @@ def _add_threads(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from forwardpass.threads import prefer_passive_wait
-
-    prefer_passive_wait()  # before torch (libgomp) loads; see forwardpass/threads.py
+    # OpenMP's wait policy is already set: importing this module ran forwardpass/__init__.py (set_openmp_wait)
     parser = build_parser()
     args = parser.parse_args(argv)
     level = (args.log_level or "WARNING").upper()

@@ -13,7 +13,7 @@ the issue that added this module measured 5-27x slower decode on a shared 2-core
   ``attention/csrc``) parallelise with ``at::parallel_for``, which runs on that same pool, so one call sets
   both; torch's inter-op pool is sized once, to the same count.
 
-``OMP_WAIT_POLICY``: see :func:`prefer_passive_wait` (set by the ``forwardpass`` command before torch loads).
+``OMP_WAIT_POLICY``: set at ``import forwardpass`` (``forwardpass.set_openmp_wait``), before torch loads.
 """
 
 from __future__ import annotations
@@ -141,27 +141,6 @@ def with_own_threads(call: Callable) -> Callable:
 def applied_threads() -> int | None:
     """The count last applied through :func:`apply_threads` in this process, or None."""
     return _chosen[-1] if _chosen else None
-
-
-def prefer_passive_wait() -> None:
-    """Set forwardpass's OpenMP wait (``forwardpass.OPENMP_WAIT``: ``OMP_WAIT_POLICY=passive`` with
-    ``GOMP_SPINCOUNT=1000``) unless the user chose a policy; a no-op once OpenMP is loaded.
-
-    With the default (active) policy each OpenMP worker spins after a parallel region without bound, burning
-    the core another thread or process needs. Measured on a shared 2-core Xeon (AVX-512, AMX; load average
-    4-15), the embedded model's decode with 2 threads: 1.7-36 tok/s spinning against 31-198 passive
-    (docs/cli.md, "Threads"). Passive alone sleeps at once, so every parallel region of a decode step (dozens
-    per token) waits for a woken worker; libgomp's spin count bounds the spin instead: 1,000 pause loops (tens
-    of microseconds) span the gaps inside a step. On a 2-core Zen 4, quiet, the embedded model at 2 threads:
-    passive 310-415 tok/s, this spin 839-1,274; under two busy loops per core one thread decodes 1.03x as
-    fast as two with passive, 1.60x with this spin, 2.67x with 100,000 (some rounds collapse to 4 tok/s, as
-    unbounded spinning does; benchmarks/threads_under_load.py). SmolLM2 Q4_1 at batch 1: 86 tok/s passive,
-    185 with this spin.
-    ``import forwardpass`` sets it (``forwardpass/__init__.py``), so a script gets it when it imports
-    forwardpass before torch; the command sets it before anything else."""
-    from forwardpass import set_openmp_wait
-
-    set_openmp_wait()
 
 
 #: Below this many parameters a network's per-call work is a few milliseconds of small matmuls, and a second
